@@ -1,0 +1,54 @@
+"""The multi-process helper every distributed test relies on: results, failures with tracebacks, timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from galva_comm.testing import DistributedTestError, run_distributed
+
+
+def _all_reduce_rank(rank: int, world_size: int, scale: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)
+    return float(value.item()) * scale
+
+
+def _fail_on_rank_two(rank: int, world_size: int) -> int:
+    if rank == 2:
+        raise AssertionError("rank two disagrees")
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()  # the healthy ranks block here; the helper must not wait for them forever
+    return rank
+
+
+def _sleep_forever(rank: int, world_size: int) -> None:
+    if rank == 1:
+        time.sleep(3600)
+
+
+@pytest.mark.distributed
+def test_results_come_back_in_rank_order() -> None:
+    assert run_distributed(_all_reduce_rank, 4, 2.0) == [12.0] * 4
+
+
+@pytest.mark.distributed
+def test_failing_rank_is_named_with_its_traceback() -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError) as info:
+        run_distributed(_fail_on_rank_two, 4, timeout=60)
+    assert 2 in info.value.failed_ranks
+    assert "rank two disagrees" in str(info.value)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.distributed
+def test_hung_rank_times_out() -> None:
+    with pytest.raises(DistributedTestError, match=r"ranks \[1\] did not finish within 3 s"):
+        run_distributed(_sleep_forever, 2, timeout=3)

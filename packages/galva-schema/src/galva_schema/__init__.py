@@ -1,0 +1,71 @@
+"""galva-schema: the typed file contracts that join Galva's profiler, search, runtime and checkpoints.
+
+Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a bad file raises
+:class:`SchemaError` with one line naming the file, the field and the layer.
+"""
+
+from galva_schema._base import write_json_atomic
+from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
+from galva_schema.cluster import ClusterSpec
+from galva_schema.errors import SchemaError
+from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
+from galva_schema.model_profile import (
+    BatchTime,
+    LayerTypeProfile,
+    ModelProfile,
+    SequenceTime,
+    StaticTime,
+    VocabMemory,
+    VocabProfile,
+)
+from galva_schema.strategy import LayerStrategy, Strategy, VocabStrategy, even_division
+from galva_schema.vocabulary import (
+    AXES,
+    SCHEMA_VERSION,
+    DataParallelType,
+    PipelineSchedule,
+    Precision,
+    TimeModelForm,
+)
+
+__version__ = "0.1.0"
+
+FILE_TYPES = {
+    "strategy": Strategy,
+    "hardware_profile": HardwareProfile,
+    "model_profile": ModelProfile,
+    "cluster": ClusterSpec,
+    "checkpoint_manifest": CheckpointManifest,
+}
+"""Every top-level file type, by the name used for its JSON Schema under ``docs/schemas/``."""
+
+__all__ = [
+    "AXES",
+    "FILE_TYPES",
+    "SCHEMA_VERSION",
+    "AllreduceBandwidth",
+    "BatchTime",
+    "CheckpointManifest",
+    "ClusterSpec",
+    "CollectiveTimes",
+    "DataParallelType",
+    "HardwareProfile",
+    "LayerStrategy",
+    "LayerTypeProfile",
+    "ModelProfile",
+    "ModuleEntry",
+    "P2PBandwidth",
+    "PipelineSchedule",
+    "Precision",
+    "SchemaError",
+    "SequenceTime",
+    "StaticTime",
+    "Strategy",
+    "TensorInfo",
+    "TimeModelForm",
+    "VocabMemory",
+    "VocabProfile",
+    "VocabStrategy",
+    "even_division",
+    "write_json_atomic",
+]

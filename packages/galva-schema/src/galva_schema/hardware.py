@@ -1,0 +1,109 @@
+"""Measured communication performance of a cluster (written by galva-profiler, read by galva-search)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, model_validator
+
+from galva_schema._base import GalvaFile, GalvaModel
+from galva_schema.cluster import ClusterSpec
+from galva_schema.errors import SchemaError
+
+
+class AllreduceBandwidth(GalvaModel):
+    """All-reduce bus bandwidth (nccl-tests ``busbw``) of groups of one size and layout."""
+
+    group_size: int = Field(ge=2)
+    consecutive: bool = Field(description="Groups of consecutive ranks (true) or ranks strided by W/group_size.")
+    bus_bandwidth_gb_per_s: PositiveFloat = Field(description="Bus bandwidth, 1e9 bytes per second.")
+
+
+class P2PBandwidth(GalvaModel):
+    """Point-to-point bandwidth between neighbouring stages of a pipeline of degree ``pp``."""
+
+    pp: int = Field(ge=2)
+    bandwidth_gb_per_s: PositiveFloat
+
+
+class CollectiveTimes(GalvaModel):
+    """Time of one collective against message size, for groups of ``group_size`` consecutive ranks."""
+
+    group_size: int = Field(ge=2)
+    message_mib: tuple[PositiveFloat, ...] = Field(min_length=2, description="Message sizes, MiB, ascending.")
+    time_ms: tuple[NonNegativeFloat, ...] = Field(min_length=2, description="Time per collective, ms.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CollectiveTimes:
+        if len(self.message_mib) != len(self.time_ms):
+            raise ValueError(
+                f"message_mib has {len(self.message_mib)} sizes but time_ms has {len(self.time_ms)} times "
+                f"(group_size {self.group_size})"
+            )
+        if list(self.message_mib) != sorted(set(self.message_mib)):
+            raise ValueError(f"message_mib must be strictly ascending (group_size {self.group_size})")
+        return self
+
+    def linear_fit(self) -> tuple[float, float]:
+        """Least-squares ``time_ms = slope * message_mib + intercept``; returns (slope ms/MiB, intercept ms)."""
+        n = len(self.message_mib)
+        mean_x = sum(self.message_mib) / n
+        mean_y = sum(self.time_ms) / n
+        var = sum((x - mean_x) ** 2 for x in self.message_mib)
+        cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(self.message_mib, self.time_ms))
+        slope = cov / var
+        return slope, mean_y - slope * mean_x
+
+
+class HardwareProfile(GalvaFile):
+    """Communication profile of a cluster. Every table is keyed by group size (and layout where it matters)."""
+
+    KIND: ClassVar[str] = "galva.hardware_profile"
+
+    schema_version: Literal[1] = 1
+    kind: Literal["galva.hardware_profile"] = "galva.hardware_profile"
+    cluster: ClusterSpec
+    backend: str | None = Field(None, description="Communication backend measured: 'nccl', 'gloo', ...")
+    allreduce: tuple[AllreduceBandwidth, ...] = Field(description="Bus bandwidth by group size and layout.")
+    p2p: tuple[P2PBandwidth, ...] = Field((), description="Pipeline p2p bandwidth by pp degree.")
+    allreduce_time: tuple[CollectiveTimes, ...] = Field((), description="All-reduce time against message size.")
+    all_to_all_time: tuple[CollectiveTimes, ...] = Field((), description="All-to-all time against message size.")
+    overlap_slowdown: float = Field(
+        1.0, ge=1.0, description="Factor (>= 1) by which compute and communication slow each other when overlapped."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareProfile:
+        world = self.cluster.world_size
+        problems: list[str] = []
+        seen: set[tuple[int, bool]] = set()
+        for i, entry in enumerate(self.allreduce):
+            key = (entry.group_size, entry.consecutive)
+            if key in seen:
+                problems.append(f"allreduce[{i}]: duplicate entry for group_size {key[0]} consecutive={key[1]}")
+            seen.add(key)
+            if entry.group_size > world:
+                problems.append(f"allreduce[{i}].group_size: {entry.group_size} exceeds the world size {world}")
+        for name, table in (("allreduce_time", self.allreduce_time), ("all_to_all_time", self.all_to_all_time)):
+            sizes = [entry.group_size for entry in table]
+            if len(sizes) != len(set(sizes)):
+                problems.append(f"{name}: more than one entry for the same group_size")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def allreduce_bandwidth(self, group_size: int, consecutive: bool = True) -> float:
+        """Bus bandwidth (GB/s) for groups of ``group_size``; the world-sized group has only one layout."""
+        if group_size == self.cluster.world_size:
+            consecutive = True
+        for entry in self.allreduce:
+            if entry.group_size == group_size and entry.consecutive == consecutive:
+                return entry.bus_bandwidth_gb_per_s
+        layout = "consecutive" if consecutive else "strided"
+        raise SchemaError(f"allreduce: no entry for group_size {group_size} ({layout})")
+
+    def p2p_bandwidth(self, pp: int) -> float:
+        for entry in self.p2p:
+            if entry.pp == pp:
+                return entry.bandwidth_gb_per_s
+        raise SchemaError(f"p2p: no entry for pp {pp}")

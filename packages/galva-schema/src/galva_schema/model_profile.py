@@ -1,0 +1,123 @@
+"""Measured per-layer cost of a model (written by galva-profiler, read by galva-search).
+
+Times are forward-pass milliseconds on one device without any parallelism; backward is modelled by the search.
+Memory is MiB. Activation entries are *per local sample* on a rank running the given tensor-parallel degree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
+
+from galva_schema._base import GalvaFile, GalvaModel
+from galva_schema.vocabulary import Precision
+
+
+class StaticTime(GalvaModel):
+    """One measurement: forward ms per sample, valid at the profiled batch size and sequence length."""
+
+    form: Literal["static"] = "static"
+    ms_per_sample: NonNegativeFloat
+
+    def forward_ms(self, batch: float, seq_length: int) -> float:
+        return self.ms_per_sample * batch
+
+
+class BatchTime(GalvaModel):
+    """Linear in the local batch: ``forward_ms(b) = slope_ms_per_sample * b + intercept_ms``."""
+
+    form: Literal["batch"] = "batch"
+    slope_ms_per_sample: NonNegativeFloat
+    intercept_ms: float
+
+    def forward_ms(self, batch: float, seq_length: int) -> float:
+        return max(0.0, self.slope_ms_per_sample * batch + self.intercept_ms)
+
+
+class SequenceTime(GalvaModel):
+    """Per sample, quadratic in sequence length: ``(a s^2 + b s + c) * batch`` with ``coefficients = (a, b, c)``."""
+
+    form: Literal["sequence"] = "sequence"
+    coefficients: tuple[float, float, float]
+
+    def forward_ms(self, batch: float, seq_length: int) -> float:
+        a, b, c = self.coefficients
+        return max(0.0, a * seq_length**2 + b * seq_length + c) * batch
+
+
+ForwardTime = Annotated[Union[StaticTime, BatchTime, SequenceTime], Field(discriminator="form")]
+
+
+class LayerTypeProfile(GalvaModel):
+    """One kind of transformer layer (e.g. the decoder layer of a GPT, or the encoder layer of a T5)."""
+
+    name: str = Field(description="For example 'decoder' or 'encoder'.")
+    num_layers: PositiveInt = Field(description="Layers of this type in the model.")
+    hidden_size: PositiveInt
+    seq_length: PositiveInt = Field(description="Sequence length this profile describes.")
+    forward_time: ForwardTime = Field(description="Forward time of ONE layer (ms) as a function of batch.")
+    parameter_mib: NonNegativeFloat = Field(description="Parameters of one unsharded layer, fp32 bytes, MiB.")
+    activation_mib_per_sample: dict[PositiveInt, NonNegativeFloat] = Field(
+        description="Activation memory kept for backward, MiB per local sample, by tensor-parallel degree."
+    )
+    checkpoint_activation_mib_per_sample: NonNegativeFloat = Field(
+        description="Activation memory per local sample when the layer is checkpointed (tp 1), MiB."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LayerTypeProfile:
+        if 1 not in self.activation_mib_per_sample:
+            raise ValueError(f"activation_mib_per_sample: layer type {self.name!r} needs an entry for tp 1")
+        return self
+
+
+class VocabMemory(GalvaModel):
+    """Memory of the vocabulary layers at one pipeline position, by vocabulary tp degree."""
+
+    model_states_mib: dict[PositiveInt, NonNegativeFloat] = Field(
+        description="Parameters + gradients + optimizer states held per rank, MiB, by vocab tp degree (unsharded dp)."
+    )
+    activation_mib_per_sample: dict[PositiveInt, NonNegativeFloat] = Field(
+        description="Activation memory per local sample, MiB, by vocab tp degree."
+    )
+
+
+class VocabProfile(GalvaModel):
+    """Embedding, final norm, head and loss."""
+
+    vocab_size: PositiveInt | None = None
+    forward_time: ForwardTime = Field(description="Forward time of all vocabulary layers together (ms).")
+    memory_pp_off: VocabMemory = Field(description="All vocabulary layers on one stage (pp = 1).")
+    memory_pp_first: VocabMemory = Field(description="First stage of a pipeline (embedding).")
+    memory_pp_last: VocabMemory = Field(description="Last stage of a pipeline (norm, head, loss).")
+
+
+class ModelProfile(GalvaFile):
+    """Compute and memory profile of one model at given sequence lengths."""
+
+    KIND: ClassVar[str] = "galva.model_profile"
+
+    schema_version: Literal[1] = 1
+    kind: Literal["galva.model_profile"] = "galva.model_profile"
+    model_name: str
+    precision: Precision = Field(description="Precision the profile was measured in.")
+    megatron_sp: bool = Field(False, description="Activations were measured with Megatron sequence parallelism.")
+    layer_types: tuple[LayerTypeProfile, ...] = Field(min_length=1)
+    vocab: VocabProfile
+
+    @property
+    def num_layers(self) -> int:
+        return sum(layer_type.num_layers for layer_type in self.layer_types)
+
+    @property
+    def sequence_lengths(self) -> tuple[int, ...]:
+        return tuple(layer_type.seq_length for layer_type in self.layer_types)
+
+    def layer_type_of(self, index: int) -> int:
+        """Index of the layer type of transformer layer ``index`` (types are contiguous, in model order)."""
+        for type_index, layer_type in enumerate(self.layer_types):
+            if index < layer_type.num_layers:
+                return type_index
+            index -= layer_type.num_layers
+        raise IndexError(f"layer {index} out of range for a model of {self.num_layers} layers")

@@ -1,0 +1,234 @@
+"""The per-layer hybrid-parallel plan: written by galva-search (or by hand), read by galva-hp.
+
+A :class:`Strategy` fixes, for a world of ``world_size`` ranks, the pipeline degree and partition, the schedule,
+micro-batching and precision, and per transformer layer the tensor-parallel (or Ulysses) degree and group layout,
+the data-parallel type and activation checkpointing. The vocabulary layers (embedding, final norm, head) have
+their own small plan. Everything that can be derived (data-parallel degree per layer, stage of each layer) is a
+property, never a stored field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from galva_schema._base import GalvaFile, GalvaModel
+from galva_schema.errors import group_problems
+from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
+
+
+
+class LayerStrategy(GalvaModel):
+    """How one transformer layer is parallelised inside its pipeline stage."""
+
+    tp: PositiveInt = Field(1, description="Tensor-parallel degree; the Ulysses degree when `ulysses` is true.")
+    tp_consecutive: bool = Field(
+        True, description="Tensor-parallel group of consecutive ranks (true) or ranks strided by W/pp/tp (false)."
+    )
+    ulysses: bool = Field(False, description="Ulysses sequence parallel (all-to-all) instead of Megatron tp.")
+    dp_type: DataParallelType | None = Field(
+        None, description="Data-parallel type of this layer; null means the strategy's `default_dp_type`."
+    )
+    checkpoint: bool = Field(False, description="Recompute this layer's activations in backward.")
+
+    @property
+    def tp_degree(self) -> int:
+        """Megatron tensor-parallel degree (1 for Ulysses layers)."""
+        return 1 if self.ulysses else self.tp
+
+    @property
+    def sp_degree(self) -> int:
+        """Ulysses sequence-parallel degree (1 for Megatron layers)."""
+        return self.tp if self.ulysses else 1
+
+
+class VocabStrategy(GalvaModel):
+    """Plan of the vocabulary layers: embedding, final norm and head (with the loss)."""
+
+    tp: PositiveInt = Field(1, description="Vocabulary tensor-parallel degree; the sequence-parallel degree if `sp`.")
+    sp: bool = Field(False, description="Split the sequence (Ulysses-style) instead of the vocabulary.")
+    dp_type: DataParallelType | None = Field(
+        None, description="Data-parallel type of the vocabulary layers; null means `default_dp_type`."
+    )
+
+
+class Strategy(GalvaFile):
+    """A complete hybrid-parallel plan. See the module docstring."""
+
+    KIND: ClassVar[str] = "galva.strategy"
+
+    schema_version: Literal[1] = 1
+    kind: Literal["galva.strategy"] = "galva.strategy"
+    world_size: PositiveInt = Field(description="Number of ranks (GPUs or CPU processes).")
+    pp: PositiveInt = Field(1, description="Pipeline-parallel degree.")
+    pp_division: tuple[PositiveInt, ...] = Field(
+        description="Transformer layers per pipeline stage; defaults to an even split, remainder on the last stage."
+    )
+    pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    num_micro_batches: PositiveInt = Field(1, description="Micro-batches per iteration (gradient accumulation).")
+    global_batch_size: PositiveInt = Field(description="Samples per optimizer step over the whole world.")
+    mixed_precision: Precision = Precision.BF16
+    default_dp_type: DataParallelType = DataParallelType.DDP
+    megatron_sp: bool = Field(
+        False, description="Megatron sequence parallelism: activations between tp layers sharded along the sequence."
+    )
+    layers: tuple[LayerStrategy, ...] = Field(min_length=1, description="One entry per transformer layer.")
+    vocab: VocabStrategy = VocabStrategy()
+    description: str | None = Field(None, description="Free text: who wrote this plan and why.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_division(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("pp_division") is None:
+            layers, pp = data.get("layers"), data.get("pp", 1)
+            if isinstance(layers, (list, tuple)) and isinstance(pp, int) and pp > 0:
+                data = {**data, "pp_division": even_division(len(layers), pp)}
+        return data
+
+    @model_validator(mode="after")
+    def _check_runnable(self) -> Strategy:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _problems(self) -> list[str]:
+        out: list[str] = []
+        if self.world_size % self.pp:
+            return [f"pp: {self.pp} does not divide world_size {self.world_size}"]
+        if len(self.pp_division) != self.pp:
+            out.append(f"pp_division: has {len(self.pp_division)} stages but pp is {self.pp}")
+        elif sum(self.pp_division) != len(self.layers):
+            out.append(
+                f"pp_division: sums to {sum(self.pp_division)} layers but the strategy has {len(self.layers)} layers"
+            )
+        if self.global_batch_size % self.num_micro_batches:
+            out.append(
+                f"global_batch_size: {self.global_batch_size} is not divisible by "
+                f"num_micro_batches {self.num_micro_batches}"
+            )
+        rps = self.ranks_per_stage
+        micro = self.global_batch_size // self.num_micro_batches
+        layer_problems: list[tuple[str, int | None, str, str]] = []
+        for index, layer in enumerate(self.layers):
+            problem = _degree_problem(layer.tp, rps, "tp")
+            if problem is None and layer.ulysses and layer.tp == 1:
+                problem = ".ulysses", "needs tp > 1 (tp is the Ulysses degree)"
+            if problem is None and not out and micro % (rps // layer.tp):
+                problem = _batch_problem(micro, rps // layer.tp)
+            if problem:
+                layer_problems.append(("layers", index, *problem))
+        out.extend(group_problems(layer_problems))
+        vocab_problem = _degree_problem(self.vocab.tp, rps, "tp")
+        if vocab_problem is None and self.vocab.sp and self.vocab.tp == 1:
+            vocab_problem = ".sp", "needs tp > 1 (tp is the vocabulary sequence-parallel degree)"
+        if vocab_problem is None and not out and micro % self.vocab_dp:
+            vocab_problem = _batch_problem(micro, self.vocab_dp)
+        if vocab_problem:
+            out.append(f"vocab{vocab_problem[0]}: {vocab_problem[1]}")
+        return out
+
+    # ----------------------------------------------------------------------------------------------- derived values
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def ranks_per_stage(self) -> int:
+        """Ranks in one pipeline stage, ``world_size // pp``."""
+        return self.world_size // self.pp
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples in one micro-batch over the whole world (``global_batch_size // num_micro_batches``)."""
+        return self.global_batch_size // self.num_micro_batches
+
+    @property
+    def layer_stages(self) -> tuple[int, ...]:
+        """Pipeline stage of each layer."""
+        return tuple(stage for stage, count in enumerate(self.pp_division) for _ in range(count))
+
+    def stage_layers(self, stage: int) -> range:
+        """Indices of the layers held by ``stage``."""
+        if not 0 <= stage < self.pp:
+            raise IndexError(f"stage {stage} out of range for pp={self.pp}")
+        start = sum(self.pp_division[:stage])
+        return range(start, start + self.pp_division[stage])
+
+    def layer_dp(self, index: int) -> int:
+        """Data-parallel degree of layer ``index`` (batch split); Ulysses layers shard states over dp * sp."""
+        return self.ranks_per_stage // self.layers[index].tp
+
+    def layer_dp_type(self, index: int) -> DataParallelType:
+        """Effective data-parallel type of layer ``index``."""
+        return self.layers[index].dp_type or self.default_dp_type
+
+    @property
+    def vocab_dp(self) -> int:
+        """Data-parallel degree of the vocabulary layers."""
+        return self.ranks_per_stage // self.vocab.tp
+
+    @property
+    def vocab_dp_type(self) -> DataParallelType:
+        return self.vocab.dp_type or self.default_dp_type
+
+    @property
+    def min_tp(self) -> int:
+        """Smallest model-parallel degree over layers and vocabulary (sets the input data-parallel split)."""
+        return min([layer.tp for layer in self.layers] + [self.vocab.tp])
+
+    def layer_summary(self, index: int) -> str:
+        """Compact form ``pp-tp[*]-dp[f|z2]-c-sp`` as in the reference system's logs (``*`` = consecutive tp)."""
+        layer = self.layers[index]
+        text = f"{self.pp}-{layer.tp}{'*' if layer.tp_consecutive and layer.tp > 1 else ''}-{self.layer_dp(index)}"
+        dp_type = self.layer_dp_type(index)
+        text += {DataParallelType.DDP: "", DataParallelType.ZERO2: "z2", DataParallelType.ZERO3: "f"}[dp_type]
+        if layer.checkpoint:
+            text += "-c"
+        if layer.ulysses:
+            text += "-sp"
+        return text
+
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        world_size: int,
+        num_layers: int,
+        global_batch_size: int,
+        layer: LayerStrategy | None = None,
+        **fields: Any,
+    ) -> Strategy:
+        """One strategy for every layer (the reference system's "global mode")."""
+        return cls.model_validate(
+            {
+                "world_size": world_size,
+                "global_batch_size": global_batch_size,
+                "layers": [(layer or LayerStrategy()).model_dump()] * num_layers,
+                **fields,
+            }
+        )
+
+
+def even_division(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage for an even split, the remainder on the last stage (the reference default)."""
+    if pp <= 0 or num_layers < pp:
+        return [1] * pp  # invalid; validation reports the mismatch with a clear message
+    base = num_layers // pp
+    return [base] * (pp - 1) + [num_layers - base * (pp - 1)]
+
+
+def _degree_problem(degree: int, ranks_per_stage: int, name: str) -> tuple[str, str] | None:
+    if degree > ranks_per_stage:
+        return f".{name}", f"{degree} is larger than the {ranks_per_stage} ranks of a pipeline stage"
+    if ranks_per_stage % degree:
+        return f".{name}", f"{degree} does not divide the {ranks_per_stage} ranks of a pipeline stage"
+    return None
+
+
+def _batch_problem(micro: int, dp: int) -> tuple[str, str]:
+    return "", (
+        f"a micro-batch of {micro} samples cannot be split over data-parallel degree {dp} "
+        f"(global_batch_size / num_micro_batches must be a multiple of it)"
+    )

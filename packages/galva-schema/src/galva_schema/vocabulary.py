@@ -1,0 +1,61 @@
+"""The one vocabulary of Galva, shared by every distribution.
+
+Axes of parallelism (a *degree* is the size of the group along an axis):
+
+- ``pp``: pipeline parallel. Stages are the outermost axis: stage ``s`` owns the contiguous rank block
+  ``[s * W/pp, (s+1) * W/pp)``.
+- ``tp``: tensor parallel (Megatron column/row split of one layer's weights).
+- ``sp``: Ulysses sequence parallel (all-to-all of heads and sequence around attention). A layer uses either
+  Megatron tp or Ulysses sp with the same degree field; ``megatron_sp`` is the separate Megatron
+  sequence-parallel flag that shards activations along the sequence between tp layers.
+- ``dp``: data parallel; ``zero`` is how a layer's data-parallel group shards states (see :class:`DataParallelType`).
+
+Units appear in field names: ``_mib`` (2**20 bytes), ``_ms`` (milliseconds), ``_gb_per_s`` (1e9 bytes per second).
+Layers are indexed from 0 in model order; "vocabulary layers" are the embedding, the final norm and the head.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+SCHEMA_VERSION = 1
+"""Version written into every Galva file. Readers reject other versions with a clear message."""
+
+
+class DataParallelType(str, Enum):
+    """How a layer's data-parallel group holds parameters, gradients and optimizer states."""
+
+    DDP = "ddp"  # everything replicated; gradients all-reduced
+    ZERO2 = "zero2"  # gradients and optimizer states sharded; parameters replicated
+    ZERO3 = "zero3"  # parameters, gradients and optimizer states sharded (FSDP full shard)
+
+
+class PipelineSchedule(str, Enum):
+    """Order of micro-batch forward/backward passes on each pipeline stage."""
+
+    GPIPE = "gpipe"  # all forwards, then all backwards
+    ONE_F_ONE_B = "1f1b"  # warm-up forwards, then alternate one forward / one backward (PipeDream-flush)
+
+
+class Precision(str, Enum):
+    """Compute precision of a run or of a profile."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def bytes_per_element(self) -> int:
+        return 4 if self is Precision.FP32 else 2
+
+
+class TimeModelForm(str, Enum):
+    """How a forward-time profile depends on the workload (reference profile modes)."""
+
+    STATIC = "static"  # one value at the profiled batch and sequence length
+    BATCH = "batch"  # linear in the local batch size: time = slope * batch + intercept
+    SEQUENCE = "sequence"  # quadratic in the sequence length, per sample
+
+
+AXES = ("pp", "tp", "sp", "dp", "zero")
+"""Names of the parallel axes, in the order used in logs and compact strategy strings."""

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One command from a fresh clone: a project virtual environment (.venv) with all seven distributions installed
+# editable. On machines without an NVIDIA GPU, torch is pinned to its CPU build through constraints/cpu.txt.
+#   bash tools/setup.sh            # then: bash tools/test.sh
+# Environment: PYTHON (interpreter for the venv, default python3), GALVA_VENV (default .venv),
+#              GALVA_CONSTRAINTS (override the constraints file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${GALVA_VENV:-.venv}
+start=$SECONDS
+
+if [[ -n "${GALVA_CONSTRAINTS:-}" ]]; then
+  constraints=$GALVA_CONSTRAINTS
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  constraints=constraints/gpu.txt
+else
+  constraints=constraints/cpu.txt
+fi
+echo "[setup] venv $VENV, constraints $constraints"
+
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# torch first: anything that lets pip choose it freely would pull the CUDA build on a CPU machine.
+"${pip[@]}" install -q -c "$constraints" torch numpy
+"${pip[@]}" install -q -c "$constraints" -r requirements/dev.txt
+"${pip[@]}" install -q -c "$constraints" --no-build-isolation \
+  -e packages/galva-schema \
+  -e packages/galva-comm \
+  -e packages/galva-search \
+  -e packages/galva-profiler \
+  -e packages/galva-hp \
+  -e packages/galva-models \
+  -e packages/galva-ckpt
+echo "[setup] done in $((SECONDS - start)) s; run the tests with: bash tools/test.sh"
