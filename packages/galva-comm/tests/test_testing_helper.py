@@ -21,7 +21,6 @@ def _all_reduce_rank(rank: int, world_size: int, scale: float) -> float:
 def _fail_on_rank_two(rank: int, world_size: int) -> int:
     if rank == 2:
         raise AssertionError("rank two disagrees")
-    import torch
     import torch.distributed as dist
 
     dist.barrier()  # the healthy ranks block here; the helper must not wait for them forever

@@ -14,6 +14,7 @@ out, and the parent never waits longer than ``timeout`` seconds in total.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -52,7 +53,19 @@ def _child(
     queue: Any,
     threads: int,
 ) -> None:
-    status, payload = "ok", None
+    reported = False
+
+    def report(status: str, payload: Any) -> None:
+        nonlocal reported
+        if reported:
+            return
+        reported = True
+        try:
+            queue.put((rank, status, payload))
+        except Exception:
+            detail = traceback.format_exc()
+            queue.put((rank, "error", f"result could not be sent to the parent (not picklable?):\n{detail}"))
+
     try:
         import torch
         import torch.distributed as dist
@@ -70,18 +83,17 @@ def _child(
             "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=max(5.0, timeout))
         )
         try:
-            payload = fn(rank, world_size, *args, **kwargs)
+            report("ok", fn(rank, world_size, *args, **kwargs))
+        except BaseException:
+            # report before tearing the group down: the peers fail as soon as it goes, and the parent names the
+            # first rank to report as the root cause
+            report("error", traceback.format_exc())
         finally:
-            try:
+            # a failed collective can leave the group unusable; the error reported above matters more
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:  # a failed collective can leave the group unusable; the error above matters more
-                pass
     except BaseException:  # report everything, including SystemExit and assertion errors
-        status, payload = "error", traceback.format_exc()
-    try:
-        queue.put((rank, status, payload))
-    except Exception:
-        queue.put((rank, "error", "result could not be sent to the parent (not picklable?):\n" + traceback.format_exc()))
+        report("error", traceback.format_exc())
     finally:
         # skip the parent's atexit handlers (pytest's among them), which fork copied into this process
         os._exit(0)

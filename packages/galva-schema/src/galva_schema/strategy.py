@@ -18,7 +18,6 @@ from galva_schema.errors import group_problems
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
 
 
-
 class LayerStrategy(GalvaModel):
     """How one transformer layer is parallelised inside its pipeline stage."""
 
@@ -197,7 +196,7 @@ class Strategy(GalvaFile):
         world_size: int,
         num_layers: int,
         global_batch_size: int,
-        layer: LayerStrategy | None = None,
+        layer: LayerStrategy | dict[str, Any] | None = None,
         **fields: Any,
     ) -> Strategy:
         """One strategy for every layer (the reference system's "global mode")."""
@@ -205,7 +204,7 @@ class Strategy(GalvaFile):
             {
                 "world_size": world_size,
                 "global_batch_size": global_batch_size,
-                "layers": [(layer or LayerStrategy()).model_dump()] * num_layers,
+                "layers": [LayerStrategy.model_validate(layer or {}).model_dump()] * num_layers,
                 **fields,
             }
         )

@@ -1,0 +1,318 @@
+"""Which ranks form each layer's groups. Pure Python: no torch, usable by the planner and the runtime alike.
+
+Conventions (same as the reference system, so its strategy files mean the same thing here):
+
+- Pipeline stages are the outermost axis. With ``R = world_size // pp`` ranks per stage, stage ``s`` owns the
+  contiguous block ``[s*R, (s+1)*R)``; the *local rank* of a global rank is its index inside that block.
+- A layer of model-parallel degree ``t`` (Megatron tp, or Ulysses sp) splits its stage into ``R/t`` model-parallel
+  groups and ``t`` data-parallel groups:
+  * consecutive: model-parallel groups are blocks of ``t`` consecutive local ranks; data-parallel groups are the
+    local ranks strided by ``t``.
+  * strided: model-parallel groups are local ranks strided by ``R/t``; data-parallel groups are blocks of ``R/t``.
+- The *sharding group* (where ZeRO-2/3 shards states and gradients are reduced) is the data-parallel group for
+  Megatron layers, and the whole stage (``dp * sp`` ranks) for Ulysses layers, whose weights are replicated
+  over the sequence-parallel group.
+- Pipeline groups are ``{i, i+R, i+2R, ...}``; the embedding-tying group of a pipeline is its first and last rank.
+
+Every group is a tuple of global ranks in ascending order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from galva_schema import Strategy
+
+Group = tuple[int, ...]
+
+
+def stage_ranks(world_size: int, pp: int, stage: int) -> Group:
+    """Global ranks of pipeline stage ``stage``."""
+    _check_divides(pp, world_size, "pp", "world_size")
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage {stage} out of range for pp={pp}")
+    per_stage = world_size // pp
+    return tuple(range(stage * per_stage, (stage + 1) * per_stage))
+
+
+def pipeline_groups(world_size: int, pp: int) -> list[Group]:
+    """The ``R`` pipelines: local rank ``i`` of every stage, in stage order."""
+    _check_divides(pp, world_size, "pp", "world_size")
+    per_stage = world_size // pp
+    return [tuple(i + s * per_stage for s in range(pp)) for i in range(per_stage)]
+
+
+def embedding_tie_groups(world_size: int, pp: int) -> list[Group]:
+    """First and last rank of every pipeline (to keep tied embedding/head weights equal); empty when pp == 1."""
+    if pp == 1:
+        return []
+    return [(group[0], group[-1]) for group in pipeline_groups(world_size, pp)]
+
+
+def model_parallel_groups(ranks: Group, degree: int, consecutive: bool = True) -> list[Group]:
+    """Split a stage's ranks into groups of ``degree`` ranks (tensor- or Ulysses-parallel groups)."""
+    _check_divides(degree, len(ranks), "degree", "ranks per stage")
+    count = len(ranks) // degree
+    if consecutive:
+        return [tuple(ranks[g * degree + j] for j in range(degree)) for g in range(count)]
+    return [tuple(ranks[g + j * count] for j in range(degree)) for g in range(count)]
+
+
+def data_parallel_groups(ranks: Group, degree: int, consecutive: bool = True) -> list[Group]:
+    """The complement of :func:`model_parallel_groups`: ranks holding the same model shard."""
+    _check_divides(degree, len(ranks), "degree", "ranks per stage")
+    count = len(ranks) // degree
+    if consecutive:
+        return [tuple(ranks[g * degree + j] for g in range(count)) for j in range(degree)]
+    return [tuple(ranks[j * count + g] for g in range(count)) for j in range(degree)]
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How a layer's activations (one micro-batch of ``[batch, seq, ...]``) are spread over its stage.
+
+    The batch is split over the data-parallel groups; inside a model-parallel group the activation is either
+    replicated (Megatron tp) or split along the sequence (Megatron-SP, Ulysses: ``seq_sharded``).
+    """
+
+    ranks: Group
+    degree: int = 1
+    consecutive: bool = True
+    seq_sharded: bool = False
+
+    def __post_init__(self) -> None:
+        _check_divides(self.degree, len(self.ranks), "degree", "ranks per stage")
+
+    @property
+    def dp(self) -> int:
+        return len(self.ranks) // self.degree
+
+    @property
+    def seq_parts(self) -> int:
+        return self.degree if self.seq_sharded else 1
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(model-parallel index, data-parallel index) of a global rank of this stage."""
+        local = self.ranks.index(rank)
+        if self.consecutive:
+            return local % self.degree, local // self.degree
+        return local // self.dp, local % self.dp
+
+    def shard(self, rank: int) -> tuple[int, int]:
+        """(batch part, sequence part) held by ``rank``, out of ``dp`` batch parts and ``seq_parts`` sequence parts."""
+        mp_index, dp_index = self.coords(rank)
+        return dp_index, (mp_index if self.seq_sharded else 0)
+
+    def holds(self, rank: int, batch_cell: int, batch_cells: int, seq_cell: int, seq_cells: int) -> bool:
+        """Whether ``rank`` holds the cell of a ``batch_cells x seq_cells`` grid refining this layout."""
+        batch_part, seq_part = self.shard(rank)
+        return batch_cell * self.dp // batch_cells == batch_part and seq_cell * self.seq_parts // seq_cells == seq_part
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Cells that ``src`` sends to ``dst`` (``src == dst`` means a local copy)."""
+
+    src: int
+    dst: int
+    cells: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class RedistributionPlan:
+    """Exact re-sharding of one micro-batch from layout ``source`` to layout ``target`` on the same stage.
+
+    The micro-batch is cut into a ``batch_cells x seq_cells`` grid that refines both layouts. Every rank receives
+    each cell it needs under ``target`` from one rank that holds it under ``source`` (itself when possible, so a
+    pure split costs nothing). Replicated copies carry the full value forward and the full gradient backward, so the
+    backward pass is the plan from ``target`` to ``source``. ``groups`` are the connected sets of ranks that
+    exchange data: the process groups a runtime needs.
+    """
+
+    source: ShardLayout
+    target: ShardLayout
+    batch_cells: int
+    seq_cells: int
+    transfers: tuple[Transfer, ...]
+    groups: tuple[Group, ...]
+
+    @property
+    def is_local(self) -> bool:
+        """True when no rank needs data from another rank."""
+        return all(t.src == t.dst for t in self.transfers)
+
+    def sends(self, rank: int) -> list[Transfer]:
+        return [t for t in self.transfers if t.src == rank]
+
+    def receives(self, rank: int) -> list[Transfer]:
+        return [t for t in self.transfers if t.dst == rank]
+
+    def group_of(self, rank: int) -> Group:
+        for group in self.groups:
+            if rank in group:
+                return group
+        return (rank,)
+
+    def reverse(self) -> RedistributionPlan:
+        """The plan of the backward pass."""
+        return redistribution_plan(self.target, self.source)
+
+
+def redistribution_plan(source: ShardLayout, target: ShardLayout) -> RedistributionPlan:
+    """Plan the exchange that turns ``source``-sharded activations into ``target``-sharded ones."""
+    if sorted(source.ranks) != sorted(target.ranks):
+        raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
+    batch_cells = _lcm(source.dp, target.dp)
+    seq_cells = _lcm(source.seq_parts, target.seq_parts)
+    wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for dst in target.ranks:
+        for b in range(batch_cells):
+            for s in range(seq_cells):
+                if not target.holds(dst, b, batch_cells, s, seq_cells):
+                    continue
+                holders = [r for r in source.ranks if source.holds(r, b, batch_cells, s, seq_cells)]
+                src = dst if dst in holders else _nearest(holders, dst, source)
+                wanted.setdefault((src, dst), []).append((b, s))
+    transfers = tuple(Transfer(src, dst, tuple(cells)) for (src, dst), cells in sorted(wanted.items()))
+    return RedistributionPlan(source, target, batch_cells, seq_cells, transfers, _components(transfers))
+
+
+def _nearest(holders: list[int], dst: int, source: ShardLayout) -> int:
+    """Pick the source of a remote cell: spread the load by matching model-parallel index, then the closest rank."""
+    mp_dst = source.coords(dst)[0]
+    same_mp = [r for r in holders if source.coords(r)[0] == mp_dst]
+    pool = same_mp or holders
+    return min(pool, key=lambda r: (abs(r - dst), r))
+
+
+def _components(transfers: Iterable[Transfer]) -> tuple[Group, ...]:
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for t in transfers:
+        if t.src != t.dst:
+            parent[find(t.src)] = find(t.dst)
+    members: dict[int, list[int]] = {}
+    for rank in list(parent):
+        members.setdefault(find(rank), []).append(rank)
+    return tuple(sorted(tuple(sorted(m)) for m in members.values() if len(m) > 1))
+
+
+# ------------------------------------------------------------------------------------------------ per-strategy view
+@dataclass(frozen=True)
+class LayerGroups:
+    """All groups of one layer (or of the vocabulary layers at one stage). Each list partitions the stage."""
+
+    stage: int
+    tp: list[Group]  # Megatron tensor-parallel groups (singletons for Ulysses or tp=1 layers)
+    sp: list[Group]  # Ulysses groups (singletons for Megatron layers)
+    dp: list[Group]  # data-parallel groups: ranks that see different samples with the same model shard
+    shard: list[Group]  # where ZeRO shards and gradients are reduced: dp, or dp x sp for Ulysses
+    activation: ShardLayout
+
+    @property
+    def ranks(self) -> Group:
+        """Global ranks of the stage these groups live on."""
+        return self.activation.ranks
+
+    def of(self, kind: str, rank: int) -> Group:
+        """The group of kind ``tp``/``sp``/``dp``/``shard`` that contains ``rank``."""
+        for group in getattr(self, kind):
+            if rank in group:
+                return group
+        raise ValueError(f"rank {rank} is not in stage {self.stage}")
+
+
+def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_sharded: bool) -> LayerGroups:
+    mp = model_parallel_groups(ranks, degree, consecutive)
+    dp = data_parallel_groups(ranks, degree, consecutive)
+    singles = [(r,) for r in ranks]
+    return LayerGroups(
+        stage=stage,
+        tp=singles if ulysses else mp,
+        sp=mp if ulysses else singles,
+        dp=dp,
+        shard=[ranks] if ulysses else dp,
+        activation=ShardLayout(ranks, degree, consecutive, seq_sharded),
+    )
+
+
+class RankLayout:
+    """Every group a :class:`~galva_schema.Strategy` needs, for every rank, in one deterministic order."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self.world_size = strategy.world_size
+        self.pp = strategy.pp
+        stages = strategy.layer_stages
+        self.layers: list[LayerGroups] = []
+        for index, layer in enumerate(strategy.layers):
+            ranks = stage_ranks(self.world_size, self.pp, stages[index])
+            consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
+            seq_sharded = layer.ulysses or (strategy.megatron_sp and layer.tp > 1)
+            self.layers.append(_groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_sharded))
+        vocab = strategy.vocab
+        vocab_seq_sharded = vocab.sp or (strategy.megatron_sp and vocab.tp > 1)
+        self.vocab_first = _groups(
+            stage_ranks(self.world_size, self.pp, 0), 0, vocab.tp, True, vocab.sp, vocab_seq_sharded
+        )
+        last = self.pp - 1
+        self.vocab_last = _groups(
+            stage_ranks(self.world_size, self.pp, last), last, vocab.tp, True, vocab.sp, vocab_seq_sharded
+        )
+        self.pipelines = pipeline_groups(self.world_size, self.pp)
+        self.embedding_ties = embedding_tie_groups(self.world_size, self.pp)
+
+    def stage_of(self, rank: int) -> int:
+        return rank // (self.world_size // self.pp)
+
+    def boundary_plans(self) -> Iterator[tuple[int, RedistributionPlan]]:
+        """(layer index, plan) for every layer whose input layout differs from what precedes it on its stage.
+
+        Index 0's predecessor is the embedding; a stage's first layer receives its predecessor's layout through p2p
+        (local rank i to local rank i), so the comparison is made on the receiving stage's ranks.
+        """
+        previous = self.vocab_first.activation
+        for index, groups in enumerate(self.layers):
+            source = ShardLayout(groups.activation.ranks, previous.degree, previous.consecutive, previous.seq_sharded)
+            if source != groups.activation:
+                yield index, redistribution_plan(source, groups.activation)
+            previous = groups.activation
+        tail = self.vocab_last.activation
+        source = ShardLayout(tail.ranks, previous.degree, previous.consecutive, previous.seq_sharded)
+        if source != tail:
+            yield len(self.layers), redistribution_plan(source, tail)
+
+    def all_groups(self, include_singletons: bool = False) -> list[Group]:
+        """Every distinct group, in one deterministic order (sorted by size, then ranks).
+
+        All ranks must create process groups in the same order; creating them from this list guarantees it and
+        creates one communicator per distinct group however many layers share it.
+        """
+        found: set[Group] = set()
+        for groups in [*self.layers, self.vocab_first, self.vocab_last]:
+            for kind in (groups.tp, groups.sp, groups.dp, groups.shard):
+                found.update(kind)
+        found.update(self.pipelines)
+        found.update(self.embedding_ties)
+        for _, plan in self.boundary_plans():
+            found.update(plan.groups)
+        return sorted((g for g in found if include_singletons or len(g) > 1), key=lambda g: (len(g), g))
+
+
+def _check_divides(divisor: int, total: int, name: str, total_name: str) -> None:
+    if divisor < 1 or total % divisor:
+        raise ValueError(f"{name}={divisor} does not divide {total_name}={total}")
+
+
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+
+    return a * b // gcd(a, b)
