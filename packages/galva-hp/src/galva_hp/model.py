@@ -1,0 +1,121 @@
+"""How a model is described to galva-hp: an ordered list of modules plus how to make each one parallel.
+
+A model adapter (galva-models for Hugging Face models, :mod:`galva_hp.testing.models` for the tiny test models)
+returns a :class:`LayeredModel`. The runtime then keeps this rank's stage, converts every module to its parallel
+form with a :class:`ParallelContext` built from the strategy, wraps data parallelism, checkpointing and pipelining
+around it, and trains it.
+
+Activations between modules are ``[batch, seq, hidden]`` tensors (batch first). At a layer boundary a rank holds
+its data-parallel share of the batch, and the whole sequence, or its ``1/degree`` slice of it when the layer is
+sequence-sharded (Megatron-SP with tp > 1, or Ulysses): see :class:`galva_comm.layout.ShardLayout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """What a module's parallel form needs to know about its groups.
+
+    ``tp_group`` is the Megatron tensor-parallel group (None when tp == 1), ``sp_group`` the Ulysses group (None
+    unless the layer uses Ulysses). With ``megatron_sp`` and tp > 1, activations at the module's boundaries are
+    sharded along the sequence over ``tp_group``; a Ulysses layer's boundaries are sharded along the sequence over
+    ``sp_group``. ``vocab_sp`` marks vocabulary modules that split the sequence (not the vocabulary) over
+    ``sp_group``.
+    """
+
+    tp_group: ProcessGroup | None = None
+    sp_group: ProcessGroup | None = None
+    megatron_sp: bool = False
+    vocab_sp: bool = False
+
+    @property
+    def tp_size(self) -> int:
+        return 1 if self.tp_group is None else self.tp_group.size()
+
+    @property
+    def sp_size(self) -> int:
+        return 1 if self.sp_group is None else self.sp_group.size()
+
+    @property
+    def tp_rank(self) -> int:
+        return 0 if self.tp_group is None else self.tp_group.rank()
+
+    @property
+    def sp_rank(self) -> int:
+        return 0 if self.sp_group is None else self.sp_group.rank()
+
+    @property
+    def seq_sharded(self) -> bool:
+        """Whether activations at this module's boundaries hold only a slice of the sequence."""
+        return self.sp_size > 1 or (self.megatron_sp and self.tp_size > 1)
+
+
+class Parallelizer(Protocol):
+    """Turns single-process modules into their parallel form for one rank. Implementations are per model family."""
+
+    def layer(self, module: nn.Module, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        """Parallel form of a transformer layer: ``hidden -> hidden`` in the layer's boundary layout."""
+        ...
+
+    def embedding(self, module: nn.Module, ctx: ParallelContext) -> nn.Module:
+        """Parallel form of the embedding: ``input_ids [b, s or s/sp] -> hidden`` in the vocab boundary layout."""
+        ...
+
+    def head(self, module: nn.Module, ctx: ParallelContext) -> nn.Module:
+        """Parallel form of final norm + head + loss: ``(hidden, labels) -> (loss_sum, token_count)``.
+
+        ``labels`` are this rank's labels in the same batch/sequence share as ``hidden``; ``loss_sum`` is the sum of
+        the token losses this rank is responsible for (each token counted on exactly one rank of a tp group, or
+        reduced so), so the runtime can divide by the global token count.
+        """
+        ...
+
+
+@dataclass
+class LayeredModel:
+    """A model decomposed into Galva's ordered modules (single-process form, on any device including meta).
+
+    - ``embedding``: ``input_ids [b, s] -> hidden [b, s, h]``
+    - ``layers[i]``: ``hidden -> hidden``; ``layer_types[i]`` names its kind (e.g. ``"decoder"``)
+    - ``head``: final norm + output projection + loss: ``(hidden, labels) -> (loss_sum, token_count)``
+    - ``tied_weights``: pairs of parameter names (``"embedding.<name>"``, ``"head.<name>"``) that must stay equal
+    """
+
+    embedding: nn.Module
+    layers: list[nn.Module]
+    head: nn.Module
+    layer_types: list[str]
+    parallelizer: Parallelizer
+    tied_weights: list[tuple[str, str]] = field(default_factory=list)
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != len(self.layers):
+            raise ValueError(
+                f"{self.name}: {len(self.layers)} layers but {len(self.layer_types)} layer types"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def reference_loss(self, input_ids: Tensor, labels: Tensor) -> Tensor:
+        """Mean token loss of the unmodified single-process model: the correctness oracle."""
+        hidden = self.embedding(input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        loss_sum, count = self.head(hidden, labels)
+        return loss_sum / count
+
+
+LossFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
