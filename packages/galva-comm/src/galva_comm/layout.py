@@ -233,7 +233,7 @@ class LayerGroups:
 def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_sharded: bool) -> LayerGroups:
     mp = model_parallel_groups(ranks, degree, consecutive)
     dp = data_parallel_groups(ranks, degree, consecutive)
-    singles = [(r,) for r in ranks]
+    singles: list[Group] = [(r,) for r in ranks]
     return LayerGroups(
         stage=stage,
         tp=singles if ulysses else mp,

@@ -4,7 +4,7 @@ Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a b
 :class:`SchemaError` with one line naming the file, the field and the layer.
 """
 
-from galva_schema._base import write_json_atomic
+from galva_schema._base import GalvaFile, write_json_atomic
 from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
 from galva_schema.cluster import ClusterSpec
 from galva_schema.errors import SchemaError
@@ -30,7 +30,7 @@ from galva_schema.vocabulary import (
 
 __version__ = "0.1.0"
 
-FILE_TYPES = {
+FILE_TYPES: dict[str, type[GalvaFile]] = {
     "strategy": Strategy,
     "hardware_profile": HardwareProfile,
     "model_profile": ModelProfile,

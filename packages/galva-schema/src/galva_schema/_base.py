@@ -13,14 +13,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from galva_schema.errors import SchemaError, from_validation_error
 from galva_schema.vocabulary import SCHEMA_VERSION
 
-T = TypeVar("T", bound="GalvaModel")
+T = TypeVar("T", bound="GalvaFile")
 
 
 class GalvaModel(BaseModel):
     """Frozen, strict-keyed base: unknown keys are errors, values are validated on construction."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_default=True, populate_by_name=True, protected_namespaces=()
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        populate_by_name=True,
+        protected_namespaces=(),
+        allow_inf_nan=False,  # NaN and Infinity are not JSON; a profile holding them is a bug upstream
     )
 
 
@@ -60,7 +65,8 @@ class GalvaFile(GalvaModel):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise SchemaError(f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", source=str(path))
+            message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+            raise SchemaError(message, source=str(path)) from None
         return cls.from_dict(data, source=path)
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,14 +82,29 @@ def _src(source: str | os.PathLike[str] | None) -> str | None:
     return None if source is None else str(source)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` without ever leaving a half-written file."""
+    """Write ``data`` as indented JSON to ``path`` without ever leaving a half-written file.
+
+    The data goes to a temporary file in the same directory, which is renamed over ``path`` only once complete;
+    on any error (for example a value that is not JSON, NaN included) the temporary file is removed and an existing
+    ``path`` is left untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
+            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; use the mode open() would give
+            json.dump(data, handle, indent=2, allow_nan=False)
             handle.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from os import PathLike
 
 from pydantic import ValidationError
 
 _MAX_INPUT_REPR = 60
+_LEADING_FIELD = re.compile(r"([A-Za-z_]\w*(?:\[[\d.,]+\])?(?:\.[A-Za-z_]\w*(?:\[[\d.,]+\])?)*): ")
 
 
 class SchemaError(ValueError):
@@ -99,6 +101,14 @@ def from_validation_error(err: ValidationError, source: str | PathLike[str] | No
             if len(shown) > _MAX_INPUT_REPR:
                 shown = shown[: _MAX_INPUT_REPR - 3] + "..."
             msg = f"{msg} (got {shown})"
-        problems.append((*_split_location(item["loc"]), msg))
+        prefix, index, suffix = _split_location(item["loc"])
+        field = _LEADING_FIELD.match(msg) if item["type"] == "value_error" and item["loc"] else None
+        if field:  # a nested validator named its field: "layer_types[1].activation: x", not "[1]: activation: x"
+            msg = msg[field.end() :]
+            if index is None:
+                prefix = f"{prefix}.{field[1]}" if prefix else field[1]
+            else:
+                suffix = f"{suffix}.{field[1]}"
+        problems.append((prefix, index, suffix, msg))
     text = "; ".join(group_problems(problems)).replace("\n", " ")
     return SchemaError(text, source=str(source) if source is not None else None)

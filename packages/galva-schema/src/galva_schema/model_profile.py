@@ -19,6 +19,7 @@ class StaticTime(GalvaModel):
 
     form: Literal["static"] = "static"
     ms_per_sample: NonNegativeFloat
+    batch_size: PositiveInt | None = Field(None, description="Batch size the value was measured at, if known.")
 
     def forward_ms(self, batch: float, seq_length: int) -> float:
         return self.ms_per_sample * batch

@@ -1,0 +1,71 @@
+"""Reading the reference system's JSON files with one-line errors that name the file and the key."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from galva_schema.errors import SchemaError
+
+PathLike = str | os.PathLike[str]
+
+
+def load_json_object(path: PathLike) -> dict[str, Any]:
+    """Read a JSON file that must hold an object; every failure is a :class:`SchemaError` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SchemaError("file not found", source=str(path)) from None
+    except OSError as err:
+        raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        raise SchemaError(message, source=str(path)) from None
+    if not isinstance(data, dict):
+        raise SchemaError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
+    return data
+
+
+def number(value: Any, key: str, source: str | None, *, what: str, positive: bool = False) -> float:
+    """A finite number (bools are not numbers); ``positive`` also rejects zero and negatives."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SchemaError(f"{key}: expected a number of {what}, got {_short(value)}", source=source)
+    if positive and value <= 0:
+        raise SchemaError(f"{key}: expected a positive number of {what}, got {value!r}", source=source)
+    if not positive and value < 0:
+        raise SchemaError(f"{key}: expected a non-negative number of {what}, got {value!r}", source=source)
+    return float(value)
+
+
+def integer(value: Any, key: str, source: str | None, *, minimum: int = 1) -> int:
+    """An integer >= ``minimum``; accepts ``2``, ``2.0`` and ``"2"`` (the reference writes all three)."""
+    parsed: int | None = None
+    if isinstance(value, bool):
+        parsed = None
+    elif isinstance(value, int):
+        parsed = value
+    elif isinstance(value, float) and value.is_integer():
+        parsed = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        parsed = int(value.strip())
+    if parsed is None:
+        raise SchemaError(f"{key}: expected an integer, got {_short(value)}", source=source)
+    if parsed < minimum:
+        raise SchemaError(f"{key}: expected an integer >= {minimum}, got {parsed}", source=source)
+    return parsed
+
+
+def plain(value: float) -> float | int:
+    """Write whole numbers as ints (``1024`` rather than ``1024.0``) where the reference does."""
+    return int(value) if float(value).is_integer() else value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
