@@ -1,7 +1,120 @@
-// Python bindings of the search core. The algorithms live in plain C++ headers beside this file.
+// Python bindings of the search core. The algorithm lives in stage_dp.hpp (plain C++17, no Python).
+// Arrays arrive as flat float64 buffers (numpy arrays or array.array('d')); shapes are checked in galva_search.dp.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stage_dp.hpp"
+
+namespace py = pybind11;
+using galva::dp::Options;
+using galva::dp::StageProblem;
+using galva::dp::StageSolution;
+using galva::dp::Stats;
+
+namespace {
+
+std::vector<double> copy_buffer(const py::buffer& buf, const char* name) {
+  py::buffer_info info = buf.request();
+  if (info.format != py::format_descriptor<double>::format() || info.itemsize != sizeof(double))
+    throw py::value_error(std::string(name) + " must be a float64 buffer");
+  if (info.ndim != 1 || (info.ndim == 1 && info.strides[0] != static_cast<py::ssize_t>(sizeof(double))))
+    throw py::value_error(std::string(name) + " must be a contiguous 1-d buffer");
+  const double* data = static_cast<const double*>(info.ptr);
+  return std::vector<double>(data, data + info.size);
+}
+
+StageProblem make_problem(int layers, int strategies, const py::buffer& intra, const py::buffer& memory,
+                          const py::buffer& inter, double budget) {
+  StageProblem p;
+  p.layers = layers;
+  p.strategies = strategies;
+  p.intra = copy_buffer(intra, "intra_time");
+  p.memory = copy_buffer(memory, "memory_mib");
+  p.inter = copy_buffer(inter, "inter_time");
+  p.budget = budget;
+  return p;
+}
+
+Options make_options(double memory_resolution, bool prune_strategies, bool use_bounds) {
+  Options o;
+  o.memory_resolution = memory_resolution;
+  o.prune_strategies = prune_strategies;  // dominance: between strategies (step 1) and across fronts (step 3)
+  o.cross_prune = prune_strategies;
+  o.use_bounds = use_bounds;
+  return o;
+}
+
+py::object to_python(const StageSolution& s) {
+  if (!s.feasible) return py::none();
+  return py::make_tuple(py::tuple(py::cast(s.choice)), s.time, s.memory);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "galva-search C++ core";
+  m.doc() = "galva-search C++ core: exact per-stage strategy DP (see stage_dp.hpp)";
   m.attr("__version__") = "0.1.0";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def(
+      "solve_stage",
+      [](int layers, int strategies, const py::buffer& intra, const py::buffer& memory, const py::buffer& inter,
+         double budget, double memory_resolution, bool prune_strategies, bool use_bounds) {
+        StageProblem p = make_problem(layers, strategies, intra, memory, inter, budget);
+        const Options o = make_options(memory_resolution, prune_strategies, use_bounds);
+        StageSolution s;
+        Stats st;
+        {
+          py::gil_scoped_release release;
+          s = galva::dp::solve(p, o, &st);
+        }
+        py::dict stats;
+        stats["method"] = st.method;
+        stats["front_points"] = st.front_points;
+        stats["max_front"] = st.max_front;
+        stats["dual_passes"] = st.dual_passes;
+        stats["live_strategies"] = st.live_strategies;
+        return py::make_tuple(to_python(s), stats);
+      },
+      py::arg("layers"), py::arg("strategies"), py::arg("intra"), py::arg("memory"), py::arg("inter"),
+      py::arg("budget"), py::arg("memory_resolution") = 0.0, py::arg("prune_strategies") = true,
+      py::arg("use_bounds") = true,
+      "Solve one stage. Returns ((choice, time, memory) or None, stats dict). Releases the GIL.");
+
+  m.def(
+      "solve_many",
+      [](const py::list& problems, unsigned threads, double memory_resolution, bool prune_strategies,
+         bool use_bounds) {
+        std::vector<StageProblem> ps;
+        ps.reserve(problems.size());
+        for (const py::handle& h : problems) {
+          const py::tuple t = h.cast<py::tuple>();
+          if (t.size() != 6) throw py::value_error("each problem is (layers, strategies, intra, memory, inter, budget)");
+          ps.push_back(make_problem(t[0].cast<int>(), t[1].cast<int>(), t[2].cast<py::buffer>(),
+                                    t[3].cast<py::buffer>(), t[4].cast<py::buffer>(), t[5].cast<double>()));
+        }
+        const Options o = make_options(memory_resolution, prune_strategies, use_bounds);
+        std::vector<StageSolution> out;
+        {
+          py::gil_scoped_release release;
+          out = galva::dp::solve_many(ps, o, threads);
+        }
+        py::list result;
+        for (const StageSolution& s : out) result.append(to_python(s));
+        return result;
+      },
+      py::arg("problems"), py::arg("threads") = 0, py::arg("memory_resolution") = 0.0,
+      py::arg("prune_strategies") = true, py::arg("use_bounds") = true,
+      "Solve independent stages on C++ threads (0 = one per hardware thread) with the GIL released.");
 }
