@@ -85,6 +85,7 @@ PYBIND11_MODULE(_core, m) {
         stats["max_front"] = st.max_front;
         stats["dual_passes"] = st.dual_passes;
         stats["live_strategies"] = st.live_strategies;
+        stats["cross_pruned"] = st.cross_pruned;
         return py::make_tuple(to_python(s), stats);
       },
       py::arg("layers"), py::arg("strategies"), py::arg("intra"), py::arg("memory"), py::arg("inter"),

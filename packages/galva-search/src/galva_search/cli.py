@@ -1,0 +1,258 @@
+"""The ``galva-search`` command: profiles in, the fastest Strategy out.
+
+Exit status: 0 a plan was written; 1 no plan fits the memory budget; 2 bad input (a missing or malformed file, a
+missing profile entry, a bad option), reported on one line naming the file and key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from galva_schema import DataParallelType, PipelineSchedule, Precision, SchemaError, write_json_atomic
+from galva_search.cost_model import CostModel, CostSettings
+from galva_search.profiles import load_hardware, load_model, parse_memory
+from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, search
+from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
+from galva_search.summary import json_summary, text_summary
+
+_SCHEDULES = {"1f1b": PipelineSchedule.ONE_F_ONE_B, "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
+              "gpipe": PipelineSchedule.GPIPE}
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="galva-search",
+        description="Search the fastest per-layer hybrid-parallel strategy that fits the memory budget.",
+    )
+    g = p.add_argument_group("profiles")
+    g.add_argument("--hardware-profile", required=True, metavar="PATH",
+                   help="Galva hardware profile JSON, or a directory of the reference's hardware files")
+    g.add_argument("--model-profile", required=True, action="append", metavar="PATH",
+                   help="Galva model profile JSON; or give it twice: reference computation file, then memory file")
+    g.add_argument("--num-layers", type=_int_list, help="reference files: layers per layer type, e.g. 32 or 24,24")
+    g.add_argument("--hidden-size", type=_int_list, help="reference files: hidden size per layer type")
+    g.add_argument("--seq-length", type=_int_list, help="reference files: sequence length per layer type")
+    g.add_argument("--model-name", help="reference files: model name stored in the profile")
+    g.add_argument("--time-mode", choices=("static", "batch", "sequence"), default="static",
+                   help="reference files: how the computation file was profiled (default static)")
+    g.add_argument("--memory-mode", choices=("static", "sequence"), default="static",
+                   help="reference files: how the memory file was profiled (default static)")
+
+    g = p.add_argument_group("cluster and budget")
+    g.add_argument("--nodes", type=int, help="nodes (default: the hardware profile's)")
+    g.add_argument("--gpus-per-node", type=int, help="devices per node (default: the hardware profile's)")
+    g.add_argument("--memory", help="memory budget per device: 36GB (1e9 B), 36GiB (2^30 B) or 36000MiB "
+                   "(default: the hardware profile's device memory)")
+    g.add_argument("--memory-reserve", help="memory kept free for fragmentation and transients, e.g. 4GiB or 0 "
+                   "(default: 20%% of budgets above 20 GiB, as the reference)")
+    g.add_argument("--context-memory", default="1024MiB", help="framework context per device (default 1024MiB)")
+
+    g = p.add_argument_group("batch")
+    g.add_argument("--global-batch-size", type=int, help="fix the global batch size")
+    g.add_argument("--min-batch-size", type=int, default=8)
+    g.add_argument("--max-batch-size", type=int, default=512)
+    g.add_argument("--batch-size-scale", type=int, default=8, help="step between searched batch sizes")
+    g.add_argument("--num-micro-batches", type=int, help="fix the number of micro-batches")
+
+    g = p.add_argument_group("search space")
+    g.add_argument("--search-space", choices=PRESETS, default="full")
+    g.add_argument("--sp-space", choices=SP_SPACES, default="tp",
+                   help="tp: Megatron tp; sp: Ulysses; tp+sp: either, per layer (default tp)")
+    for name in ("dp", "sdp", "tp", "vtp", "pp", "ckpt", "tp-consec"):
+        g.add_argument(f"--disable-{name}", action="store_true")
+    g.add_argument("--max-tp", type=int, default=8)
+    g.add_argument("--max-pp", type=int, default=8)
+    g.add_argument("--pipeline-schedule", choices=sorted(_SCHEDULES), default="1f1b")
+    g.add_argument("--default-dp-type", choices=[t.value for t in DataParallelType], default="ddp")
+    g.add_argument("--mixed-precision", choices=[pr.value for pr in Precision],
+                   help="default: the model profile's precision")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--fine-grained", dest="fine_grained", action="store_true", default=True,
+                      help="a strategy per layer (default)")
+    mode.add_argument("--global-strategy", dest="fine_grained", action="store_false",
+                      help="one strategy for every layer")
+    sp = g.add_mutually_exclusive_group()
+    sp.add_argument("--megatron-sp", dest="megatron_sp", action="store_true", default=None)
+    sp.add_argument("--no-megatron-sp", dest="megatron_sp", action="store_false")
+    g.add_argument("--backward-coefficient", type=float, default=2.0, help="backward time / forward time")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output", metavar="PATH", help="write the Strategy JSON here")
+    g.add_argument("--summary-json", metavar="PATH", help="write predicted time, throughput, memory per stage")
+    g.add_argument("--galvatron-output", metavar="PATH", help="also write the reference's strategy format")
+    g.add_argument("--log", metavar="PATH", help="write one line per task tried")
+    g.add_argument("--threads", type=int, default=0, help="DP threads (default 0: all cores)")
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def _progress(quiet: bool) -> Callable[[str], None] | None:
+    if quiet:
+        return None
+    state = {"last": 0.0}
+    tty = sys.stderr.isatty()
+
+    def show(message: str) -> None:
+        now = time.monotonic()
+        if now - state["last"] < 0.2:
+            return
+        state["last"] = now
+        sys.stderr.write(("\r" + message + "\033[K") if tty else message + "\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _memory_or_zero(text: str) -> float:
+    return 0.0 if text.strip() == "0" else parse_memory(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    hardware = load_hardware(args.hardware_profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    cluster = hardware.cluster
+    if (args.nodes is not None and args.nodes != cluster.num_nodes) or (
+        args.gpus_per_node is not None and args.gpus_per_node != cluster.gpus_per_node
+    ):
+        raise _UsageError(
+            f"{args.hardware_profile}: cluster: the profile describes {cluster.num_nodes} x {cluster.gpus_per_node} "
+            f"devices, not {args.nodes or cluster.num_nodes} x {args.gpus_per_node or cluster.gpus_per_node}"
+        )
+    model = load_model(
+        args.model_profile,
+        num_layers=args.num_layers,
+        hidden_sizes=args.hidden_size,
+        seq_lengths=args.seq_length,
+        model_name=args.model_name,
+        time_mode=args.time_mode,
+        memory_mode=args.memory_mode,
+        megatron_sp=args.megatron_sp,
+    )
+    model_source = args.model_profile[-1]
+    megatron_sp = model.megatron_sp if args.megatron_sp is None else args.megatron_sp
+    if megatron_sp != model.megatron_sp:
+        measured = "with" if model.megatron_sp else "without"
+        raise _UsageError(
+            f"{model_source}: megatron_sp: the activations were profiled {measured} Megatron-SP; search with the "
+            f"same setting or profile again"
+        )
+    if args.memory is not None:
+        budget = parse_memory(args.memory)
+    elif cluster.device_memory_mib:
+        budget = float(cluster.device_memory_mib)
+    else:
+        raise _UsageError("--memory is required: the hardware profile does not record the device memory")
+    reserve = None if args.memory_reserve is None else _memory_or_zero(args.memory_reserve)
+    if args.global_batch_size is not None:
+        if args.global_batch_size < 1:
+            raise _UsageError("--global-batch-size must be >= 1")
+        batches = [args.global_batch_size]
+    else:
+        batches = batch_size_range(args.min_batch_size, args.max_batch_size, args.batch_size_scale)
+        if not batches:
+            raise _UsageError(
+                f"no batch size between --min-batch-size {args.min_batch_size} and --max-batch-size "
+                f"{args.max_batch_size} in steps of {args.batch_size_scale}"
+            )
+    if args.num_micro_batches is not None and args.num_micro_batches < 1:
+        raise _UsageError("--num-micro-batches must be >= 1")
+    default_dp = DataParallelType(args.default_dp_type)
+    space = SpaceOptions(
+        preset=args.search_space,
+        sp_space=args.sp_space,
+        default_dp_type=default_dp,
+        max_tp=args.max_tp,
+        max_pp=args.max_pp,
+        disable_dp=args.disable_dp,
+        disable_sdp=args.disable_sdp,
+        disable_tp=args.disable_tp,
+        disable_vtp=args.disable_vtp,
+        disable_pp=args.disable_pp,
+        disable_ckpt=args.disable_ckpt,
+        disable_tp_consec=args.disable_tp_consec,
+    )
+    settings = CostSettings(
+        precision=Precision(args.mixed_precision) if args.mixed_precision else model.precision,
+        backward_coefficient=args.backward_coefficient,
+        pipeline_schedule=_SCHEDULES[args.pipeline_schedule],
+        default_dp_type=default_dp,
+        megatron_sp=megatron_sp,
+        context_mib=_memory_or_zero(args.context_memory),
+    )
+    cost = CostModel(hardware, model, settings, hardware_source=str(args.hardware_profile), model_source=model_source)
+    options = SearchOptions(
+        memory_budget_mib=budget,
+        batch_sizes=tuple(batches),
+        space=space,
+        num_micro_batches=args.num_micro_batches,
+        fine_grained=args.fine_grained,
+        memory_reserve_mib=reserve,
+        threads=args.threads,
+    )
+    progress = _progress(args.quiet)
+    try:
+        result = search(cost, options, progress=progress)
+    finally:
+        if progress is not None and sys.stderr.isatty():
+            sys.stderr.write("\n")
+    if args.log:
+        _write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
+    if args.output:
+        result.strategy.save(args.output)
+    if args.galvatron_output:
+        from galva_schema.reference import to_galvatron_strategy
+
+        write_json_atomic(args.galvatron_output, to_galvatron_strategy(result.strategy))
+    if args.summary_json:
+        write_json_atomic(args.summary_json, json_summary(result))
+    print(text_summary(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except NoFeasibleStrategy as err:
+        print(f"galva-search: {err}", file=sys.stderr)
+        return 1
+    except (SchemaError, ValueError, _UsageError) as err:
+        print(f"galva-search: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

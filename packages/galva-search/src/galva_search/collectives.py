@@ -1,0 +1,110 @@
+"""Time of one collective, from a :class:`galva_schema.HardwareProfile` (docs/cost-model.md §2).
+
+Units: message sizes in bytes, times in seconds, bandwidths in GB/s = 1e9 bytes/s, MiB = 2**20 bytes.
+All functions take numpy arrays (or scalars) for the message size so that cost tables are built per strategy at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from galva_schema import CollectiveTimes, HardwareProfile, SchemaError
+
+MIB = float(2**20)
+GB = 1e9
+
+
+class Collectives:
+    """Collective and point-to-point times on one cluster.
+
+    ``allreduce(n, consecutive, nbytes)``: bus-bandwidth model ``2(n-1)/n * nbytes / busbw``, or the measured
+    time-against-size curve of groups of ``n`` consecutive ranks when the profile has one. Reduce-scatter and
+    all-gather move half the bus volume of an all-reduce. ``all_to_all``: measured curve, else
+    ``(n-1)/n * nbytes / busbw`` with the all-reduce bus bandwidth of that group. ``p2p``: ``nbytes / bw(pp)``.
+    """
+
+    def __init__(self, profile: HardwareProfile, source: str | None = None) -> None:
+        self.profile = profile
+        self.source = source
+        self.world_size = profile.cluster.world_size
+        self.overlap_slowdown = float(profile.overlap_slowdown)
+        self._allreduce_curves = {entry.group_size: entry for entry in profile.allreduce_time}
+        self._all_to_all_curves = {entry.group_size: entry for entry in profile.all_to_all_time}
+
+    # ------------------------------------------------------------------------------------------------ lookups
+    def bus_bandwidth_gb_per_s(self, group_size: int, consecutive: bool) -> float:
+        """All-reduce bus bandwidth of groups of ``group_size`` (the world-sized group has one layout)."""
+        try:
+            return self.profile.allreduce_bandwidth(group_size, consecutive)
+        except SchemaError:
+            layout = "consecutive" if consecutive or group_size == self.world_size else "strided"
+            raise SchemaError(
+                f"allreduce: no entry for group_size {group_size} ({layout}); the search needs it",
+                source=self.source,
+            ) from None
+
+    def p2p_bandwidth_gb_per_s(self, pp: int) -> float:
+        try:
+            return self.profile.p2p_bandwidth(pp)
+        except SchemaError:
+            raise SchemaError(f"p2p: no entry for pp {pp}; the search needs it", source=self.source) from None
+
+    # ------------------------------------------------------------------------------------------------ times
+    def allreduce(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+        """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        if n <= 1:
+            return np.zeros_like(nbytes)
+        curve = self._allreduce_curves.get(n)
+        if curve is not None and (consecutive or n == self.world_size):
+            return _curve_seconds(curve, nbytes)
+        bandwidth = self.bus_bandwidth_gb_per_s(n, consecutive)
+        return 2.0 * (n - 1) / n * nbytes / (bandwidth * GB)
+
+    def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+        """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank (half an all-reduce's bus volume)."""
+        return 0.5 * self.allreduce(n, consecutive, nbytes)
+
+    def all_gather(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+        """Seconds for an all-gather whose *output* is ``nbytes`` per rank (half an all-reduce's bus volume)."""
+        return 0.5 * self.allreduce(n, consecutive, nbytes)
+
+    def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+        """Seconds for one all-to-all of an ``nbytes`` buffer per rank over ``n`` ranks."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        if n <= 1:
+            return np.zeros_like(nbytes)
+        curve = self._all_to_all_curves.get(n)
+        if curve is not None and (consecutive or n == self.world_size):
+            return _curve_seconds(curve, nbytes)
+        bandwidth = self.bus_bandwidth_gb_per_s(n, consecutive)
+        return (n - 1) / n * nbytes / (bandwidth * GB)
+
+    def p2p(self, pp: int, nbytes: np.ndarray | float) -> np.ndarray:
+        """Seconds to send ``nbytes`` from one pipeline stage to the next."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        if pp <= 1:
+            return np.zeros_like(nbytes)
+        return nbytes / (self.p2p_bandwidth_gb_per_s(pp) * GB)
+
+    def overlapped(self, compute: np.ndarray | float, comm: np.ndarray | float) -> np.ndarray:
+        """Wall time of ``compute`` and ``comm`` seconds run concurrently.
+
+        While both run, each is slowed by ``overlap_slowdown`` (sigma); the longer one then finishes alone:
+        ``min(x, y) * sigma + |x - y|`` (the reference's ``overlap`` + ``rest``, §4.1 step 5).
+        """
+        x = np.asarray(compute, dtype=float)
+        y = np.asarray(comm, dtype=float)
+        return np.minimum(x, y) * self.overlap_slowdown + np.abs(x - y)
+
+
+def _curve_seconds(curve: CollectiveTimes, nbytes: np.ndarray) -> np.ndarray:
+    """Measured time at ``nbytes``: linear interpolation inside the measured sizes, the least-squares line outside."""
+    sizes = np.asarray(curve.message_mib, dtype=float)
+    times = np.asarray(curve.time_ms, dtype=float)
+    mib = nbytes / MIB
+    slope, intercept = curve.linear_fit()
+    inside = np.interp(mib, sizes, times)
+    outside = np.maximum(slope * mib + intercept, 0.0)
+    ms = np.where((mib >= sizes[0]) & (mib <= sizes[-1]), inside, outside)
+    return np.where(nbytes > 0, ms * 1e-3, 0.0)

@@ -1,0 +1,464 @@
+"""Time and memory of layers, vocabulary layers and whole iterations (docs/cost-model.md has every formula).
+
+Units: seconds for time, MiB (2**20 bytes) for memory, bytes for messages, GB/s = 1e9 bytes/s for bandwidth.
+Everything is computed for a *list* of candidate strategies at once (numpy arrays indexed by candidate), so that a
+search builds one table per (layer type, pipeline degree, micro-batch size) and never loops over strategies in
+Python inside the dynamic programme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from galva_schema import (
+    BatchTime,
+    DataParallelType,
+    HardwareProfile,
+    LayerTypeProfile,
+    ModelProfile,
+    PipelineSchedule,
+    Precision,
+    SchemaError,
+    SequenceTime,
+    StaticTime,
+    VocabMemory,
+)
+from galva_search.collectives import MIB, Collectives
+from galva_search.space import Candidate
+
+ZERO2 = DataParallelType.ZERO2
+ZERO3 = DataParallelType.ZERO3
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """Training settings the cost model needs; defaults follow the reference (§4 ``TrainArgs``/``ParallelArgs``)."""
+
+    precision: Precision = Precision.BF16
+    backward_coefficient: float = 2.0  # backward compute time = coefficient * forward compute time
+    pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    default_dp_type: DataParallelType = DataParallelType.DDP
+    megatron_sp: bool = False
+    context_mib: float = 1024.0  # framework/CUDA context and allocator overhead per device
+    switch_penalty_s: float = 1e-9  # additive tie-breaker per change of dp type or checkpointing between layers
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one activation, gradient or compute-copy parameter element."""
+        return self.precision.bytes_per_element
+
+    @property
+    def state_bytes(self) -> tuple[int, int, int]:
+        """Bytes per parameter of (compute parameters, gradients, optimizer states incl. fp32 master weights).
+
+        Mixed precision with Adam: 2 + 2 + (4 master + 4 + 4) = 16; fp32: 4 + 4 + (4 + 4) = 16.
+        """
+        e = self.element_bytes
+        return e, e, (12 if self.precision is not Precision.FP32 else 8)
+
+
+@dataclass(frozen=True)
+class VocabOption:
+    """How the vocabulary layers (embedding, final norm, head) are parallelised inside a stage."""
+
+    tp: int = 1
+    sp: bool = False  # sequence split (Ulysses-style) of degree tp instead of vocabulary tensor parallel
+    zero3: bool = False  # ZeRO-3 for the vocabulary layers (the reference's embed_sdp)
+
+    def label(self) -> str:
+        return f"v{'sp' if self.sp else 'tp'}{self.tp}{'-f' if self.zero3 else ''}"
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """Per-candidate costs of ONE layer of one type for one micro-batch size (arrays indexed by candidate).
+
+    Times are seconds per micro-batch unless said otherwise; memory is MiB per device.
+    """
+
+    forward_s: np.ndarray  # forward compute
+    backward_s: np.ndarray  # backward compute, recomputation included
+    tp_comm_s: np.ndarray  # Megatron tp / Megatron-SP / Ulysses collectives (forward + backward + recompute)
+    zero3_comm_s: np.ndarray  # ZeRO-3 all-gathers and reduce-scatter, wall time added to the micro-batch
+    micro_batch_s: np.ndarray  # critical-path time of the layer in one micro-batch (sum of the above, overlapped)
+    grad_sync_s: np.ndarray  # once per iteration: gradient all-reduce (ddp) / reduce-scatter + all-gather (zero2)
+    exposed_sync_s: np.ndarray  # part of grad_sync_s not hidden behind the last micro-batch's backward
+    p2p_s: np.ndarray  # one point-to-point transfer of this layer's output activation to the next stage
+    states_mib: np.ndarray  # parameters + gradients + optimizer states
+    activation_mib: np.ndarray  # activations kept for ONE in-flight micro-batch
+
+    def memory_mib(self, in_flight: int) -> np.ndarray:
+        return self.states_mib + in_flight * self.activation_mib
+
+
+@dataclass(frozen=True)
+class _LayerStatic:
+    tp: np.ndarray
+    dp: np.ndarray
+    checkpoint: np.ndarray
+    zero3: np.ndarray
+    sync: np.ndarray
+    p2p_per_byte: np.ndarray
+    comm_groups: list
+    states: np.ndarray  # [not accumulating, accumulating][candidate]
+    activation_per_sample: np.ndarray
+    redistribution_per_sample: np.ndarray
+    penalty: np.ndarray
+
+
+@dataclass(frozen=True)
+class VocabTerms:
+    """Costs of the vocabulary layers held by one pipeline stage (scalars)."""
+
+    micro_batch_s: float
+    exposed_sync_s: float
+    memory_mib: float
+
+
+class CostModel:
+    """Cost model of one model profile on one hardware profile. See docs/cost-model.md."""
+
+    def __init__(
+        self,
+        hardware: HardwareProfile,
+        model: ModelProfile,
+        settings: CostSettings = CostSettings(),
+        *,
+        hardware_source: str | None = None,
+        model_source: str | None = None,
+    ) -> None:
+        self.hardware = hardware
+        self.model = model
+        self.settings = settings
+        self.comm = Collectives(hardware, hardware_source)
+        self.model_source = model_source
+        self.world_size = hardware.cluster.world_size
+        self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
+
+    # ----------------------------------------------------------------------------------------------- helpers
+    def _error(self, message: str) -> SchemaError:
+        return SchemaError(message, source=self.model_source)
+
+    def activation_per_sample(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication)."""
+        layer = self.model.layer_types[type_index]
+        table = layer.activation_mib_per_sample
+        out = np.empty(len(candidates))
+        for i, c in enumerate(candidates):
+            if c.checkpoint:
+                # only the layer input is kept; Megatron-SP and Ulysses shard it along the sequence
+                sharded = c.ulysses or self.settings.megatron_sp
+                out[i] = layer.checkpoint_activation_mib_per_sample / (c.tp if sharded else 1)
+            elif c.ulysses:
+                out[i] = table[1] / c.tp  # every activation of a Ulysses layer is split along the sequence
+            else:
+                if c.tp not in table:
+                    raise self._error(
+                        f"layer_types[{type_index}].activation_mib_per_sample: no entry for tp {c.tp} "
+                        f"(layer type {layer.name!r}); profile it or lower --max-tp"
+                    )
+                out[i] = table[c.tp]
+        return out
+
+    def state_fraction(self, dp_type: DataParallelType, shard: np.ndarray | int, accumulating: bool) -> np.ndarray:
+        """Share of the unsharded model-state bytes one rank holds under ``dp_type`` over ``shard`` ranks.
+
+        Parameters are sharded by ZeRO-3 only; gradients by ZeRO-2/3 unless gradients are accumulated over several
+        micro-batches (a full-size buffer is then kept, as the reference's async_grad_reduce); optimizer states and
+        master weights by ZeRO-2/3.
+        """
+        p_b, g_b, o_b = self.settings.state_bytes
+        shard = np.asarray(shard, dtype=float)
+        inv = 1.0 / shard
+        zero = dp_type in (ZERO2, ZERO3)
+        p = inv if dp_type is ZERO3 else 1.0
+        g = inv if zero and not accumulating else 1.0
+        o = inv if zero else 1.0
+        return np.asarray((p_b * p + g_b * g + o_b * o) / (p_b + g_b + o_b))
+
+    # ----------------------------------------------------------------------------------------------- layers
+    def _static(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic:
+        """Parts of the layer costs that do not depend on the micro-batch size (cached per candidate list)."""
+        key = (type_index, candidates)
+        hit = self._static_cache.get(key)
+        if hit is not None:
+            return hit
+        layer = self.model.layer_types[type_index]
+        s = self.settings
+        comm = self.comm
+        n = len(candidates)
+        tp_degree = np.array([c.tp_degree for c in candidates], dtype=float)
+        e = s.element_bytes
+        grad_bytes = layer.parameter_mib * MIB / 4.0 / tp_degree * e  # parameter_mib is fp32 bytes
+        sync = np.zeros(n)
+        p2p_per_byte = np.zeros(n)
+        groups: dict[tuple[str, int, bool], list[tuple[int, float, float]]] = {}
+        pp = candidates[0].pp if candidates else 1
+        for i, c in enumerate(candidates):
+            if c.tp > 1 and not c.ulysses:
+                # 2 all-reduce equivalents forward, 2 backward, 2 more when recomputing (Megatron-SP: RS + AG pairs)
+                groups.setdefault(("allreduce", c.tp, c.consecutive), []).append((i, 1.0, 6.0 if c.checkpoint else 4.0))
+            elif c.ulysses:
+                # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
+                groups.setdefault(("all_to_all", c.tp, c.consecutive), []).append(
+                    (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
+                )
+            if c.shard_degree > 1:
+                sync[i] = comm.allreduce(c.shard_degree, self.dp_group_consecutive(c), grad_bytes[i])
+            if pp > 1:
+                sharded = c.tp > 1 and (c.ulysses or s.megatron_sp)
+                p2p_per_byte[i] = comm.p2p(pp, 1.0) / (c.tp if sharded else 1)
+        comm_groups = [
+            (op, size, consecutive, np.array([m[0] for m in members]), np.array([m[1] for m in members]),
+             np.array([m[2] for m in members]))
+            for (op, size, consecutive), members in groups.items()
+        ]
+        zero3 = np.array([self.dp_type(c) is ZERO3 for c in candidates])
+        params_mib = layer.parameter_mib / tp_degree
+        total_state_bytes = sum(s.state_bytes)
+        states = np.empty((2, n))
+        for accumulating in (0, 1):
+            for i, c in enumerate(candidates):
+                frac = self.state_fraction(self.dp_type(c), c.shard_degree, bool(accumulating))
+                states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
+        static = _LayerStatic(
+            tp=np.array([c.tp for c in candidates], dtype=float),
+            dp=np.array([c.dp for c in candidates], dtype=float),
+            checkpoint=np.array([c.checkpoint for c in candidates]),
+            zero3=zero3,
+            sync=sync,
+            p2p_per_byte=p2p_per_byte,
+            comm_groups=comm_groups,
+            states=states,
+            activation_per_sample=self.activation_per_sample(type_index, candidates),
+            redistribution_per_sample=self._redistribution(type_index, candidates, 1.0),
+            penalty=self.switch_penalty(candidates),
+        )
+        self._static_cache[key] = static
+        return static
+
+    def layer_terms(
+        self, type_index: int, candidates: Sequence[Candidate], micro_batch: int, num_micro_batches: int
+    ) -> LayerTerms:
+        """Costs of one layer of type ``type_index`` under each candidate, for a global micro-batch of
+        ``micro_batch`` samples and ``num_micro_batches`` micro-batches per iteration."""
+        candidates = tuple(candidates)
+        st = self._static(type_index, candidates)
+        layer = self.model.layer_types[type_index]
+        s = self.settings
+        comm = self.comm
+        local = micro_batch / st.dp  # samples per rank
+        forward = _forward_seconds(layer, local / st.tp)
+        recompute = np.where(st.checkpoint, forward, 0.0)
+        backward = s.backward_coefficient * forward + recompute
+        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
+        tp_comm = np.zeros(len(candidates))
+        for op, size, consecutive, index, scale, count in st.comm_groups:
+            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
+            tp_comm[index] = per * count
+        sync = st.sync
+        # ZeRO-3: all-gather before forward (exposed), all-gather + reduce-scatter overlapped with backward
+        zero3_wall = np.where(st.zero3, 0.5 * sync + comm.overlapped(backward, sync) - backward, 0.0)
+        micro = forward + backward + tp_comm + zero3_wall
+        exposed = np.where(st.zero3, 0.0, comm.overlapped(backward, sync) - backward)
+        return LayerTerms(
+            forward_s=forward,
+            backward_s=backward,
+            tp_comm_s=tp_comm,
+            zero3_comm_s=zero3_wall,
+            micro_batch_s=micro,
+            grad_sync_s=np.where(st.zero3, 0.0, sync),
+            exposed_sync_s=exposed,
+            p2p_s=st.p2p_per_byte * act_bytes,
+            states_mib=st.states[1 if num_micro_batches > 1 else 0],
+            activation_mib=local * st.activation_per_sample,
+        )
+
+    def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
+        """``[S][S]`` seconds per micro-batch to move activations (forward) and their gradients (backward) from a
+        layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``."""
+        return self._static(type_index, tuple(candidates)).redistribution_per_sample * micro_batch
+
+    def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
+        return self._static(type_index, tuple(candidates)).penalty
+
+    def dp_type(self, candidate: Candidate) -> DataParallelType:
+        return candidate.dp_type
+
+    def dp_group_consecutive(self, c: Candidate) -> bool:
+        """Layout of the group that syncs gradients: the whole stage (consecutive) for tp 1 and Ulysses layers;
+        otherwise strided when the tp group is consecutive, and the other way round."""
+        if c.ulysses or c.tp == 1:
+            return True
+        return not c.consecutive
+
+    # ----------------------------------------------------------------------------------------------- transitions
+    def _redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: float) -> np.ndarray:
+        layer = self.model.layer_types[type_index]
+        s = self.settings
+        n = len(candidates)
+        e = s.element_bytes
+        h = layer.hidden_size
+        seq = float(layer.seq_length)
+        stage_ranks = self.world_size // (candidates[0].pp if candidates else 1)
+        local = np.array([micro_batch / c.dp for c in candidates])
+        sharded = np.array([c.tp > 1 and (c.ulysses or s.megatron_sp) for c in candidates])
+        tp = np.array([c.tp for c in candidates])
+        seq_local = np.where(sharded, seq / tp, seq)
+        needed = local * seq_local * h * e  # bytes the receiving layer holds per rank
+        # orientation of the model-parallel group: 0 neutral (tp 1 or whole stage), 1 consecutive, 2 strided
+        orient = np.array([0 if c.tp in (1, stage_ranks) else (1 if c.consecutive else 2) for c in candidates])
+        out = np.zeros((n, n))
+        bw_cache: dict[tuple[int, bool], float] = {}
+        for i, ci in enumerate(candidates):
+            for j, cj in enumerate(candidates):
+                if ci.tp == cj.tp and ci.ulysses == cj.ulysses and orient[i] == orient[j]:
+                    continue  # same activation layout
+                nested = orient[i] == 0 or orient[j] == 0 or orient[i] == orient[j]
+                big = max(ci.tp, cj.tp)
+                if nested:
+                    held = min(local[i], local[j]) * min(seq_local[i], seq_local[j]) * h * e
+                else:
+                    held = needed[j] / big
+                missing = needed[j] - held
+                if missing <= 0:
+                    continue
+                wide = ci if ci.tp >= cj.tp else cj
+                key = (big, wide.consecutive)
+                if key not in bw_cache:
+                    bw_cache[key] = self.comm.bus_bandwidth_gb_per_s(big, wide.consecutive)
+                out[i, j] = 2.0 * missing / (bw_cache[key] * 1e9)  # forward activations + backward gradients
+        return out
+
+    def switch_penalty(self, candidates: Sequence[Candidate]) -> np.ndarray:
+        """``[S][S]`` additive tie-breaker: a tiny cost per change of dp type or checkpointing between layers, so
+        that among plans of equal cost the one with fewest switches wins."""
+        dpt = np.array([self.dp_type(c) is ZERO3 for c in candidates])
+        ckpt = np.array([c.checkpoint for c in candidates])
+        changes = (dpt[:, None] != dpt[None, :]).astype(float) + (ckpt[:, None] != ckpt[None, :])
+        return changes * self.settings.switch_penalty_s
+
+    # ----------------------------------------------------------------------------------------------- vocabulary
+    def vocab_options(
+        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True
+    ) -> list[VocabOption]:
+        """Every vocabulary plan whose profile entries exist, for pipeline degree ``pp``."""
+        vocab = self.model.vocab
+        stage_ranks = self.world_size // pp
+        positions = [vocab.memory_pp_off] if pp == 1 else [vocab.memory_pp_first, vocab.memory_pp_last]
+        out: list[VocabOption] = []
+        k = 1
+        while k <= min(stage_ranks, max_tp if allow_tp else 1):
+            for sp in (False, True) if k > 1 else (False,):
+                if sp and not allow_sp:
+                    continue
+                states_key = 1 if sp else k
+                if all(states_key in m.model_states_mib and k in m.activation_mib_per_sample for m in positions):
+                    for z3 in (False, True) if allow_zero3 else (False,):
+                        out.append(VocabOption(k, sp, z3))
+            k *= 2
+        return out
+
+    def vocab_terms(
+        self, pp: int, option: VocabOption, micro_batch: int, num_micro_batches: int, in_flight: Sequence[int]
+    ) -> list[VocabTerms]:
+        """Vocabulary costs per stage (``pp`` entries; stages in the middle hold none).
+
+        ``in_flight[s]`` is the number of micro-batches whose activations stage ``s`` holds at its peak.
+        """
+        vocab = self.model.vocab
+        s = self.settings
+        comm = self.comm
+        stage_ranks = self.world_size // pp
+        k = option.tp
+        dp = stage_ranks // k
+        local = micro_batch / dp
+        types = self.model.layer_types
+        forward = float(_forward_seconds_vocab(vocab.forward_time, local / k, types[-1].seq_length))
+        dp_type = ZERO3 if option.zero3 else s.default_dp_type
+        shard = stage_ranks if option.sp else dp
+        consecutive = option.sp or k == 1
+        accumulating = num_micro_batches > 1
+        e = s.element_bytes
+
+        def position(memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: int) -> VocabTerms:
+            fwd = forward * share
+            bwd = s.backward_coefficient * fwd
+            tp_time = 0.0
+            if k > 1 and not option.sp:
+                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e))
+            states_full = memory.model_states_mib[1 if option.sp else k]
+            states = states_full * float(self.state_fraction(dp_type, shard, accumulating))
+            grad_bytes = states_full * MIB / sum(s.state_bytes) * e
+            sync = float(comm.allreduce(shard, consecutive, grad_bytes)) if shard > 1 else 0.0
+            if dp_type is ZERO3:
+                micro = fwd + bwd + tp_time + 0.5 * sync + float(comm.overlapped(bwd, sync))
+                exposed = 0.0
+            else:
+                micro = fwd + bwd + tp_time
+                exposed = float(comm.overlapped(bwd, sync)) - bwd
+            act = memory.activation_mib_per_sample[k] * local * n
+            return VocabTerms(micro, exposed, states + act)
+
+        first, last = types[0], types[-1]
+        if pp == 1:
+            # embedding all-reduce and head all-reduce on the one stage; both halves of the compute
+            only = position(vocab.memory_pp_off, 1.0, 2, last.seq_length, last.hidden_size, in_flight[0])
+            return [only]
+        empty = VocabTerms(0.0, 0.0, 0.0)
+        out = [empty] * pp
+        out[0] = position(vocab.memory_pp_first, 0.5, 1, first.seq_length, first.hidden_size, in_flight[0])
+        out[-1] = position(vocab.memory_pp_last, 0.5, 1, last.seq_length, last.hidden_size, in_flight[-1])
+        return out
+
+    # ----------------------------------------------------------------------------------------------- pipeline
+    def in_flight(self, pp: int, num_micro_batches: int) -> list[int]:
+        """Micro-batches whose activations each stage holds at its peak.
+
+        pp 1: one (micro-batches run one after another). GPipe: all ``c`` (every forward runs before any backward).
+        1F1B: ``min(pp - s, c)`` at stage ``s``.
+        """
+        c = num_micro_batches
+        if pp == 1:
+            return [1]
+        if self.settings.pipeline_schedule is PipelineSchedule.GPIPE:
+            return [c] * pp
+        return [min(pp - stage, c) for stage in range(pp)]
+
+
+def iteration_time(stage_micro_s: Sequence[float], stage_exposed_s: Sequence[float], num_micro_batches: int) -> float:
+    """Seconds per iteration of a pipeline whose stage ``s`` takes ``U_s`` per micro-batch.
+
+    ``T = sum_s U_s + (c - 1) * max_s U_s`` (fill and drain once, the slowest stage for the other micro-batches),
+    plus the gradient-synchronisation tail ``max(0, max_s (E_s - sum_{k<s} U_k))``: stage ``s`` finishes its last
+    backward that long before stage 0 does, which hides part of its exposed sync ``E_s``.
+    """
+    u = np.asarray(stage_micro_s, dtype=float)
+    e = np.asarray(stage_exposed_s, dtype=float)
+    slack = np.concatenate([[0.0], np.cumsum(u)[:-1]])
+    tail = max(0.0, float(np.max(e - slack)))
+    return float(u.sum() + (num_micro_batches - 1) * u.max() + tail)
+
+
+def _forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:
+    return _forward_seconds_vocab(layer.forward_time, batch, layer.seq_length)
+
+
+def _forward_seconds_vocab(
+    model: StaticTime | BatchTime | SequenceTime, batch: np.ndarray | float, seq_length: int
+) -> np.ndarray:
+    """Forward seconds of the profile's time model at ``batch`` (array) samples."""
+    batch = np.asarray(batch, dtype=float)
+    if isinstance(model, StaticTime):
+        ms = model.ms_per_sample * batch
+    elif isinstance(model, BatchTime):
+        ms = np.maximum(0.0, model.slope_ms_per_sample * batch + model.intercept_ms)
+    elif isinstance(model, SequenceTime):
+        a, b, c = model.coefficients
+        ms = max(0.0, a * seq_length**2 + b * seq_length + c) * batch
+    else:  # pragma: no cover - schema guarantees one of the three
+        ms = np.array([model.forward_ms(float(x), seq_length) for x in batch.ravel()]).reshape(batch.shape)
+    return ms * 1e-3

@@ -1,0 +1,98 @@
+"""Loading the hardware and model profiles the search consumes: Galva files, or the reference system's files
+through galva_schema.reference's explicit converters. Every problem is a one-line SchemaError naming the file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from galva_schema import HardwareProfile, ModelProfile, SchemaError
+
+
+def load_hardware(
+    path: str | os.PathLike[str], *, num_nodes: int | None = None, gpus_per_node: int | None = None
+) -> HardwareProfile:
+    """A Galva hardware-profile JSON file, or a directory of the reference's hardware files (``num_nodes`` and
+    ``gpus_per_node`` then name which files to read; both are required)."""
+    path = Path(path)
+    if path.is_dir():
+        if num_nodes is None or gpus_per_node is None:
+            raise SchemaError(
+                "a directory of reference hardware files needs --nodes and --gpus-per-node to pick the files",
+                source=str(path),
+            )
+        from galva_schema.reference import read_galvatron_hardware
+
+        return read_galvatron_hardware(path, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    return HardwareProfile.load(path)
+
+
+def load_model(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    num_layers: Sequence[int] | None = None,
+    hidden_sizes: Sequence[int] | None = None,
+    seq_lengths: Sequence[int] | None = None,
+    model_name: str | None = None,
+    time_mode: str = "static",
+    memory_mode: str = "static",
+    megatron_sp: bool | None = None,
+) -> ModelProfile:
+    """One Galva model-profile file, or two reference files (computation, then memory) with the layer counts and
+    hidden sizes per layer type that those files do not carry."""
+    if len(paths) == 1:
+        return ModelProfile.load(paths[0])
+    if len(paths) != 2:
+        raise SchemaError(f"--model-profile: give one Galva file or two reference files, got {len(paths)}")
+    computation, memory = (Path(p) for p in paths)
+    if not num_layers or not hidden_sizes:
+        raise SchemaError(
+            "reading reference model files needs --num-layers and --hidden-size (one value per layer type)",
+            source=str(computation),
+        )
+    from galva_schema.reference import read_galvatron_model_profile
+
+    return read_galvatron_model_profile(
+        computation,
+        memory,
+        model_name=model_name or computation.stem.removeprefix("computation_profiling_"),
+        num_layers=list(num_layers),
+        hidden_sizes=list(hidden_sizes),
+        seq_lengths=list(seq_lengths) if seq_lengths else None,
+        time_mode=time_mode,
+        memory_mode=memory_mode,
+        megatron_sp=megatron_sp,
+    )
+
+
+_UNITS = {
+    "b": 1.0 / 2**20,
+    "kb": 1e3 / 2**20,
+    "mb": 1e6 / 2**20,
+    "gb": 1e9 / 2**20,
+    "tb": 1e12 / 2**20,
+    "kib": 1.0 / 1024,
+    "mib": 1.0,
+    "gib": 1024.0,
+    "tib": 1024.0 * 1024.0,
+}
+
+
+def parse_memory(text: str) -> float:
+    """``"36GB"`` (1e9 bytes), ``"36GiB"`` (2**30 bytes), ``"36000MiB"``, ... -> MiB. A unit is required."""
+    raw = text.strip().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = raw[len(number) :].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"memory {text!r}: expected a number with a unit, e.g. 36GB, 36GiB or 36000MiB") from None
+    if unit not in _UNITS:
+        raise ValueError(
+            f"memory {text!r}: unknown or missing unit {unit!r}; use B, KB, MB, GB, TB (powers of 10) or KiB, MiB, "
+            f"GiB, TiB (powers of 2)"
+        )
+    if not value > 0:
+        raise ValueError(f"memory {text!r}: must be positive")
+    return value * _UNITS[unit]
