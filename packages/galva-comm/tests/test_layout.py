@@ -189,3 +189,19 @@ def test_boundary_plans_follow_the_strategy() -> None:
     assert plans[4].groups == ((4, 5), (6, 7))  # strided tp2 -> vocab consecutive tp2
     uniform = Strategy.uniform(world_size=4, num_layers=4, global_batch_size=4, layer={"tp": 2}, vocab={"tp": 2})
     assert list(RankLayout(uniform).boundary_plans()) == []
+
+
+def test_all_groups_cover_backward_exchanges() -> None:
+    # degree 2 replicated -> degree 2 strided and sequence-sharded: the backward plan needs the whole stage
+    source, target = ShardLayout((0, 1, 2, 3), 2, True, False), ShardLayout((0, 1, 2, 3), 2, False, True)
+    backward_groups = set(redistribution_plan(target, source).groups) - set(redistribution_plan(source, target).groups)
+    assert backward_groups  # the case the layout must not miss
+    # in a whole plan: vocab tp2 -> tp1 -> tp4; the backward of tp1 -> tp4 gathers over pairs no forward uses
+    strategy = Strategy.model_validate(
+        {"world_size": 8, "global_batch_size": 8, "layers": [{"tp": 1}, {"tp": 4}], "vocab": {"tp": 2}}
+    )
+    layout = RankLayout(strategy)
+    groups = set(layout.all_groups())
+    for _, plan in layout.boundary_plans():
+        assert set(plan.groups) <= groups
+        assert set(plan.reverse().groups) <= groups

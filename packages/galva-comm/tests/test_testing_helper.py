@@ -41,13 +41,16 @@ def test_results_come_back_in_rank_order() -> None:
 def test_failing_rank_is_named_with_its_traceback() -> None:
     start = time.monotonic()
     with pytest.raises(DistributedTestError) as info:
-        run_distributed(_fail_on_rank_two, 4, timeout=60)
+        run_distributed(_fail_on_rank_two, 4, timeout=120)
     assert 2 in info.value.failed_ranks
     assert "rank two disagrees" in str(info.value)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 90  # the healthy ranks' barrier is abandoned, not waited out
 
 
 @pytest.mark.distributed
 def test_hung_rank_times_out() -> None:
-    with pytest.raises(DistributedTestError, match=r"ranks \[1\] did not finish within 3 s"):
-        run_distributed(_sleep_forever, 2, timeout=3)
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError, match=r"did not finish within 15 s") as info:
+        run_distributed(_sleep_forever, 2, timeout=15)
+    assert 1 in info.value.failed_ranks  # (rank 0 may be named too on a loaded machine: it waits for rank 1)
+    assert time.monotonic() - start < 40

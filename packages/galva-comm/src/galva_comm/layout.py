@@ -304,6 +304,7 @@ class RankLayout:
         found.update(self.embedding_ties)
         for _, plan in self.boundary_plans():
             found.update(plan.groups)
+            found.update(plan.reverse().groups)  # backward exchanges can connect ranks the forward does not
         return sorted((g for g in found if include_singletons or len(g) > 1), key=lambda g: (len(g), g))
 
 
