@@ -1,0 +1,58 @@
+"""Local causal attention shared by every parallel form, and the rotary position embedding of the Llama family.
+
+Tensors are ``[batch, seq, heads, head_dim]``. The attention itself is ``scaled_dot_product_attention`` (works on
+CPU with the math and flash kernels, on GPU with every backend); grouped-query attention uses its ``enable_gqa``
+path, so K/V heads are never materialised ``heads / kv_heads`` times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Rotary", "RotaryEmbedding", "causal_attention"]
+
+Rotary = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""Applies position information to ``(q, k)`` of the *whole* sequence (positions ``0 .. seq-1``)."""
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal softmax attention: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with ``hq % hkv == 0``."""
+    hq, hkv = q.shape[2], k.shape[2]
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=hq != hkv
+    )
+    return out.transpose(1, 2)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (rotate-half convention, as in Llama), positions ``0 .. seq-1``."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
+        self.head_dim = head_dim
+        self.base = base
+
+    def _cos_sin(self, seq: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        exponents = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim
+        inv_freq = 1.0 / (self.base**exponents)
+        angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # [s, d]
+        return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+
+    @staticmethod
+    def _rotate_half(x: Tensor) -> Tensor:
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self._cos_sin(q.shape[1], q.device)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

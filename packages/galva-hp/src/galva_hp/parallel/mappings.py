@@ -1,0 +1,236 @@
+"""Autograd-aware collectives with an explicit process group, correct on gloo (CPU) and NCCL alike.
+
+Megatron's own sequence-parallel and gather paths allocate buffers on ``torch.cuda.current_device()`` and fail on
+CPU, and ``torch.distributed.nn.functional.all_gather`` breaks in gloo subgroups that do not contain rank 0, so
+Galva uses these instead. Every function takes the group explicitly and is the identity when the group is ``None``
+or has one rank.
+
+Gloo accepts only the "concatenated along dim 0" layout for ``all_gather_into_tensor`` and
+``reduce_scatter_tensor``: a collective along another dim moves that dim to the front, makes the tensor contiguous,
+runs, and moves it back.
+
+=====================  ==========================  ==========================
+function               forward                     backward
+=====================  ==========================  ==========================
+copy_to_group          identity                    all-reduce (sum)
+reduce_from_group      all-reduce (sum)            identity
+gather_along_dim       all-gather along ``dim``    reduce-scatter along ``dim``
+reduce_scatter_along   reduce-scatter along dim    all-gather along ``dim``
+split_along_dim        keep this rank's chunk      all-gather along ``dim``
+all_to_all             scatter one dim, gather     the inverse all-to-all
+                       another
+=====================  ==========================  ==========================
+
+``copy_to_group`` applied to a *parameter* inside ``forward`` makes autograd sum that parameter's gradient over
+the group: this is how parameters replicated over a tensor-parallel group but used on a sequence shard (Megatron-SP
+norms, row-parallel biases, position embeddings) get their full gradient without any hook in the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+__all__ = [
+    "all_gather_along_dim",
+    "all_reduce_sum",
+    "all_to_all",
+    "all_to_all_along",
+    "chunk_along_dim",
+    "copy_to_group",
+    "gather_along_dim",
+    "group_rank",
+    "group_size",
+    "reduce_from_group",
+    "reduce_scatter_along",
+    "reduce_scatter_along_dim",
+    "split_along_dim",
+]
+
+# the *_single names are the non-deprecated spellings in recent torch; older torch only has the *_tensor ones
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def group_size(group: ProcessGroup | None) -> int:
+    """Number of ranks in ``group`` (1 for ``None``)."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: ProcessGroup | None) -> int:
+    """This rank's index in ``group`` (0 for ``None``)."""
+    return 0 if group is None else dist.get_rank(group)
+
+
+def _check_divisible(size: int, parts: int, dim: int, what: str) -> None:
+    if size % parts:
+        raise ValueError(f"{what}: dim {dim} has size {size}, not divisible by the group size {parts}")
+
+
+# ----------------------------------------------------------------------------- plain (non-autograd) collectives
+def all_reduce_sum(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Sum of ``x`` over the group (a new tensor; ``x`` is left alone)."""
+    out = x.clone(memory_format=torch.contiguous_format)
+    if group_size(group) > 1:
+        dist.all_reduce(out, group=group)
+    return out
+
+
+def all_gather_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Concatenation along ``dim`` of every rank's ``x`` (equal shapes), in group-rank order."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    dim = dim % x.dim()
+    front = x.movedim(dim, 0).contiguous()
+    out = torch.empty((front.shape[0] * n, *front.shape[1:]), dtype=x.dtype, device=x.device)
+    _all_gather_flat(out, front, group=group)
+    return out.movedim(0, dim).contiguous()
+
+
+def reduce_scatter_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Sum over the group of ``x``, of which this rank keeps its ``1/n`` chunk along ``dim``."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    dim = dim % x.dim()
+    _check_divisible(x.shape[dim], n, dim, "reduce-scatter")
+    front = x.movedim(dim, 0).contiguous()
+    out = torch.empty((front.shape[0] // n, *front.shape[1:]), dtype=x.dtype, device=x.device)
+    _reduce_scatter_flat(out, front, group=group)
+    return out.movedim(0, dim).contiguous()
+
+
+def chunk_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """This rank's ``1/n`` chunk of ``x`` along ``dim`` (no communication)."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    _check_divisible(x.shape[dim], n, dim, "split")
+    return x.chunk(n, dim=dim)[group_rank(group)].contiguous()
+
+
+def all_to_all_along(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
+    """Split ``x`` into ``n`` chunks along ``scatter_dim``, send chunk ``j`` to rank ``j``, and concatenate the
+    received chunks along ``gather_dim`` in group-rank order."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    nd = x.dim()
+    scatter_dim, gather_dim = scatter_dim % nd, gather_dim % nd
+    _check_divisible(x.shape[scatter_dim], n, scatter_dim, "all-to-all")
+    # [..., n, c, ...] at scatter_dim, then the n axis to the front: chunk j is then the j-th slab of dim 0
+    send = x.unflatten(scatter_dim, (n, -1)).movedim(scatter_dim, 0).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    # recv[j] is rank j's chunk, shaped like x with scatter_dim shrunk; put the rank axis just before gather_dim
+    return recv.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
+
+
+# ----------------------------------------------------------------------------------------- autograd functions
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return all_reduce_sum(grad, ctx.group), None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
+        return all_reduce_sum(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+class _GatherAlongDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.group = dim, group
+        return all_gather_along_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return reduce_scatter_along_dim(grad, ctx.dim, ctx.group), None, None
+
+
+class _ReduceScatterAlongDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.group = dim, group
+        return reduce_scatter_along_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return all_gather_along_dim(grad, ctx.dim, ctx.group), None, None
+
+
+class _SplitAlongDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.group = dim, group
+        return chunk_along_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return all_gather_along_dim(grad, ctx.dim, ctx.group), None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return all_to_all_along(x, scatter_dim, gather_dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        scatter_dim, gather_dim = ctx.dims
+        return all_to_all_along(grad, gather_dim, scatter_dim, ctx.group), None, None, None
+
+
+def _trivial(group: ProcessGroup | None) -> bool:
+    return group_size(group) == 1
+
+
+def copy_to_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Forward identity, backward all-reduce (sum) of the gradient over ``group``."""
+    return x if _trivial(group) else _CopyToGroup.apply(x, group)
+
+
+def reduce_from_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Forward all-reduce (sum) over ``group``, backward identity."""
+    return x if _trivial(group) else _ReduceFromGroup.apply(x, group)
+
+
+def gather_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Forward all-gather along ``dim``; backward reduce-scatter (sum) along ``dim``.
+
+    The backward sums because the consumer (a column-parallel linear) leaves a partial gradient on every rank.
+    """
+    return x if _trivial(group) else _GatherAlongDim.apply(x, dim, group)
+
+
+def reduce_scatter_along(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Forward reduce-scatter (sum) along ``dim``; backward all-gather along ``dim``."""
+    return x if _trivial(group) else _ReduceScatterAlongDim.apply(x, dim, group)
+
+
+def split_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Forward: keep this rank's ``1/n`` chunk along ``dim``; backward all-gather along ``dim``."""
+    return x if _trivial(group) else _SplitAlongDim.apply(x, dim, group)
+
+
+def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
+    """Forward :func:`all_to_all_along`; backward the inverse all-to-all (scatter ``gather_dim``, gather
+    ``scatter_dim``)."""
+    return x if _trivial(group) else _AllToAll.apply(x, scatter_dim, gather_dim, group)
