@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from galva_schema import Strategy
+from galva_schema import SCHEMA_VERSION, Strategy
 from galva_search.search import SearchResult
 
 
@@ -59,9 +59,11 @@ def text_summary(result: SearchResult) -> str:
 
 
 def json_summary(result: SearchResult) -> dict[str, Any]:
-    """The ``--summary-json`` content."""
+    """The ``--summary-json`` content (``kind: galva.search_summary``; a report, not an input to other stages)."""
     s = result.strategy
     return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "galva.search_summary",
         "iteration_time_s": result.iteration_time_s,
         "throughput_samples_per_s": result.throughput,
         "global_batch_size": s.global_batch_size,
