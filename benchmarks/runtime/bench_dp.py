@@ -1,0 +1,150 @@
+"""Per-step time of galva-hp's data parallelism against plain PyTorch, side by side on the same 2 CPU ranks.
+
+    .venv/bin/python benchmarks/runtime/bench_dp.py [--hidden 256] [--layers 4] [--seq 128] [--batch 8] [--steps 12]
+
+Cases (every step = forward + backward + gradient reduction + global-norm clipping + AdamW step, fp32):
+
+- galva dp2 ``ddp``   vs ``torch.nn.parallel.DistributedDataParallel`` around the single-process model;
+- galva dp2 ``zero3`` vs FSDP2 ``fully_shard`` per layer + root (``reshard_after_forward=True``).
+
+Both sides train the same tiny GPT (:func:`galva_hp.testing.models.tiny_gpt`) on the same batches, in the same two
+forked gloo ranks; the cases are interleaved step by step so that machine noise hits both alike, and the reported
+time is the median over the measured steps (after warm-up). Prints a Markdown table; ``--write-readme`` replaces the
+table in ``benchmarks/runtime/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from galva_comm.testing import run_distributed
+from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, reference_optimizer, train_step
+from galva_hp.testing.models import tiny_gpt
+from galva_schema import Strategy
+
+README = Path(__file__).with_name("README.md")
+OPTIM = OptimConfig(lr=1e-4, max_grad_norm=1.0)
+
+
+class Whole(nn.Module):
+    """The single-process model as one module (what plain DDP / FSDP2 wrap)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.embedding, self.layers, self.head = model.embedding, nn.ModuleList(model.layers), model.head
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.embedding(ids)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return self.head(hidden, labels)
+
+
+def _make(args):
+    return tiny_gpt(vocab_size=1024, hidden=args.hidden, heads=4, layers=args.layers, seq_len=args.seq)
+
+
+def _plain_step(module, params, optimizer, ids, labels, tokens):
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, _ = module(ids, labels)
+    (loss_sum / tokens).backward()
+    torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)
+    optimizer.step()
+
+
+def bench(rank: int, world_size: int, args) -> dict[str, float]:
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1024, (args.batch, args.seq))
+    labels = torch.roll(ids, -1, 1)
+    tokens = labels.numel()
+    local = slice(rank * args.batch // world_size, (rank + 1) * args.batch // world_size)
+    runs = {}
+
+    for dp_type in ("ddp", "zero3"):
+        strategy = Strategy.uniform(
+            world_size=world_size,
+            num_layers=args.layers,
+            global_batch_size=args.batch,
+            default_dp_type=dp_type,
+            mixed_precision="fp32",
+        )
+        model = build(_make(args), strategy, BuildOptions(seq_len=args.seq))
+        optimizer = GalvaOptimizer(model.param_records(), OPTIM)
+        runs[f"galva-{dp_type}"] = lambda m=model, o=optimizer: train_step(m, o, ids, labels)
+
+    ddp = DistributedDataParallel(Whole(_make(args)))
+    ddp_params = list(ddp.parameters())
+    ddp_opt, _ = reference_optimizer(ddp_params, OPTIM)
+    runs["torch-ddp"] = lambda: _plain_step(ddp, ddp_params, ddp_opt, ids[local], labels[local], tokens)
+
+    fsdp = Whole(_make(args))
+    fsdp.head.lm_head.weight = nn.Parameter(fsdp.head.lm_head.weight.detach().clone())  # FSDP2: no sharing across units
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for layer in fsdp.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
+    fsdp_params = list(fsdp.parameters())
+    fsdp_opt, _ = reference_optimizer(fsdp_params, OPTIM)
+    runs["torch-fsdp2"] = lambda: _plain_step(fsdp, fsdp_params, fsdp_opt, ids[local], labels[local], tokens)
+
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for step in range(args.warmup + args.steps):
+        for name, run in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            dist.barrier()
+            if step >= args.warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def table(result: dict[str, float], args) -> str:
+    rows = [
+        "| case | galva ms/step | baseline ms/step | ratio (target ≤ 1.10) |",
+        "|---|---|---|---|",
+        f"| dp2 ddp vs torch DDP | {result['galva-ddp']:.1f} | {result['torch-ddp']:.1f} | "
+        f"{result['galva-ddp'] / result['torch-ddp']:.3f} |",
+        f"| dp2 zero3 vs FSDP2 fully_shard | {result['galva-zero3']:.1f} | {result['torch-fsdp2']:.1f} | "
+        f"{result['galva-zero3'] / result['torch-fsdp2']:.3f} |",
+        "| single-GPU throughput / MFU | open (no GPU in this session) | | |",
+    ]
+    setup = (
+        f"tiny GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, global batch {args.batch}, vocab 1024, "
+        f"fp32, 2 forked gloo ranks, median of {args.steps} steps after {args.warmup} warm-up steps"
+    )
+    return "\n".join(rows) + f"\n\nSetup: {setup}.\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--write-readme", action="store_true")
+    args = parser.parse_args()
+    result = run_distributed(bench, 2, args, timeout=1200, threads_per_rank=args.threads)[0]
+    text = table(result, args)
+    print(text)
+    if args.write_readme:
+        readme = README.read_text()
+        start, end = readme.index("<!-- table -->") + len("<!-- table -->"), readme.index("<!-- /table -->")
+        README.write_text(readme[:start] + "\n" + text + readme[end:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""Per-layer data parallelism over each layer's own sharding group.
+
+- ``ddp``: parameters replicated on the sharding group; gradients accumulate locally over the micro-batches and are
+  all-reduced (SUM) once per iteration, one flat buffer per group (or after every micro-batch on request).
+- ``zero2`` / ``zero3``: FSDP2 ``fully_shard`` on a one-dimensional mesh made from the layer's sharding group.
+  zero3 frees the gathered parameters after forward (and re-gathers them for backward); zero2 keeps them until the
+  backward is done. Parameters, gradients and optimizer states are stored as 1/dp shards in both.
+
+Gradients are always *summed* over the group: the loss every rank back-propagates is already divided by the global
+token count, so a sum gives exactly the gradient of the global mean loss (FSDP2's default would average).
+
+In bf16 a unit computes with bf16 parameters and keeps fp32 master parameters for the optimizer: FSDP2 does this
+with its mixed-precision policy (sharded fp32 parameters, bf16 gathered copies); a ddp unit keeps fp32 copies
+itself and copies them back into the bf16 module after every optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from galva_hp.precision import PrecisionPolicy
+from galva_schema import DataParallelType
+
+__all__ = ["DataParallelUnit", "DdpUnit", "FsdpUnit", "ParamRecord", "local_tensor", "reduce_ddp_units", "wrap"]
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a (possibly DTensor) parameter or gradient."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class ParamRecord:
+    """One optimizer parameter and how often its local piece is replicated over the world (for the global norm)."""
+
+    name: str
+    param: nn.Parameter  # the fp32 master parameter the optimizer updates (a DTensor for zero2/zero3)
+    replicas: int  # ranks holding an identical copy of this rank's local piece
+    counted: bool = True  # False for the second copy of a tied weight
+
+
+class DataParallelUnit:
+    """One module wrapped for data parallelism on ``group`` (None: a single-rank group)."""
+
+    dp_type: DataParallelType
+
+    def __init__(self, name: str, module: nn.Module, group: dist.ProcessGroup | None, precision: PrecisionPolicy):
+        self.name = name
+        self.module = module
+        self.group = group
+        self.precision = precision
+
+    @property
+    def group_size(self) -> int:
+        return 1 if self.group is None else self.group.size()
+
+    def before_backward(self, sync: bool) -> None:
+        """Called before each micro-batch backward; ``sync`` marks the backward after which gradients are reduced."""
+
+    def after_backward(self, sync: bool) -> None:
+        """Called after each micro-batch backward."""
+
+    def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, fp32 master parameter) pairs the optimizer updates."""
+        raise NotImplementedError
+
+    def replicas_over_dp(self) -> int:
+        """How many ranks of the sharding group hold the same local piece of a parameter."""
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """Called after every optimizer step (copy master weights back into compute weights)."""
+
+
+class DdpUnit(DataParallelUnit):
+    """Replicated parameters; gradients summed over the group once per iteration (see :func:`reduce_ddp_units`)."""
+
+    dp_type = DataParallelType.DDP
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        group: dist.ProcessGroup | None,
+        precision: PrecisionPolicy,
+        reduce_every_micro_batch: bool = False,
+    ):
+        super().__init__(name, module, group, precision)
+        self.reduce_every_micro_batch = reduce_every_micro_batch
+        self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if precision.low_precision:
+            # fp32 masters for the optimizer, bf16 compute weights in the module
+            self._masters = [(n, nn.Parameter(p.detach().float().clone())) for n, p in self._params]
+            module.to(precision.param_dtype)
+            self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        else:
+            self._masters = self._params
+        self._reduced: list[torch.Tensor | None] | None = None  # per-micro-batch reduction accumulator
+
+    def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return list(self._masters)
+
+    def replicas_over_dp(self) -> int:
+        return self.group_size
+
+    def grads_to_reduce(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """(compute parameter, master parameter) pairs whose gradient must be summed over the group."""
+        return [(p, m) for (_, p), (_, m) in zip(self._params, self._masters)]
+
+    def after_backward(self, sync: bool) -> None:
+        if not self.reduce_every_micro_batch:
+            return
+        # reduce this micro-batch's contribution now and keep the sum aside, so later backwards start from zero
+        grads = [p.grad for _, p in self._params]
+        present = [g for g in grads if g is not None]
+        if present:
+            _all_reduce_flat(present, self.group, self.precision.reduce_dtype)
+        if self._reduced is None:
+            self._reduced = [None] * len(grads)
+        for i, (_, p) in enumerate(self._params):
+            if p.grad is None:
+                continue
+            previous = self._reduced[i]
+            self._reduced[i] = p.grad if previous is None else previous + p.grad
+            p.grad = None
+        if sync:
+            for i, (_, p) in enumerate(self._params):
+                p.grad = self._reduced[i]
+            self._reduced = None
+
+    def move_grads_to_masters(self) -> None:
+        """After reduction: hand the (fp32) gradients to the master parameters."""
+        if self._masters is self._params:
+            return
+        for (_, p), (_, m) in zip(self._params, self._masters):
+            if p.grad is not None:
+                m.grad = p.grad.float() if m.grad is None else m.grad + p.grad.float()
+            p.grad = None
+
+    def after_step(self) -> None:
+        if self._masters is self._params:
+            return
+        with torch.no_grad():
+            for (_, p), (_, m) in zip(self._params, self._masters):
+                p.copy_(m)
+
+
+class FsdpUnit(DataParallelUnit):
+    """ZeRO-2 / ZeRO-3 through FSDP2 ``fully_shard`` on a mesh built from the sharding group."""
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        group: dist.ProcessGroup | None,
+        precision: PrecisionPolicy,
+        dp_type: DataParallelType,
+        reduce_every_micro_batch: bool = False,
+    ):
+        super().__init__(name, module, group, precision)
+        self.dp_type = dp_type
+        self.reduce_every_micro_batch = reduce_every_micro_batch
+        if group is None:
+            raise ValueError(f"{name}: {dp_type.value} needs a sharding group of more than one rank")
+        device_type = next((p.device.type for p in module.parameters()), "cpu")
+        mesh = DeviceMesh.from_group(group, device_type)
+        policy = MixedPrecisionPolicy(
+            param_dtype=precision.param_dtype if precision.low_precision else None,
+            reduce_dtype=precision.reduce_dtype if precision.low_precision else None,
+        )
+        fully_shard(module, mesh=mesh, reshard_after_forward=dp_type is DataParallelType.ZERO3, mp_policy=policy)
+        assert isinstance(module, FSDPModule)
+        module.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already divided globally
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        self.fsdp: FSDPModule = module
+
+    def before_backward(self, sync: bool) -> None:
+        self.fsdp.set_requires_gradient_sync(sync or self.reduce_every_micro_batch)
+
+    def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def replicas_over_dp(self) -> int:
+        return 1
+
+
+def wrap(
+    name: str,
+    module: nn.Module,
+    dp_type: DataParallelType,
+    group: dist.ProcessGroup | None,
+    precision: PrecisionPolicy,
+    reduce_every_micro_batch: bool = False,
+) -> DataParallelUnit:
+    """Wrap ``module`` for data parallelism of type ``dp_type`` over ``group``.
+
+    On a one-rank group there is nothing to shard or reduce, so every type is the plain (replicated) unit.
+    """
+    if dp_type is DataParallelType.DDP or group is None or group.size() == 1:
+        return DdpUnit(name, module, group, precision, reduce_every_micro_batch)
+    return FsdpUnit(name, module, group, precision, dp_type, reduce_every_micro_batch)
+
+
+def reduce_ddp_units(units: Iterable[DataParallelUnit]) -> None:
+    """Sum the gradients of every ddp unit over its group: one flat all-reduce per distinct group."""
+    by_group: dict[int, list[DdpUnit]] = defaultdict(list)
+    groups: dict[int, dist.ProcessGroup | None] = {}
+    ddp_units = [u for u in units if isinstance(u, DdpUnit)]
+    for unit in ddp_units:
+        if unit.group_size > 1 and not unit.reduce_every_micro_batch:
+            key = id(unit.group)
+            by_group[key].append(unit)
+            groups[key] = unit.group
+    for key, members in by_group.items():
+        grads = [p.grad for u in members for p, _ in u.grads_to_reduce() if p.grad is not None]
+        if grads:
+            _all_reduce_flat(grads, groups[key], members[0].precision.reduce_dtype)
+    for unit in ddp_units:
+        unit.move_grads_to_masters()
+
+
+def _all_reduce_flat(grads: Sequence[torch.Tensor], group: dist.ProcessGroup | None, dtype: torch.dtype) -> None:
+    if group is None or group.size() == 1:
+        return
+    # one buffer per dtype keeps the number of collectives (and their latency) at one per group
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        by_dtype[g.dtype].append(g)
+    for tensors in by_dtype.values():
+        flat = _flatten_dense_tensors(tensors)
+        work = flat.to(dtype) if flat.dtype != dtype else flat
+        dist.all_reduce(work, group=group)
+        if work is not flat:
+            flat.copy_(work)
+        for g, reduced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+            g.copy_(reduced)

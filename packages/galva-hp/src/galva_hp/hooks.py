@@ -1,0 +1,86 @@
+"""Measurements of a training step: wall time, peak memory of the stage, bytes autograd saves per layer.
+
+- Saved-activation bytes come from :func:`torch.autograd.graph.saved_tensors_hooks`: every tensor autograd keeps
+  for backward is counted once per storage (views of one storage, and a parameter saved by several ops, count once;
+  parameters themselves are excluded so the number is activations only).
+- Peak memory is the device's own counter where it keeps one (CUDA: ``max_memory_allocated``); on CPU it is the
+  process's peak resident set (``ru_maxrss``), which only grows, so it is a high-water mark, not a per-step value.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = ["SavedActivationMeter", "StepMetrics", "Timer", "peak_memory_mib", "saved_activation_meter"]
+
+
+@dataclass
+class StepMetrics:
+    """What one training step reports (the same loss on every rank)."""
+
+    loss: float
+    tokens: int
+    grad_norm: float | None = None
+    lr: float | None = None
+    step_ms: float | None = None
+    peak_memory_mib: float | None = None
+    saved_activation_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SavedActivationMeter:
+    """Bytes of distinct storages autograd saved while the meter was active."""
+
+    bytes: int = 0
+    _seen: set[int] = field(default_factory=set)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, nn.Parameter) and not tensor.is_meta:
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if key not in self._seen:
+                self._seen.add(key)
+                self.bytes += storage.nbytes()
+        return tensor
+
+
+@contextmanager
+def saved_activation_meter() -> Iterator[SavedActivationMeter]:
+    """Count the bytes autograd saves for backward inside the block."""
+    meter = SavedActivationMeter()
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        yield meter
+
+
+def peak_memory_mib() -> float | None:
+    """Peak memory of this process's device, in MiB (see the module docstring for what CPU reports)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+class Timer:
+    """Wall time of a block in milliseconds (synchronising the device first where there is one)."""
+
+    def __enter__(self) -> Timer:
+        _sync()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _sync()
+        self.ms = (time.perf_counter() - self._start) * 1e3
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
