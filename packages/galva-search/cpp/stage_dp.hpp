@@ -15,17 +15,21 @@
 //     W_lam(l, j) = min over continuations of sum_{k>l} (inter + intra + lam * memory), in O(L S^2). Any feasible
 //     continuation of a partial plan that used m MiB then costs at least W_lam(l, j) - lam * (B - m) time (weak
 //     duality). lam = 0 solves the problem outright when the fastest plan fits. Otherwise the multiplier is found by
-//     the breakpoint (secant) iteration on the concave piecewise-linear dual, a handful of O(L S^2) passes; every plan
-//     it meets that fits gives an upper bound UB, and when the dual bound meets UB the plan is proven optimal and the
-//     DP below is skipped.
+//     the breakpoint (secant) iteration on the concave piecewise-linear dual, a handful of O(L S^2) passes. Every plan
+//     it meets that fits gives an upper bound UB; so does every splice "head of plan p + tail of plan q" of the plans
+//     it met (O(P^2 L) with prefix sums), which is often the optimum when layers share costs. When the dual bound
+//     meets UB the plan is proven optimal and the DP below is skipped.
 //  3. Pareto DP. For each layer l and last strategy j keep the front F(l, j) of partial plans (memory m, time t) that
 //     no other partial plan ending in j beats in both. F(l, j) = Pareto( { (m + memory(l,j), t + inter(l,i,j) +
 //     intra(l,j)) : (m, t) in F(l-1, i) } ). All fronts of layer l-1 are merged once, sorted by memory (the memory
 //     shift does not depend on j), and one sweep per j keeps the points whose time beats every point of less memory.
 //     A point is also dropped when (a) m plus the smallest memory the remaining layers can use exceeds B (the sweep
-//     stops there, since memory is sorted), or (b) t plus the step-2 bound is >= UB. Both drops only remove partial
-//     plans that cannot lead to a plan strictly better than the UB plan, which is kept as the fallback answer, so the
-//     result is optimal: the Pareto recurrence is the classic exact DP for a knapsack with a chain of state
+//     stops there, since memory is sorted), (b) t plus the step-2 bound is >= UB, or (c) a point (m', t') of another
+//     front F(l, k) has m' <= m and t' + max_x [inter(l+1, k, x) - inter(l+1, j, x)] <= t (every completion of the
+//     first is matched by the same completion of the second; points are removed one by one and only by points still
+//     present, so every removed point keeps a surviving dominator). Drops (a) and (c) never remove the last optimal
+//     partial plan; (b) only removes partial plans that cannot beat the UB plan, which is kept as the fallback answer.
+//     So the result is optimal: the Pareto recurrence is the classic exact DP for a knapsack with a chain of state
 //     transitions (a dominated partial plan can always be replaced by its dominator in any completion).
 //  Complexity. O(sum_l (N_l log N_l + S_l * N_l)) for the DP, where N_l = sum_j |F(l-1, j)| and S_l = live
 //  strategies, plus O(L S^2) per Viterbi pass. The front size is bounded by the number of distinct memory sums that
@@ -357,6 +361,7 @@ class StageSolver {
     if (b.plan.empty() || !(b.memory <= p_.budget)) return false;  // no UB; the Pareto DP decides
     ub_plan = b.plan;
     ub = b.time;
+    std::vector<std::vector<int>> seen = {a.plan, b.plan};  // plans met, for splicing below
     Pass best_dual;  // the pass with the largest dual bound
     for (int it = 0; it < 64; ++it) {
       if (!(a.memory > b.memory)) break;
@@ -366,6 +371,7 @@ class StageSolver {
       viterbi(lam, false, c);
       ++st.dual_passes;
       if (c.plan.empty()) break;
+      seen.push_back(c.plan);
       const double dual = c.value - lam * p_.budget;
       if (dual > lb || best_dual.w.empty()) {
         if (dual > lb) lb = dual;
@@ -387,7 +393,64 @@ class StageSolver {
       lam_ = best_dual.lam;
       bound_lam_ = std::move(best_dual.w);
     }
-    return false;
+    splice(seen, ub, ub_plan);
+    return ub <= lb + 1e-13 * std::fabs(ub);
+  }
+
+  // A better upper bound from the plans the dual search met: the optimum is often the head of one and the tail of
+  // another (e.g. the fast plan for some layers, the small one for the rest). Tries every cut of every ordered
+  // pair, O(P^2 L) with prefix sums, and keeps the best that truly fits (recomputed exactly).
+  void splice(const std::vector<std::vector<int>>& plans, double& ub, std::vector<int>& ub_plan) const {
+    const size_t n = plans.size();
+    if (n < 2 || L_ < 2) return;
+    const size_t stride = static_cast<size_t>(L_) + 1;
+    std::vector<double> pre_t(n * stride), pre_m(n * stride), suf_t(n * stride), suf_m(n * stride);
+    for (size_t p = 0; p < n; ++p) {
+      const std::vector<int>& c = plans[p];
+      double* pt = &pre_t[p * stride];
+      double* pm = &pre_m[p * stride];
+      double* st = &suf_t[p * stride];
+      double* sm = &suf_m[p * stride];
+      pt[0] = pm[0] = 0.0;
+      for (int l = 0; l < L_; ++l) {
+        pt[l + 1] = pt[l] + (l > 0 ? p_.inter_at(l, c[l - 1], c[l]) : 0.0) + p_.intra_at(l, c[l]);
+        pm[l + 1] = pm[l] + mem_[idx(l, c[l])];
+      }
+      st[L_] = sm[L_] = 0.0;
+      for (int l = L_ - 1; l >= 0; --l) {
+        st[l] = st[l + 1] + p_.intra_at(l, c[l]) + (l + 1 < L_ ? p_.inter_at(l + 1, c[l], c[l + 1]) : 0.0);
+        sm[l] = sm[l + 1] + mem_[idx(l, c[l])];
+      }
+    }
+    const double slack = 1e-9 * (std::fabs(p_.budget) + 1.0);
+    double best = ub;
+    size_t bp = 0, bq = 0;
+    int bk = -1;
+    for (size_t p = 0; p < n; ++p)
+      for (size_t q = 0; q < n; ++q) {
+        if (p == q) continue;
+        for (int k = 1; k < L_; ++k) {
+          const double m = pre_m[p * stride + k] + suf_m[q * stride + k];
+          if (m > p_.budget + slack) continue;
+          const double t =
+              pre_t[p * stride + k] + p_.inter_at(k, plans[p][k - 1], plans[q][k]) + suf_t[q * stride + k];
+          if (t < best) {
+            best = t;
+            bp = p;
+            bq = q;
+            bk = k;
+          }
+        }
+      }
+    if (bk < 0) return;
+    std::vector<int> plan(plans[bp].begin(), plans[bp].begin() + bk);
+    plan.insert(plan.end(), plans[bq].begin() + bk, plans[bq].end());
+    double t, m;
+    dp_cost(plan, t, m);
+    if (m <= p_.budget && t < ub) {
+      ub = t;
+      ub_plan = std::move(plan);
+    }
   }
 
   // Lower bound on the time still to come after (l, j) with m MiB used.

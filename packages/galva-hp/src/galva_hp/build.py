@@ -433,27 +433,11 @@ def _wrap(
 def _tp_partitioned(module: nn.Module, ctx: ParallelContext) -> set[str]:
     """Names of the parameters split over the tp group (each tp rank holds a different shard).
 
-    Megatron's ``tensor_model_parallel`` attribute decides where it is set; otherwise a parameter whose values are
-    identical on every rank of the tp group is a replica (norms, row-parallel biases, replicated K/V under GQA)
-    and any other is a shard. One all-gather of per-parameter fingerprints per module, at build time only.
+    The parallel blocks tag every split parameter with megatron's ``tensor_model_parallel`` attribute
+    (:func:`galva_hp.parallel.tensor_parallel.mark_tp_split`); everything else in a tp module is a replica (norms,
+    row-parallel biases, replicated K/V under GQA).
     """
-    params = [(n, p) for n, p in module.named_parameters()]
-    if ctx.tp_group is None or not params:
-        return {n for n, p in params if getattr(p, "tensor_model_parallel", False)}
-    fingerprints = torch.stack([_fingerprint(p.detach()) for _, p in params])
-    gathered = [torch.empty_like(fingerprints) for _ in range(ctx.tp_size)]
-    dist.all_gather(gathered, fingerprints, group=ctx.tp_group)
-    same = torch.stack(gathered).eq(fingerprints).all(dim=2).all(dim=0)
-    return {
-        n for (n, p), equal in zip(params, same.tolist()) if getattr(p, "tensor_model_parallel", False) or not equal
-    }
-
-
-def _fingerprint(t: Tensor) -> Tensor:
-    flat = t.reshape(-1).double()
-    ramp = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
-    count = torch.tensor(float(flat.numel()), dtype=torch.float64, device=flat.device)
-    return torch.stack([flat.sum(), flat.pow(2).sum(), (flat * ramp).sum(), count])
+    return {n for n, p in module.named_parameters() if getattr(p, "tensor_model_parallel", False)}
 
 
 def _redistribution(plan: RedistributionPlan, cache: ProcessGroupCache, rank: int) -> nn.Module:

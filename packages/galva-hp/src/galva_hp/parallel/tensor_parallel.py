@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from megatron.core import ModelParallelConfig
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
@@ -91,6 +91,16 @@ def mark_sequence_parallel(param: Tensor) -> Tensor:
     return param
 
 
+def mark_tp_split(param: Tensor, dim: int, group: ProcessGroup | None) -> None:
+    """Tag a parameter that holds this rank's shard along ``dim`` (megatron's ``tensor_model_parallel`` attributes).
+
+    The runtime counts such parameters once per tp rank in the global gradient norm and never reduces their
+    gradients over tp. Layers built with ``perform_initialization=False`` skip megatron's own tagging, hence this.
+    """
+    if group_size(group) > 1:
+        set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
+
+
 def column_parallel_linear(
     local_weight: Tensor, local_bias: Tensor | None, input_size: int, group: ProcessGroup
 ) -> ColumnParallelLinear:
@@ -112,6 +122,7 @@ def column_parallel_linear(
         layer.weight.copy_(local_weight)
         if local_bias is not None:
             layer.bias.copy_(local_bias)
+    mark_tp_split(layer.weight, dim=0, group=group)
     return layer.to(local_weight.device)
 
 
@@ -132,6 +143,7 @@ def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: Proces
         layer.weight.copy_(local_weight)
         if bias is not None:
             layer.bias.copy_(bias)
+    mark_tp_split(layer.weight, dim=1, group=group)
     return layer.to(local_weight.device)
 
 

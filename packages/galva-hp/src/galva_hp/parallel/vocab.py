@@ -37,6 +37,7 @@ from galva_hp.parallel.tensor_parallel import (
     SEQ_DIM,
     column_parallel_linear,
     enter_tp_region,
+    mark_tp_split,
     param_or_grad,
     sequence_parallel_norm,
 )
@@ -96,6 +97,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = weight.shape[0]
         self.start, self.end, _ = vocab_range(self.vocab_size, tp, rank)
         self.weight = nn.Parameter(_local_rows(weight, tp, rank))
+        mark_tp_split(self.weight, dim=0, group=group)
 
     def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
         """``{"weight": [V, hidden]}`` (padding dropped), or its gradient. Collective over the group."""
