@@ -33,8 +33,6 @@ sys.path.insert(0, HERE)
 import dp_core_bench  # noqa: E402
 import inputs  # noqa: E402
 
-from galva_search import dp  # noqa: E402
-
 VENV = os.path.join(HERE, ".venv-galvatron")
 WORK = os.path.join(HERE, ".work")
 VENV_PY = os.path.join(VENV, "bin", "python")
@@ -231,56 +229,12 @@ def run_galva(case: Case) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
-def evaluate_in_galva(case: Case, strategy) -> tuple[float, list[float]] | None:
-    """Throughput and per-stage memory of `strategy` under Galva's cost model, if the planner exposes an evaluator."""
-    from galva_search import search as search_module
+def evaluate_in_galva(case: Case, strategy) -> tuple[float, list[float]]:
+    """Throughput and per-stage memory of `strategy` under Galva's cost model."""
+    from galva_search.search import evaluate_strategy
 
-    cost = galva_cost_model(case)
-    evaluate = getattr(search_module, "evaluate_strategy", None)
-    if evaluate is not None:
-        ev = evaluate(cost, strategy)
-        return float(ev.throughput), [float(m) for m in ev.stage_memory_mib]
-    return _evaluate_via_planner(case, cost, strategy)
-
-
-def _evaluate_via_planner(case: Case, cost, strategy) -> tuple[float, list[float]]:
-    """Stand-in until the planner exposes an evaluator: build the planner's task for `strategy` (its batch,
-    micro-batches, pp, division and vocab plan) and score the given per-layer choice with Planner._evaluate, the
-    function the planner scores its own plans with."""
-    from galva_search import search as S
-    from galva_search.cost_model import VocabOption
-
-    planner = S.Planner(cost, galva_options(case, strategy.global_batch_size, strategy.num_micro_batches))
-    c, pp = strategy.num_micro_batches, strategy.pp
-    micro = strategy.global_batch_size // c
-    tables = planner.tables(pp, micro, c > 1)
-    if tables is None:
-        raise ValueError(f"no candidate of pp {pp} divides micro-batch {micro}")
-    v = strategy.vocab
-    option = VocabOption(tp=v.tp, sp=bool(v.sp), zero3=v.dp_type is not None and v.dp_type.name == "ZERO3")
-    vt = cost.vocab_terms(pp, option, micro, c, cost.in_flight(pp, c))
-    task = S._Task(strategy.global_batch_size, c, pp, tuple(strategy.pp_division), option, 0.0, tables, vt)
-    stage_ranks = cost.world_size // pp
-    default = strategy.default_dp_type
-
-    def index_of(layer) -> int:
-        dp_type = layer.dp_type or default
-        for i, cand in enumerate(tables.candidates):
-            consecutive_ok = cand.tp in (1, stage_ranks) or cand.consecutive == layer.tp_consecutive
-            dp_type_ok = cand.dp == 1 or cand.dp_type == dp_type  # nothing to shard without data parallelism
-            if (cand.tp, cand.ulysses, cand.checkpoint) == (layer.tp, layer.ulysses, layer.checkpoint) and (
-                consecutive_ok and dp_type_ok
-            ):
-                return i
-        raise ValueError(f"layer strategy {layer} is not in Galva's search space")
-
-    sols, start = [], 0
-    for count in strategy.pp_division:
-        choice = tuple(index_of(layer) for layer in strategy.layers[start : start + count])
-        sols.append(dp.StageSolution(choice, 0.0, 0.0))
-        start += count
-    t, mem, _ = planner._evaluate(task, sols)
-    return strategy.global_batch_size / t, [float(m) for m in mem]
+    evaluation = evaluate_strategy(galva_cost_model(case), strategy)
+    return evaluation.throughput, evaluation.stage_memory_mib
 
 
 def describe(strategy) -> str:
@@ -340,11 +294,8 @@ def run_case(case: Case, args: argparse.Namespace) -> Row:
         try:
             ref_strategy = read_galvatron_strategy(row.galvatron_config, world_size=case.nodes * case.gpus_per_node)
             row.galvatron_plan = describe(ref_strategy)
-            ev = evaluate_in_galva(case, ref_strategy)
-            if ev is None:
-                row.notes.append("galva_search.search.evaluate_strategy(cost, strategy) is missing")
-            else:
-                row.galvatron_plan_throughput_in_galva, row.galvatron_plan_memory_mib = ev
+            throughput, memory = evaluate_in_galva(case, ref_strategy)
+            row.galvatron_plan_throughput_in_galva, row.galvatron_plan_memory_mib = throughput, memory
         except Exception as e:
             row.notes.append(f"evaluating Galvatron's plan failed: {type(e).__name__}: {e}")
     return row

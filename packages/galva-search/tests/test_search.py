@@ -15,11 +15,12 @@ from galva_schema import (
     DataParallelType,
     ModelProfile,
     PipelineSchedule,
+    SchemaError,
     Strategy,
 )
 from galva_search.cost_model import CostModel, CostSettings
 from galva_search.partition import balanced_division, even_division
-from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, search
+from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, evaluate_strategy, search
 from galva_search.space import SpaceOptions, generate_space
 from galva_search.summary import json_summary, layer_runs, text_summary
 
@@ -153,8 +154,11 @@ def test_llama7b_on_one_node(hw_1x8, llama7b):
         counts["pruned_memory"]
     assert len(result.log) == counts["tasks"]
     assert sum(r.status == "best" for r in result.log) == 1
-    # the plan re-evaluated from the written strategy alone gives the same time
+    # the plan re-evaluated from the written strategy alone gives the same time and memory
     assert len(result.candidates) == 32
+    evaluation = evaluate_strategy(cost, s)
+    assert evaluation.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-9)
+    assert evaluation.stage_memory_mib == pytest.approx(result.stage_memory_mib, rel=1e-9)
     text = text_summary(result)
     assert "samples/s" in text and "stage 0" in text
     summary = json.loads(json.dumps(json_summary(result)))
@@ -255,3 +259,18 @@ def test_partition_refinement_only_improves(hw_1x8, llama7b):
     assert sum(refined.strategy.pp_division) == 32
     if refined.strategy.pp_division != plain.strategy.pp_division:
         assert any(r.status.endswith("(refined)") or r.status == "best" for r in refined.log)
+
+
+def test_evaluate_strategy_scores_pipelines_and_rejects_mismatches(hw_1x8, llama7b):
+    cost = CostModel(hw_1x8, llama7b)
+    options = SearchOptions(memory_budget_mib=16e9 / 2**20, batch_sizes=(64,), space=SpaceOptions(max_tp=2))
+    result = search(cost, options)
+    assert result.strategy.pp > 1  # a tight budget and max_tp 2 force a pipeline
+    evaluation = evaluate_strategy(cost, Strategy.from_dict(result.strategy.to_dict()))
+    assert evaluation.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-9)
+    wrong_world = Strategy.uniform(world_size=4, num_layers=32, global_batch_size=8)
+    with pytest.raises(SchemaError, match="world_size: the strategy has 4 ranks, the cluster 8"):
+        evaluate_strategy(cost, wrong_world)
+    wrong_layers = Strategy.uniform(world_size=8, num_layers=30, global_batch_size=8)
+    with pytest.raises(SchemaError, match="layers: the strategy has 30 layers, the model 32"):
+        evaluate_strategy(cost, wrong_layers)

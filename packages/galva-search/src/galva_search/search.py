@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -670,3 +670,81 @@ def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Predicted cost of one given strategy."""
+
+    iteration_time_s: float
+    throughput: float  # samples per second
+    stage_memory_mib: list[float]
+
+
+def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
+    """Predict iteration time, throughput and per-stage memory of ``strategy`` (hand-written, or another tool's).
+
+    Uses the same terms the search optimises; the cost model's settings (precision, schedule, default dp type,
+    Megatron-SP) are taken from the strategy, so a plan is always scored as it would run.
+    """
+    if strategy.world_size != cost.world_size:
+        raise SchemaError(f"world_size: the strategy has {strategy.world_size} ranks, the cluster {cost.world_size}")
+    if strategy.num_layers != cost.model.num_layers:
+        raise SchemaError(f"layers: the strategy has {strategy.num_layers} layers, the model {cost.model.num_layers}")
+    settings = replace(
+        cost.settings,
+        precision=strategy.mixed_precision,
+        pipeline_schedule=strategy.pipeline_schedule,
+        default_dp_type=strategy.default_dp_type,
+        megatron_sp=strategy.megatron_sp,
+    )
+    cost = CostModel(
+        cost.hardware, cost.model, settings, hardware_source=cost.comm.source, model_source=cost.model_source
+    )
+    default = strategy.default_dp_type
+    space = SpaceOptions(
+        preset="full",
+        sp_space="tp+sp",
+        default_dp_type=DataParallelType.ZERO2 if default is DataParallelType.ZERO2 else DataParallelType.DDP,
+        max_tp=_power_of_two_at_least(max(layer.tp for layer in strategy.layers)),  # only what the plan uses
+        max_pp=_power_of_two_at_least(strategy.pp),
+    )
+    options = SearchOptions(
+        memory_budget_mib=math.inf,
+        batch_sizes=(strategy.global_batch_size,),
+        space=space,
+        num_micro_batches=strategy.num_micro_batches,
+        memory_reserve_mib=0.0,
+    )
+    planner = Planner(cost, options)
+    c, pp = strategy.num_micro_batches, strategy.pp
+    tables = planner.tables(pp, strategy.micro_batch_size, c > 1)
+    if tables is None:
+        raise SchemaError(f"pp: no layer plan of pp {pp} divides the micro-batch of {strategy.micro_batch_size}")
+    vocab = VocabOption(
+        tp=strategy.vocab.tp, sp=strategy.vocab.sp, zero3=strategy.vocab_dp_type is DataParallelType.ZERO3
+    )
+    vocab_terms = cost.vocab_terms(pp, vocab, strategy.micro_batch_size, c, cost.in_flight(pp, c))
+    task = _Task(strategy.global_batch_size, c, pp, tuple(strategy.pp_division), vocab, 0.0, tables, vocab_terms)
+    ranks_per_stage = strategy.ranks_per_stage
+
+    def candidate_index(index: int) -> int:
+        layer, dp_type = strategy.layers[index], strategy.layer_dp_type(index)
+        for i, cand in enumerate(tables.candidates):
+            same_layout = cand.tp in (1, ranks_per_stage) or cand.consecutive == layer.tp_consecutive
+            same_dp_type = cand.dp == 1 or cand.dp_type == dp_type  # nothing to shard without data parallelism
+            same_kind = (cand.tp, cand.ulysses, cand.checkpoint) == (layer.tp, layer.ulysses, layer.checkpoint)
+            if same_kind and same_layout and same_dp_type:
+                return i
+        raise SchemaError(f"layers[{index}]: {strategy.layer_summary(index)} is outside the cost model's space")
+
+    solutions = [
+        dp_core.StageSolution(tuple(candidate_index(i) for i in strategy.stage_layers(stage)), 0.0, 0.0)
+        for stage in range(pp)
+    ]
+    iteration, memory, _ = planner._evaluate(task, solutions)
+    return Evaluation(iteration, strategy.global_batch_size / iteration, [float(m) for m in memory])
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
