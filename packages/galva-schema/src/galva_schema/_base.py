@@ -57,17 +57,7 @@ class GalvaFile(GalvaModel):
     @classmethod
     def load(cls: type[T], path: str | os.PathLike[str]) -> T:
         """Read and validate a JSON file."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-            raise SchemaError(message, source=str(path)) from None
-        return cls.from_dict(data, source=path)
+        return cls.from_dict(load_json_object(path), source=path)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (enums as values)."""
@@ -76,6 +66,25 @@ class GalvaFile(GalvaModel):
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a temporary file in the same directory, then rename."""
         return write_json_atomic(path, self.to_dict())
+
+
+def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a JSON file that must hold an object; every failure is a :class:`SchemaError` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SchemaError("file not found", source=str(path)) from None
+    except OSError as err:
+        raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        raise SchemaError(message, source=str(path)) from None
+    if not isinstance(data, dict):
+        raise SchemaError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
+    return data
 
 
 def _src(source: str | os.PathLike[str] | None) -> str | None:

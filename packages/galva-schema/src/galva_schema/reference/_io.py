@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from pathlib import Path
 from typing import Any
 
+from galva_schema._base import load_json_object
 from galva_schema.errors import SchemaError
 
+__all__ = ["PathLike", "integer", "load_json_object", "number", "plain"]
+
 PathLike = str | os.PathLike[str]
-
-
-def load_json_object(path: PathLike) -> dict[str, Any]:
-    """Read a JSON file that must hold an object; every failure is a :class:`SchemaError` naming the file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SchemaError("file not found", source=str(path)) from None
-    except OSError as err:
-        raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        raise SchemaError(message, source=str(path)) from None
-    if not isinstance(data, dict):
-        raise SchemaError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
-    return data
 
 
 def number(value: Any, key: str, source: str | None, *, what: str, positive: bool = False) -> float:
