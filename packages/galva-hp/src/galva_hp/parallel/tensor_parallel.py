@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +102,9 @@ def mark_tp_split(param: Tensor, dim: int, group: ProcessGroup | None) -> None:
         set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
 
 
+_Linear = TypeVar("_Linear", ColumnParallelLinear, RowParallelLinear)
+
+
 def column_parallel_linear(
     local_weight: Tensor, local_bias: Tensor | None, input_size: int, group: ProcessGroup
 ) -> ColumnParallelLinear:
@@ -118,12 +122,7 @@ def column_parallel_linear(
         disable_grad_reduce=True,
         tp_group=group,
     )
-    with torch.no_grad():
-        layer.weight.copy_(local_weight)
-        if local_bias is not None:
-            layer.bias.copy_(local_bias)
-    mark_tp_split(layer.weight, dim=0, group=group)
-    return layer.to(local_weight.device)
+    return _load_shard(layer, local_weight, local_bias, split_dim=0, group=group)
 
 
 def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: ProcessGroup) -> RowParallelLinear:
@@ -139,12 +138,17 @@ def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: Proces
         skip_bias_add=False,
         tp_group=group,
     )
+    return _load_shard(layer, local_weight, bias, split_dim=1, group=group)
+
+
+def _load_shard(layer: _Linear, weight: Tensor, bias: Tensor | None, split_dim: int, group: ProcessGroup) -> _Linear:
+    """Copy this rank's weight shard (and bias) into a freshly built megatron linear and tag the split."""
     with torch.no_grad():
-        layer.weight.copy_(local_weight)
+        layer.weight.copy_(weight)
         if bias is not None:
             layer.bias.copy_(bias)
-    mark_tp_split(layer.weight, dim=1, group=group)
-    return layer.to(local_weight.device)
+    mark_tp_split(layer.weight, dim=split_dim, group=group)
+    return layer.to(weight.device)
 
 
 def enter_tp_region(x: Tensor, group: ProcessGroup | None, sequence_parallel: bool) -> Tensor:
