@@ -105,7 +105,7 @@ def expect_error(args, capsys, *fragments, code=2):
 def test_missing_file(data_dir, tmp_path, capsys):
     missing = str(tmp_path / "nope.json")
     expect_error(["--hardware-profile", missing, "--model-profile", str(data_dir / "llama7b_model.json"),
-                  "--memory", "36GB"], capsys, missing, "cannot read file")
+                  "--memory", "36GB"], capsys, missing, "file not found")
     expect_error(["--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile", missing,
                   "--memory", "36GB"], capsys, missing)
 

@@ -20,8 +20,10 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Literal
 
+_core: ModuleType | None
 try:
     from galva_search import _core
 except ImportError:  # pragma: no cover - a source checkout without the built extension
@@ -124,7 +126,7 @@ def solve_many(
             except ValueError as e:
                 raise ValueError(f"problems[{i}]: {e}") from None
         return out
-    raw = _core.solve_many(
+    raw = _extension().solve_many(
         [p._flat.as_core_args() for p in problems], threads, memory_resolution_mib, prune_strategies, use_bounds
     )
     return [_to_solution(r) for r in raw]
@@ -266,12 +268,18 @@ def _to_solution(raw: Any) -> StageSolution | None:
     return StageSolution(tuple(int(c) for c in choice), float(time), float(memory))
 
 
+def _extension() -> ModuleType:
+    if _core is None:
+        raise RuntimeError("galva-search's C++ core is not built: reinstall the package (pip install galva-search)")
+    return _core
+
+
 def _solve_flat(
     f: _Flat, backend: str, resolution: float, prune: bool, bounds: bool, stats: dict[str, Any] | None
 ) -> StageSolution | None:
     _check_resolution(resolution)
     if backend == "cpp":
-        raw, st = _core.solve_stage(*f.as_core_args(), resolution, prune, bounds)
+        raw, st = _extension().solve_stage(*f.as_core_args(), resolution, prune, bounds)
         if stats is not None:
             stats.update(st)
         return _to_solution(raw)
