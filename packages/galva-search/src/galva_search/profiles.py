@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from galva_schema import HardwareProfile, ModelProfile, SchemaError
 
@@ -35,8 +36,8 @@ def load_model(
     hidden_sizes: Sequence[int] | None = None,
     seq_lengths: Sequence[int] | None = None,
     model_name: str | None = None,
-    time_mode: str = "static",
-    memory_mode: str = "static",
+    time_mode: Literal["static", "batch", "sequence"] = "static",
+    memory_mode: Literal["static", "sequence"] = "static",
     megatron_sp: bool | None = None,
 ) -> ModelProfile:
     """One Galva model-profile file, or two reference files (computation, then memory) with the layer counts and

@@ -99,7 +99,7 @@ def execute_plan(x: Tensor, plan: RedistributionPlan, rank: int, groups: GroupSo
         size = dist.get_world_size(group)
         send_counts, recv_counts = [0] * size, [0] * size
         send_parts: list[list[Tensor]] = [[] for _ in range(size)]
-        recv_cells: list[tuple[int, ...]] = [() for _ in range(size)]
+        recv_cells: list[tuple[tuple[int, int], ...]] = [() for _ in range(size)]
         for transfer in plan.sends(rank):
             if transfer.dst != rank:
                 peer = dist.get_group_rank(group, transfer.dst)
@@ -124,7 +124,9 @@ def execute_plan(x: Tensor, plan: RedistributionPlan, rank: int, groups: GroupSo
 
 class _Redistribute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, plan: RedistributionPlan, reverse: RedistributionPlan, rank: int, groups: Any):
+    def forward(
+        ctx: Any, x: Tensor, plan: RedistributionPlan, reverse: RedistributionPlan, rank: int, groups: Any
+    ) -> Tensor:
         ctx.reverse, ctx.rank, ctx.groups = reverse, rank, groups
         return execute_plan(x, plan, rank, groups)
 

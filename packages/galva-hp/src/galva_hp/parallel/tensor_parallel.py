@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar, overload, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -106,10 +106,10 @@ _Linear = TypeVar("_Linear", ColumnParallelLinear, RowParallelLinear)
 
 
 def column_parallel_linear(
-    local_weight: Tensor, local_bias: Tensor | None, input_size: int, group: ProcessGroup
+    local_weight: Tensor, local_bias: Tensor | None, input_size: int, group: ProcessGroup | None
 ) -> ColumnParallelLinear:
     """A megatron ``ColumnParallelLinear`` holding ``local_weight`` (``[out/tp, in]``), with no communication of its
-    own (the caller enters the tp region)."""
+    own (the caller enters the tp region). ``group=None`` is a single rank (tp 1)."""
     tp = group_size(group)
     layer = ColumnParallelLinear(
         input_size,
@@ -141,7 +141,9 @@ def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: Proces
     return _load_shard(layer, local_weight, bias, split_dim=1, group=group)
 
 
-def _load_shard(layer: _Linear, weight: Tensor, bias: Tensor | None, split_dim: int, group: ProcessGroup) -> _Linear:
+def _load_shard(
+    layer: _Linear, weight: Tensor, bias: Tensor | None, split_dim: int, group: ProcessGroup | None
+) -> _Linear:
     """Copy this rank's weight shard (and bias) into a freshly built megatron linear and tag the split."""
     with torch.no_grad():
         layer.weight.copy_(weight)
@@ -269,6 +271,8 @@ class TensorParallelAttention(nn.Module):
         rotary: Rotary | None = None,
     ) -> None:
         super().__init__()
+        if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
+            raise ValueError("q_bias, k_bias and v_bias must be given together or not at all")
         tp, rank = group_size(group), group_rank(group)
         if heads % tp:
             raise ValueError(f"tp={tp} does not divide the {heads} attention heads")
@@ -281,6 +285,9 @@ class TensorParallelAttention(nn.Module):
         d = self.head_dim
         q_w = shard(q_weight, 0, rank, tp)
         q_b = None if q_bias is None else shard(q_bias, 0, rank, tp)
+        self.kv_head: int | None
+        self.kv_weight: nn.Parameter | None
+        self.kv_bias: nn.Parameter | None
         if kv_heads % tp == 0:
             self.local_kv_heads = kv_heads // tp
             self.kv_head = None  # K/V split with the query heads
@@ -295,10 +302,11 @@ class TensorParallelAttention(nn.Module):
             rows, biases = [q_w], [q_b]
             self.kv_weight = nn.Parameter(torch.cat([k_weight, v_weight]).detach().clone())
             mark_sequence_parallel(self.kv_weight)
-            has_kv_bias = k_bias is not None
-            self.kv_bias = nn.Parameter(torch.cat([k_bias, v_bias]).detach().clone()) if has_kv_bias else None
-            if self.kv_bias is not None:
+            if k_bias is not None and v_bias is not None:
+                self.kv_bias = nn.Parameter(torch.cat([k_bias, v_bias]).detach().clone())
                 mark_sequence_parallel(self.kv_bias)
+            else:
+                self.kv_bias = None
             self._kv_rows = torch.cat(
                 [torch.arange(self.kv_head * d, (self.kv_head + 1) * d),
                  torch.arange((kv_heads + self.kv_head) * d, (kv_heads + self.kv_head + 1) * d)]
@@ -328,6 +336,7 @@ class TensorParallelAttention(nn.Module):
             full["k_proj.weight"], full["v_proj.weight"] = param_or_grad(self.kv_weight, grads).chunk(2)
             if qkv_b is not None:
                 full["q_proj.bias"] = all_gather_along_dim(qkv_b, 0, g)
+            if self.kv_bias is not None:  # present exactly when qkv_b is (biases come all or none)
                 full["k_proj.bias"], full["v_proj.bias"] = param_or_grad(self.kv_bias, grads).chunk(2)
         full["o_proj.weight"] = all_gather_along_dim(param_or_grad(self.o_proj.weight, grads), 1, g)
         if self.o_proj.bias is not None:
@@ -408,6 +417,18 @@ class TensorParallelMLP(nn.Module):
         return _row_output(self.down, self.activation(*parts), self.sequence_parallel)
 
 
+@overload
+def param_or_grad(param: Tensor, grads: bool) -> Tensor: ...
+
+
+@overload
+def param_or_grad(param: None, grads: bool) -> None: ...
+
+
+@overload
+def param_or_grad(param: Tensor | None, grads: bool) -> Tensor | None: ...
+
+
 def param_or_grad(param: Tensor | None, grads: bool) -> Tensor | None:
     """A parameter's value, or its gradient (zeros when it has none yet)."""
     if param is None:
@@ -415,6 +436,13 @@ def param_or_grad(param: Tensor | None, grads: bool) -> Tensor | None:
     if not grads:
         return param.detach()
     return torch.zeros_like(param) if param.grad is None else param.grad.detach()
+
+
+@runtime_checkable
+class _GathersFull(Protocol):
+    """A parallel form that assembles its own single-process tensors (tp blocks, vocab embedding and head)."""
+
+    def gather_full(self, grads: bool = False) -> dict[str, Tensor]: ...
 
 
 def gather_full_state(module: nn.Module, grads: bool = False, prefix: str = "") -> dict[str, Tensor]:
@@ -425,7 +453,7 @@ def gather_full_state(module: nn.Module, grads: bool = False, prefix: str = "") 
     rank). Gradients of parameters replicated over a Ulysses / vocab-sp / data-parallel group are returned as this
     rank holds them: summing those over the sharding group is the runtime's data-parallel reduction.
     """
-    if hasattr(module, "gather_full"):
+    if isinstance(module, _GathersFull):  # a hasattr check on ``gather_full``
         return {prefix + name: t for name, t in module.gather_full(grads).items()}
     if isinstance(module, _GradSummedModule):
         return gather_full_state(module.module, grads, prefix)

@@ -64,7 +64,7 @@ class TinyEmbedding(nn.Module):
 
     def __init__(
         self,
-        wte: nn.Module,
+        wte: nn.Embedding | VocabParallelEmbedding,
         wpe: nn.Embedding | None,
         seq_group: ProcessGroup | None = None,
         position_grad_group: ProcessGroup | None = None,
@@ -205,7 +205,7 @@ class TinyParallelizer:
             raise ValueError("a layer is either Megatron tp or Ulysses sp, not both")
         if ctx.sp_size > 1:
             return self._ulysses_layer(module, ctx.sp_group)
-        if ctx.tp_size > 1:
+        if ctx.tp_group is not None and ctx.tp_size > 1:  # tp_size > 1 implies a group; this narrows it
             return self._tp_layer(module, ctx.tp_group, ctx.megatron_sp)
         return copy.deepcopy(module)
 
@@ -278,7 +278,7 @@ class TinyParallelizer:
         return TinyLayer(norm1, p_attn, norm2, p_mlp)
 
     @staticmethod
-    def _ulysses_layer(module: TinyLayer, group: ProcessGroup) -> TinyLayer:
+    def _ulysses_layer(module: TinyLayer, group: ProcessGroup | None) -> TinyLayer:
         attn = module.attn
         assert isinstance(attn, TinyAttention)
         p_attn = UlyssesAttention(
@@ -303,8 +303,9 @@ def _randomize_norms(model: nn.Module, generator: torch.Generator) -> None:
             if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 if module.weight is not None:
                     module.weight.copy_(1.0 + 0.1 * torch.randn(module.weight.shape, generator=generator))
-                if getattr(module, "bias", None) is not None:
-                    module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
+                bias: Tensor | None = getattr(module, "bias", None)  # nn.RMSNorm has no bias attribute
+                if bias is not None:
+                    bias.copy_(0.1 * torch.randn(bias.shape, generator=generator))
 
 
 def _init_embeddings(embedding: TinyEmbedding, generator: torch.Generator) -> None:
@@ -329,7 +330,7 @@ def tiny_gpt(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         embedding = TinyEmbedding(nn.Embedding(vocab_size, hidden), nn.Embedding(seq_len, hidden))
-        blocks = [
+        blocks: list[nn.Module] = [
             TinyLayer(
                 nn.LayerNorm(hidden),
                 TinyAttention(hidden, heads, heads, bias=True, rotary=False),
@@ -376,7 +377,7 @@ def tiny_llama(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         embedding = TinyEmbedding(nn.Embedding(vocab_size, hidden), None)
-        blocks = [
+        blocks: list[nn.Module] = [
             TinyLayer(
                 nn.RMSNorm(hidden, eps=1e-6),
                 TinyAttention(hidden, heads, kv_heads, bias=False, rotary=True),
