@@ -1,6 +1,11 @@
-"""Hugging Face model adapters, datasets and the galva-train command.
+"""galva-models: Hugging Face model adapters, datasets and the ``galva-train`` / ``galva-data`` commands.
 
-This distribution is a placeholder with its metadata and dependencies; its capability arrives in a later release.
+- :mod:`galva_models.adapters`: one module per family (gpt2, llama [+ mistral, qwen2], bert, t5, vit, swin) that
+  decomposes a transformers model into a :class:`galva_hp.model.LayeredModel` and gives its parallel forms.
+- :mod:`galva_models.data`: random data (a function of seed and step only), Megatron indexed datasets, and the
+  global-batch contract with galva-hp's runtime.
+- :mod:`galva_models.attention`: attention backend selection (SDPA default, flash-attn optional).
+- :mod:`galva_models.cli`: ``galva-train`` (config parsing and validation in ``cli.config``) and ``galva-data``.
 """
 
 __version__ = "0.1.0"

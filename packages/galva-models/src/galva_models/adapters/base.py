@@ -1,0 +1,242 @@
+"""What every model-family adapter provides, and the pieces the families share.
+
+An adapter is data plus small functions (:class:`FamilyAdapter`): which Hugging Face ``model_type`` values it
+handles, its task (what a batch looks like), how to build the Hugging Face model, how to decompose it into a
+:class:`galva_hp.model.LayeredModel`, and the per-layer facts galva-train validates a plan against
+(:class:`LayerSpec`). The decomposed modules *hold the Hugging Face submodules themselves* (no copies), so the
+single-process LayeredModel computes exactly what the Hugging Face model computes, and the parameter-name mapping
+is found by tensor identity (:func:`parameter_name_map`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from galva_hp.model import LayeredModel, ParallelContext
+
+IGNORE_INDEX = -100
+
+
+class Task(str, Enum):
+    """What the model learns; fixes the batch format (see :mod:`galva_models.data`)."""
+
+    CAUSAL_LM = "causal_lm"  # inputs token ids [B, S]; labels next tokens [B, S]
+    MASKED_LM = "masked_lm"  # inputs with mask tokens [B, S]; labels original tokens or -100 [B, S]
+    SEQ2SEQ_LM = "seq2seq_lm"  # inputs [encoder ids ; decoder ids] [B, S_enc + S_dec]; labels [B, S_dec]
+    IMAGE_CLASSIFICATION = "image_classification"  # inputs pixels [B, C, H, W]; labels [B]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Facts about one transformer layer that a plan must respect.
+
+    ``seq_length`` and ``hidden_size`` give the boundary activation ``[batch, seq_length, hidden_size]`` (batch
+    first); the boundary dtype is the run's compute dtype.
+    """
+
+    layer_type: str
+    num_heads: int
+    num_kv_heads: int
+    seq_length: int
+    hidden_size: int
+
+    @property
+    def boundary_shape(self) -> tuple[int, int, int]:
+        """Activation shape at the layer's input and output, ``-1`` for the batch."""
+        return (-1, self.seq_length, self.hidden_size)
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """One model family's description (see the module docstring and docs/adding-a-model.md)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    task: Task
+    build_model: Callable[..., nn.Module]
+    """``(config, attn_implementation) -> Hugging Face model`` with its task head."""
+    decompose: Callable[..., LayeredModel]
+    """``(hf_model, **options) -> LayeredModel`` sharing the Hugging Face modules."""
+    layer_specs: Callable[..., list[LayerSpec]]
+    """``(config, seq_length) -> one LayerSpec per transformer layer``."""
+    set_num_layers: Callable[[Any, int], None] | None = None
+    """Change the transformer layer count of a config (None: the family has no single layer count)."""
+    parallel_forms: frozenset[str] = frozenset()
+    """Which parallel forms the family's parallelizer has: ``tp``, ``megatron_sp``, ``ulysses``, ``vocab_tp``,
+    ``vocab_sp`` (degree 1 always works)."""
+    plan_check: Callable[[Any, Any], str | None] | None = None
+    """``(strategy, config) ->`` a family-specific refusal of a Strategy (one line), or None."""
+    notes: tuple[str, ...] = field(default=())
+
+    def plan_problem(self, strategy: Any, config: Any = None) -> str | None:
+        """Why ``strategy`` needs a parallel form this family lacks (None if it can run)."""
+        needed = []
+        for layer in strategy.layers:
+            if layer.tp > 1:
+                needed.append("ulysses" if layer.ulysses else "tp")
+                if strategy.megatron_sp and not layer.ulysses:
+                    needed.append("megatron_sp")
+        if strategy.vocab.tp > 1:
+            needed.append("vocab_sp" if strategy.vocab.sp else "vocab_tp")
+        missing = [form for form in dict.fromkeys(needed) if form not in self.parallel_forms]
+        if missing:
+            have = ", ".join(sorted(self.parallel_forms)) or "none"
+            return f"{self.name}: no {missing[0]} form yet (this family has: {have}); use degree 1 for it"
+        return self.plan_check(strategy, config) if self.plan_check is not None else None
+
+
+def first_output(out: Any) -> Tensor:
+    """Hugging Face layers return a tensor or a tuple whose first item is the hidden state."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum of fp32 cross-entropy over scored tokens (label != -100) and the number of scored tokens."""
+    flat = labels.reshape(-1)
+    loss_sum = F.cross_entropy(
+        logits.reshape(flat.numel(), -1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return loss_sum, (flat != IGNORE_INDEX).sum()
+
+
+class LMHead(nn.Module):
+    """Final norm (optional) + output projection + token loss: ``(hidden, labels) -> (loss_sum, count)``."""
+
+    def __init__(self, norm: nn.Module | None, lm_head: nn.Module, scale: float = 1.0) -> None:
+        super().__init__()
+        self.norm = norm if norm is not None else nn.Identity()
+        self.lm_head = lm_head
+        self.scale = scale  # T5 scales the decoder output by d_model**-0.5 when the head is tied
+
+    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        hidden = self.norm(hidden)
+        if self.scale != 1.0:
+            hidden = hidden * self.scale
+        return token_loss_sum(self.lm_head(hidden), labels)
+
+
+class SingleRankParallelizer:
+    """Parallel form for degree 1 everywhere: the modules as they are.
+
+    The families' tensor-parallel / Megatron-SP / Ulysses / vocabulary-parallel forms plug in here once galva-hp's
+    parallel building blocks exist; until then a plan that needs them is refused with this message.
+    """
+
+    def __init__(self, family: str, config: Any = None) -> None:
+        self.family = family
+        self.config = config
+
+    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
+        """galva-hp's pre-build check: the same refusal galva-train gives (see FamilyAdapter.plan_problem)."""
+        from galva_models.adapters.registry import adapter_for
+
+        problem = adapter_for(self.family).plan_problem(strategy, self.config)
+        return [problem] if problem else []
+
+    def _check(self, what: str, ctx: ParallelContext) -> None:
+        if ctx.tp_size > 1 or ctx.sp_size > 1 or ctx.vocab_sp:
+            raise NotImplementedError(
+                f"{self.family}: the parallel form of the {what} (tp={ctx.tp_size}, sp={ctx.sp_size}) is not "
+                "implemented yet; use tp=1 without Ulysses for this family"
+            )
+
+    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        self._check(f"{layer_type} layer", ctx)
+        return module
+
+    def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        self._check("embedding", ctx)
+        return module
+
+    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        self._check("head", ctx)
+        return module
+
+
+def galva_named_parameters(model: LayeredModel) -> list[tuple[str, nn.Parameter]]:
+    """Every (Galva name, parameter) of a LayeredModel, shared parameters listed under each holder."""
+    out: list[tuple[str, nn.Parameter]] = []
+    parts: list[tuple[str, nn.Module]] = [("embedding", model.embedding)]
+    parts += [(f"layers.{i}", layer) for i, layer in enumerate(model.layers)]
+    parts.append(("head", model.head))
+    for prefix, module in parts:
+        out += [(f"{prefix}.{name}", p) for name, p in module.named_parameters(remove_duplicate=False)]
+    return out
+
+
+def parameter_name_map(hf_model: nn.Module, model: LayeredModel) -> dict[str, str]:
+    """Galva parameter name -> Hugging Face parameter name, matched by tensor identity.
+
+    Tied Hugging Face parameters (e.g. ``lm_head.weight`` and ``transformer.wte.weight``) map to the first name
+    Hugging Face lists. Raises if a Galva parameter is not in the Hugging Face model (an adapter bug).
+    """
+    by_id: dict[int, str] = {}
+    for name, param in hf_model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), name)
+    out: dict[str, str] = {}
+    for name, param in galva_named_parameters(model):
+        if id(param) not in by_id:
+            raise ValueError(f"{model.name}: parameter {name} does not belong to the Hugging Face model")
+        out[name] = by_id[id(param)]
+    return out
+
+
+def shared_parameter_groups(model: LayeredModel) -> list[tuple[str, ...]]:
+    """Galva names that refer to one tensor (weight tying), for every tensor held more than once."""
+    groups: dict[int, list[str]] = {}
+    for name, param in galva_named_parameters(model):
+        groups.setdefault(id(param), []).append(name)
+    return [tuple(names) for names in groups.values() if len(names) > 1]
+
+
+def tie_pairs(model: LayeredModel) -> list[tuple[str, str]]:
+    """Embedding-to-head weight ties as ``(embedding name, head name)`` pairs: ``LayeredModel.tied_weights``.
+
+    Sharing inside one module (e.g. BERT's decoder bias) needs no declaration. Sharing between transformer layers
+    is not expressible in ``tied_weights``; an adapter must avoid it (see how adapters/t5.py does).
+    """
+    out: list[tuple[str, str]] = []
+    for names in shared_parameter_groups(model):
+        emb = [n for n in names if n.startswith("embedding.")]
+        head = [n for n in names if n.startswith("head.")]
+        out += [(emb[0], h) for h in head] if emb else []
+    return out
+
+
+def check_full_coverage(hf_model: nn.Module, model: LayeredModel, unused: tuple[str, ...] = ()) -> None:
+    """Every trainable Hugging Face parameter is held by the LayeredModel (except ``unused`` prefixes)."""
+    held = {id(p) for _, p in galva_named_parameters(model)}
+    missing = [
+        n for n, p in hf_model.named_parameters() if id(p) not in held and not n.startswith(unused) and p.requires_grad
+    ]
+    if missing:
+        raise ValueError(f"{model.name}: Hugging Face parameters not in any Galva module: {', '.join(missing[:5])}")
+
+
+def hf_init_fn(hf_model: Any, seed: int) -> Callable[[str, nn.Module], None]:
+    """galva-hp ``init_fn`` for a model built on the meta device: Hugging Face's own initialiser, module by module.
+
+    Each Galva module (``"embedding"``, ``"layers.3"``, ``"head"``) is initialised from its own seed
+    (``seed`` + CRC32 of the name), so every rank gets the same values without building the whole model; rotary
+    buffers are recomputed by the same call. Tied copies are made equal afterwards by galva-hp.
+    """
+    import zlib
+
+    def init(name: str, module: nn.Module) -> None:
+        torch.manual_seed(seed + zlib.crc32(name.encode()))
+        for sub in module.modules():
+            hf_model._init_weights(sub)
+
+    return init
+
+
+def positions(length: int, device: torch.device, offset: int = 0) -> Tensor:
+    """Position ids ``[1, length]`` starting at ``offset`` (a sequence-sharded rank passes its slice start)."""
+    return torch.arange(offset, offset + length, device=device).unsqueeze(0)

@@ -1,0 +1,194 @@
+"""GPT-2: token + learned position embedding, pre-LN blocks (Conv1D weights), final LayerNorm, tied LM head.
+
+Galva modules (names relative to the module):
+
+- embedding ``GPT2Embedding``: ``wte``, ``wpe`` (+ dropout) ``input_ids [b, s] -> [b, s, h]``
+- layer ``"gpt2"`` ``GPT2Layer``: ``block`` = the Hugging Face ``GPT2Block``
+- head ``LMHead``: ``norm`` = ``ln_f``, ``lm_head`` (weight tied to ``embedding.wte.weight``)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import Tensor, nn
+
+from galva_hp.model import LayeredModel, ParallelContext
+from galva_models.adapters.base import (
+    FamilyAdapter,
+    LayerSpec,
+    LMHead,
+    Task,
+    check_full_coverage,
+    first_output,
+    positions,
+    tie_pairs,
+)
+from galva_models.adapters.llama import vocab_parallel_head
+from galva_models.adapters.parallel import (
+    PreNormLayer,
+    SequenceOffsetEmbedding,
+    fuse_rows,
+    layer_norm_form,
+    linear_from,
+    mlp_form,
+    renamer,
+)
+from galva_models.adapters.parallel import (
+    tp_group as _tp_group,
+)
+
+
+class GPT2Embedding(nn.Module):
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop = wte, wpe, drop
+
+    def forward(self, input_ids: Tensor, position_offset: int = 0) -> Tensor:
+        pos = positions(input_ids.shape[1], input_ids.device, position_offset)
+        return self.drop(self.wte(input_ids) + self.wpe(pos))
+
+
+class GPT2Layer(nn.Module):
+    """One ``GPT2Block``; causal self-attention through the run's attention backend (SDPA ``is_causal``)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return first_output(self.block(hidden))
+
+
+_GPT2_PREFIXES = renamer(
+    {
+        "norm1.": "block.ln_1.",
+        "norm2.": "block.ln_2.",
+        "attn.o_proj.": "block.attn.c_proj.",
+        "mlp.up.": "block.mlp.c_fc.",
+        "mlp.down.": "block.mlp.c_proj.",
+    },
+    {name: lambda t: t.t().contiguous() for name in ("block.attn.c_proj.weight", "block.mlp.c_fc.weight",
+                                                     "block.mlp.c_proj.weight")},
+)  # fmt: skip
+
+
+def _gpt2_names(parts: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Parallel GPT-2 layer state -> ``GPT2Block`` names and Conv1D (``[in, out]``) layouts, q/k/v fused."""
+    qkv = [f"attn.{p}_proj.weight" for p in "qkv"]
+    parts = fuse_rows(parts, qkv, "block.attn.c_attn.weight", transpose=True)
+    parts = fuse_rows(parts, [f"attn.{p}_proj.bias" for p in "qkv"], "block.attn.c_attn.bias")
+    return _GPT2_PREFIXES(parts)
+
+
+class GPT2Parallelizer:
+    """Parallel forms of GPT-2: Megatron tp (+SP) or Ulysses layers; vocab-tp or vocab-sp embedding and head.
+
+    Conv1D weights are ``[in, out]``; the parallel forms take the ``nn.Linear`` layout (transposed copies).
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
+        c = self.config
+        if not any(layer.tp > 1 for layer in strategy.layers):
+            return []
+        if not c.scale_attn_weights or c.scale_attn_by_inverse_layer_idx or c.reorder_and_upcast_attn:
+            return ["gpt2: parallel attention supports only the default 1/sqrt(head_dim) attention scaling"]
+        if c.attn_pdrop:
+            return ["attn_pdrop: parallel attention has no attention dropout; set it to 0"]
+        bad = [i for i, layer in enumerate(strategy.layers) if layer.tp > 1 and c.n_head % layer.tp]
+        return [f"layers[{bad[0]}].tp: does not divide the {c.n_head} attention heads"] if bad else []
+
+    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size == 1 and ctx.sp_size == 1:
+            return module
+        block = module.block
+        attn, mlp = block.attn, block.mlp
+        hidden, heads = self.config.n_embd, self.config.n_head
+        qkv_w = attn.c_attn.weight.t()
+        q_w, k_w, v_w = qkv_w.split(hidden, dim=0)
+        q_b, k_b, v_b = attn.c_attn.bias.split(hidden)
+        o_w, o_b = attn.c_proj.weight.t(), attn.c_proj.bias
+        attention: nn.Module
+        if ctx.sp_size > 1:
+            from galva_hp.parallel.ulysses import UlyssesAttention
+
+            attention = UlyssesAttention(
+                linear_from(q_w, q_b), linear_from(k_w, k_b), linear_from(v_w, v_b), linear_from(o_w, o_b),
+                heads=heads, kv_heads=heads, head_dim=hidden // heads, group=ctx.sp_group,
+            )  # fmt: skip
+        else:
+            from galva_hp.parallel.tensor_parallel import TensorParallelAttention
+
+            attention = TensorParallelAttention(
+                q_w, k_w, v_w, o_w, q_b, k_b, v_b, o_b,
+                heads=heads, kv_heads=heads, group=_tp_group(ctx), sequence_parallel=ctx.megatron_sp,
+            )  # fmt: skip
+        up = linear_from(mlp.c_fc.weight.t(), mlp.c_fc.bias)
+        down = linear_from(mlp.c_proj.weight.t(), mlp.c_proj.bias)
+        feed_forward = mlp_form(up, down, mlp.act, ctx)
+        return PreNormLayer(
+            layer_norm_form(block.ln_1, ctx), attention, layer_norm_form(block.ln_2, ctx), feed_forward,
+            copy.deepcopy(attn.resid_dropout), copy.deepcopy(mlp.dropout), rename=_gpt2_names,
+        )  # fmt: skip
+
+    def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size > 1:
+            from galva_hp.parallel.vocab import VocabParallelEmbedding
+
+            tokens = VocabParallelEmbedding(module.wte.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp)
+            sliced = ctx.megatron_sp
+            group = ctx.tp_group if sliced else None
+            return SequenceOffsetEmbedding(tokens, module.wpe, module.drop, group, sum_position_grad=sliced)
+        if ctx.vocab_sp:  # ids arrive as this rank's sequence slice: shift the positions
+            return SequenceOffsetEmbedding(copy.deepcopy(module.wte), module.wpe, module.drop, ctx.sp_group)
+        return module
+
+    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        return vocab_parallel_head(module, ctx)
+
+
+def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel._from_config(config, attn_implementation=attn_implementation)
+
+
+def decompose(model: Any) -> LayeredModel:
+    """``GPT2LMHeadModel`` -> LayeredModel sharing its modules."""
+    t = model.transformer
+    layered = LayeredModel(
+        embedding=GPT2Embedding(t.wte, t.wpe, t.drop),
+        layers=[GPT2Layer(block) for block in t.h],
+        head=LMHead(t.ln_f, model.lm_head),
+        layer_types=["gpt2"] * len(t.h),
+        parallelizer=GPT2Parallelizer(model.config),
+        name="gpt2",
+    )
+    layered.tied_weights = tie_pairs(layered)
+    check_full_coverage(model, layered)
+    return layered
+
+
+def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
+    spec = LayerSpec("gpt2", config.n_head, config.n_head, seq_length, config.n_embd)
+    return [spec] * config.n_layer
+
+
+def set_num_layers(config: Any, num_layers: int) -> None:
+    config.n_layer = num_layers
+
+
+ADAPTER = FamilyAdapter(
+    name="gpt2",
+    model_types=("gpt2",),
+    task=Task.CAUSAL_LM,
+    build_model=build_model,
+    decompose=decompose,
+    layer_specs=layer_specs,
+    set_num_layers=set_num_layers,
+    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
+)

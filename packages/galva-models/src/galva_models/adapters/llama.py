@@ -1,0 +1,216 @@
+"""Llama and the families that share its shape: Mistral, Qwen2 (qkv bias). GQA, RoPE, RMSNorm, SwiGLU.
+
+Galva modules:
+
+- embedding ``TokenEmbedding``: ``embed_tokens``
+- layer ``"llama"`` ``RotaryDecoderLayer``: ``layer`` = the Hugging Face decoder layer, plus a buffer-only
+  rotary-embedding module of its own (each layer computes its cos/sin, so layers can sit on any pipeline stage)
+- head ``LMHead``: ``norm``, ``lm_head`` (tied to ``embedding.embed_tokens.weight`` when the config ties them)
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from typing import Any
+
+from torch import Tensor, nn
+
+from galva_hp.model import LayeredModel, ParallelContext
+from galva_models.adapters.base import (
+    FamilyAdapter,
+    LayerSpec,
+    LMHead,
+    Task,
+    check_full_coverage,
+    first_output,
+    positions,
+    tie_pairs,
+)
+from galva_models.adapters.parallel import HFRotary, PreNormLayer, layer_norm_form, renamer
+from galva_models.adapters.parallel import tp_group as _tp_group
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, embed_tokens: nn.Module) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.embed_tokens(input_ids)
+
+
+class RotaryDecoderLayer(nn.Module):
+    """A Llama-style decoder layer with its own rotary embedding; causal attention via SDPA ``is_causal``."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+        self.rotary = rotary
+
+    def forward(self, hidden: Tensor, position_offset: int = 0) -> Tensor:
+        pos = positions(hidden.shape[1], hidden.device, position_offset)
+        cos_sin = self.rotary(hidden, pos)
+        return first_output(self.layer(hidden, attention_mask=None, position_ids=pos, position_embeddings=cos_sin))
+
+
+class SwiGLU(nn.Module):
+    """``act(gate) * up`` for galva-hp's fused column-parallel MLP."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.act = act
+
+    def forward(self, gate: Tensor, up: Tensor) -> Tensor:
+        return self.act(gate) * up
+
+
+_LLAMA_NAMES = renamer(
+    {
+        "norm1.": "layer.input_layernorm.",
+        "attn.": "layer.self_attn.",
+        "norm2.": "layer.post_attention_layernorm.",
+        "mlp.": "layer.mlp.",
+    }
+)
+
+
+class LlamaParallelizer:
+    """Parallel forms of the Llama family: Megatron tp (+SP) or Ulysses layers, vocab-tp or vocab-sp embedding/head."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+        self._apply_rotary = modeling.apply_rotary_pos_emb
+
+    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
+        heads = self.config.num_attention_heads
+        kv = getattr(self.config, "num_key_value_heads", None) or heads
+        out = []
+        for i, layer in enumerate(strategy.layers):
+            if layer.tp > 1 and heads % layer.tp:
+                out.append(f"layers[{i}].tp: {layer.tp} does not divide the {heads} attention heads")
+            elif layer.tp > 1 and not layer.ulysses and kv % layer.tp and layer.tp % kv:
+                out.append(f"layers[{i}].tp: {layer.tp} and the {kv} key/value heads do not divide one another")
+        if getattr(self.config, "attention_dropout", 0.0) and any(layer.tp > 1 for layer in strategy.layers):
+            out.append("attention_dropout: parallel attention has no dropout; set it to 0")
+        return out[:1]
+
+    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size == 1 and ctx.sp_size == 1:
+            return module
+        hf = module.layer
+        attn, mlp = hf.self_attn, hf.mlp
+        heads = self.config.num_attention_heads
+        kv = getattr(self.config, "num_key_value_heads", None) or heads
+        rotary = HFRotary(module.rotary, self._apply_rotary)
+        attention: nn.Module
+        if ctx.sp_size > 1:
+            from galva_hp.parallel.ulysses import UlyssesAttention
+
+            parts = [copy.deepcopy(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            attention = UlyssesAttention(
+                *parts, heads=heads, kv_heads=kv, head_dim=attn.head_dim, group=ctx.sp_group, rotary=rotary
+            )
+            feed_forward = copy.deepcopy(mlp)
+        else:
+            from galva_hp.parallel.tensor_parallel import TensorParallelAttention, TensorParallelMLP
+
+            q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+            attention = TensorParallelAttention(
+                q.weight, k.weight, v.weight, o.weight, q.bias, k.bias, v.bias, o.bias,
+                heads=heads, kv_heads=kv, group=_tp_group(ctx), sequence_parallel=ctx.megatron_sp, rotary=rotary,
+            )  # fmt: skip
+            feed_forward = TensorParallelMLP(
+                [mlp.gate_proj.weight, mlp.up_proj.weight],
+                [mlp.gate_proj.bias, mlp.up_proj.bias],
+                mlp.down_proj.weight,
+                mlp.down_proj.bias,
+                SwiGLU(copy.deepcopy(mlp.act_fn)),
+                group=_tp_group(ctx),
+                sequence_parallel=ctx.megatron_sp,
+                names=(["gate_proj", "up_proj"], "down_proj"),
+            )
+        return PreNormLayer(
+            layer_norm_form(hf.input_layernorm, ctx), attention, layer_norm_form(hf.post_attention_layernorm, ctx),
+            feed_forward, rename=_LLAMA_NAMES,
+        )  # fmt: skip
+
+    def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size > 1:
+            from galva_hp.parallel.vocab import VocabParallelEmbedding
+
+            weight = module.embed_tokens.weight
+            return TokenEmbedding(VocabParallelEmbedding(weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp))
+        return copy.deepcopy(module) if ctx.vocab_sp else module  # token embedding needs no positions
+
+    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        return vocab_parallel_head(module, ctx)
+
+
+def vocab_parallel_head(module: Any, ctx: ParallelContext) -> nn.Module:
+    """Vocab-tp form of an :class:`LMHead` (final norm + projection + loss); vocab sp and degree 1 keep the module."""
+    if ctx.tp_size > 1:
+        from galva_hp.parallel.vocab import VocabParallelHead
+
+        lm_head = module.lm_head
+        return VocabParallelHead(
+            module.norm, lm_head.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp, bias=lm_head.bias
+        )
+    return copy.deepcopy(module) if ctx.vocab_sp else module
+
+
+def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+def decompose(model: Any) -> LayeredModel:
+    """``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM`` -> LayeredModel sharing its modules."""
+    inner = model.model
+    rotary_cls = type(inner.rotary_emb)
+    device = next(inner.rotary_emb.buffers()).device
+    layers: list[nn.Module] = [
+        RotaryDecoderLayer(layer, rotary_cls(config=model.config).to(device)) for layer in inner.layers
+    ]
+    family = model.config.model_type
+    layered = LayeredModel(
+        embedding=TokenEmbedding(inner.embed_tokens),
+        layers=layers,
+        head=LMHead(inner.norm, model.lm_head),
+        layer_types=[family] * len(layers),
+        parallelizer=LlamaParallelizer(model.config),
+        name=family,
+    )
+    layered.tied_weights = tie_pairs(layered)
+    check_full_coverage(model, layered)
+    return layered
+
+
+def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and seq_length > window:
+        # The adapters run full causal attention; a window shorter than the sequence would change the model.
+        raise ValueError(f"seq_length {seq_length} exceeds the model's sliding_window {window} (not supported)")
+    spec = LayerSpec(config.model_type, config.num_attention_heads, kv, seq_length, config.hidden_size)
+    return [spec] * config.num_hidden_layers
+
+
+def set_num_layers(config: Any, num_layers: int) -> None:
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[0]] * num_layers
+
+
+ADAPTER = FamilyAdapter(
+    name="llama",
+    model_types=("llama", "mistral", "qwen2"),
+    task=Task.CAUSAL_LM,
+    build_model=build_model,
+    decompose=decompose,
+    layer_specs=layer_specs,
+    set_num_layers=set_num_layers,
+    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
+)

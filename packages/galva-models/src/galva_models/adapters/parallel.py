@@ -1,0 +1,344 @@
+"""Parallel forms shared by the decoder families, built from galva-hp's building blocks (:mod:`galva_hp.parallel`).
+
+A pre-LN transformer layer ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))`` takes one of three forms:
+
+- tensor parallel (``ctx.tp_size > 1``): megatron column/row-parallel attention and MLP
+  (:class:`~galva_hp.parallel.tensor_parallel.TensorParallelAttention` / ``TensorParallelMLP``), with Megatron-SP
+  when ``ctx.megatron_sp`` (norms on the local sequence slice, gradient summed over the tp group);
+- Ulysses (``ctx.sp_size > 1``): replicated weights on the local sequence slice, all-to-all around attention
+  (:class:`~galva_hp.parallel.ulysses.UlyssesAttention`);
+- single rank: the module unchanged.
+
+Every parallel form is built from *copies* of the single-process weights (this rank's shards), so it computes
+the same function; the single-process module is left untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from galva_hp.model import ParallelContext
+
+
+def tp_group(ctx: ParallelContext) -> ProcessGroup:
+    """The tensor-parallel group of a context that has one (tp > 1)."""
+    if ctx.tp_group is None:
+        raise ValueError("this parallel form needs a tensor-parallel group (tp > 1)")
+    return ctx.tp_group
+
+
+class HFRotary(nn.Module):
+    """A Hugging Face rotary-embedding module as galva-hp's ``Rotary``: ``(q, k) [b, s, h, d] -> rotated (q, k)``.
+
+    Positions are ``0 .. s-1`` of the whole sequence (galva-hp applies rotary after gathering the sequence).
+    """
+
+    def __init__(self, rotary: nn.Module, apply: Callable[..., tuple[Tensor, Tensor]]) -> None:
+        super().__init__()
+        self.rotary = copy.deepcopy(rotary)
+        self._apply_rotary = apply
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        pos = torch.arange(q.shape[1], device=q.device).unsqueeze(0)
+        cos, sin = self.rotary(q, pos)
+        return self._apply_rotary(q, k, cos, sin, unsqueeze_dim=2)
+
+
+StateRename = Callable[[dict[str, Tensor]], dict[str, Tensor]]
+"""Turns a parallel layer's gathered state (``norm1.*``, ``attn.*``, ``norm2.*``, ``mlp.*``) into the
+single-process layer's parameter names and layouts."""
+
+
+class _Gathered(nn.Module):
+    """Mixin: ``gather_full(grads)`` = the parts' gathered state under the single-process layer's names, so galva-hp's
+    ``gather_full_state`` (checkpoints, tests) sees the same names as ``LayeredModel`` and the HF name map."""
+
+    rename: StateRename | None
+
+    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
+        from galva_hp.parallel.tensor_parallel import gather_full_state
+
+        parts: dict[str, Tensor] = {}
+        for name, child in self.named_children():
+            parts.update(gather_full_state(child, grads, f"{name}."))
+        return self.rename(parts) if self.rename is not None else parts
+
+
+class PreNormLayer(_Gathered):
+    """``x + drop1(attn(norm1(x)))`` then ``x + drop2(mlp(norm2(x)))`` in whatever layout the parts use."""
+
+    def __init__(
+        self,
+        norm1: nn.Module,
+        attn: nn.Module,
+        norm2: nn.Module,
+        mlp: nn.Module,
+        drop1: nn.Module | None = None,
+        drop2: nn.Module | None = None,
+        rename: StateRename | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+        self.drop1 = drop1 if drop1 is not None else nn.Identity()
+        self.drop2 = drop2 if drop2 is not None else nn.Identity()
+        self.rename = rename
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop1(self.attn(self.norm1(x)))
+        return x + self.drop2(self.mlp(self.norm2(x)))
+
+
+def layer_norm_form(norm: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """A norm's copy for the layer's layout: Megatron-SP norms sum their gradient over the tp group."""
+    if ctx.megatron_sp and ctx.tp_size > 1:
+        from galva_hp.parallel.tensor_parallel import sequence_parallel_norm
+
+        return sequence_parallel_norm(norm, ctx.tp_group)
+    return copy.deepcopy(norm)
+
+
+def linear_from(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """An ``nn.Linear`` holding copies of ``weight`` (``[out, in]``) and ``bias``."""
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
+class SequenceOffsetEmbedding(nn.Module):
+    """Token embedding (any module) plus a learned position table, for a rank that may hold one sequence slice.
+
+    ``offset_group``: the group whose ranks hold consecutive slices of the sequence (None: the whole sequence), so
+    rank ``r`` adds positions ``[r*s_local, (r+1)*s_local)``. ``sum_position_grad``: sum the position table's
+    gradient over that group (Megatron-SP, where the runtime does not reduce over tp); leave it False for vocab sp,
+    whose slices the runtime already reduces like data parallelism.
+    """
+
+    def __init__(
+        self,
+        wte: nn.Module,
+        wpe: nn.Embedding,
+        drop: nn.Module,
+        offset_group: ProcessGroup | None = None,
+        sum_position_grad: bool = False,
+    ) -> None:
+        super().__init__()
+        self.wte = wte
+        self.wpe = copy.deepcopy(wpe)
+        self.drop = copy.deepcopy(drop)
+        self.offset_group = offset_group
+        self.sum_position_grad = sum_position_grad
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        from galva_hp.parallel.mappings import copy_to_group, group_rank
+
+        hidden = self.wte(input_ids)
+        local = hidden.shape[1]
+        offset = group_rank(self.offset_group) * local if self.offset_group is not None else 0
+        pos = torch.arange(offset, offset + local, device=input_ids.device)
+        table = self.wpe.weight
+        if self.sum_position_grad and self.offset_group is not None:
+            table = copy_to_group(table, self.offset_group)  # backward: sum the slices' gradients
+        return self.drop(hidden + nn.functional.embedding(pos, table).unsqueeze(0))
+
+
+# ----------------------------------------------------------------------------- bidirectional (encoder) attention
+def _sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Full (non-causal) softmax attention on ``[b, s, h, d]`` tensors."""
+    out = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+class BidirectionalTPAttention(nn.Module):
+    """Megatron tensor-parallel self-attention without a causal mask (BERT, ViT), optionally with Megatron-SP.
+
+    Built from galva-hp's public pieces: this rank's heads in one fused column-parallel ``qkv`` (local rows
+    ``[q_r; k_r; v_r]``) and the matching input columns of a row-parallel ``o_proj``; ``enter_tp_region`` /
+    ``exit_tp_region`` do the communication (all-reduce, or all-gather / reduce-scatter along the sequence).
+    """
+
+    def __init__(
+        self,
+        weights: tuple[Tensor, Tensor, Tensor, Tensor],
+        biases: tuple[Any, Any, Any, Any],
+        *,
+        heads: int,
+        group: ProcessGroup,
+        sequence_parallel: bool = False,
+    ) -> None:
+        super().__init__()
+        from galva_hp.parallel.mappings import group_rank, group_size
+        from galva_hp.parallel.tensor_parallel import column_parallel_linear, row_parallel_linear, shard
+
+        tp, rank = group_size(group), group_rank(group)
+        if heads % tp:
+            raise ValueError(f"tp={tp} does not divide the {heads} attention heads")
+        q_w, k_w, v_w, o_w = weights
+        q_b, k_b, v_b, o_b = biases
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.local_heads, self.head_dim = heads // tp, q_w.shape[0] // heads
+        rows = torch.cat([shard(w, 0, rank, tp) for w in (q_w, k_w, v_w)]).detach()
+        bias = None if q_b is None else torch.cat([shard(b, 0, rank, tp) for b in (q_b, k_b, v_b)]).detach()
+        self.qkv = column_parallel_linear(rows, bias, q_w.shape[1], group)
+        self.o_proj = row_parallel_linear(shard(o_w, 1, rank, tp).detach(), None, group)
+        self.o_bias = None if o_b is None else nn.Parameter(o_b.detach().clone())  # added once, after the reduction
+
+    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
+        """``q_proj / k_proj / v_proj / o_proj`` weights and biases, assembled over the tp group."""
+        from galva_hp.parallel.mappings import all_gather_along_dim
+        from galva_hp.parallel.tensor_parallel import param_or_grad
+
+        full: dict[str, Tensor] = {}
+        weight, bias = param_or_grad(self.qkv.weight, grads), param_or_grad(self.qkv.bias, grads)
+        for name, part in zip(("q_proj", "k_proj", "v_proj"), weight.chunk(3)):
+            full[f"{name}.weight"] = all_gather_along_dim(part, 0, self.group)
+        if bias is not None:
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), bias.chunk(3)):
+                full[f"{name}.bias"] = all_gather_along_dim(part, 0, self.group)
+        full["o_proj.weight"] = all_gather_along_dim(param_or_grad(self.o_proj.weight, grads), 1, self.group)
+        if self.o_bias is not None:
+            full["o_proj.bias"] = param_or_grad(self.o_bias, grads)
+        return full
+
+    def forward(self, x: Tensor) -> Tensor:
+        from galva_hp.parallel.mappings import copy_to_group
+        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
+
+        x = enter_tp_region(x, self.group, self.sequence_parallel)
+        b, s = x.shape[:2]
+        q, k, v = (t.view(b, s, self.local_heads, self.head_dim) for t in self.qkv(x)[0].chunk(3, dim=-1))
+        out = _sdpa(q, k, v).reshape(b, s, -1)
+        out = exit_tp_region(nn.functional.linear(out, self.o_proj.weight), self.group, self.sequence_parallel)
+        if self.o_bias is not None:
+            # under Megatron-SP the bias meets a sequence slice: its gradient is summed over the tp group
+            bias = copy_to_group(self.o_bias, self.group) if self.sequence_parallel else self.o_bias
+            out = out + bias
+        return out
+
+
+class BidirectionalUlyssesAttention(nn.Module):
+    """Ulysses attention without a causal mask: replicated projections on the local sequence slice, all-to-all
+    (scatter heads, gather sequence) around full attention, and back."""
+
+    def __init__(
+        self,
+        q_proj: nn.Module,
+        k_proj: nn.Module,
+        v_proj: nn.Module,
+        o_proj: nn.Module,
+        *,
+        heads: int,
+        group: ProcessGroup | None,
+    ) -> None:
+        super().__init__()
+        from galva_hp.parallel.mappings import group_size
+
+        if heads % group_size(group):
+            raise ValueError(f"Ulysses degree {group_size(group)} does not divide the {heads} attention heads")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.heads, self.group = heads, group
+
+    def forward(self, x: Tensor) -> Tensor:
+        from galva_hp.parallel.mappings import all_to_all
+
+        b, s_local, _ = x.shape
+        q, k, v = (p(x).view(b, s_local, self.heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (all_to_all(t, 2, 1, self.group) for t in (q, k, v))  # [b, s, h/sp, d]
+        out = all_to_all(_sdpa(q, k, v), 1, 2, self.group)  # back to [b, s/sp, h, d]
+        return self.o_proj(out.reshape(b, s_local, -1))
+
+
+def encoder_attention_form(
+    weights: tuple[Tensor, Tensor, Tensor, Tensor],
+    biases: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None],
+    heads: int,
+    ctx: ParallelContext,
+) -> nn.Module:
+    """The bidirectional attention for a tp or Ulysses context (weights in ``nn.Linear`` layout, copied)."""
+    if ctx.sp_size > 1:
+        projections = [linear_from(w, b) for w, b in zip(weights, biases)]
+        return BidirectionalUlyssesAttention(*projections, heads=heads, group=ctx.sp_group)
+    return BidirectionalTPAttention(
+        weights, biases, heads=heads, group=tp_group(ctx), sequence_parallel=ctx.megatron_sp
+    )
+
+
+class TwoLayerMLP(nn.Module):
+    """``down(act(up(x)))`` with replicated weights (the Ulysses and degree-1 form)."""
+
+    def __init__(self, up: nn.Linear, act: nn.Module, down: nn.Linear) -> None:
+        super().__init__()
+        self.up, self.act, self.down = up, act, down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def mlp_form(up: Any, down: Any, act: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """Two-matmul MLP ``down(act(up(x)))`` from ``nn.Linear``-layout weights (copied): Megatron column/row-parallel
+    under tp, replicated otherwise. Either way its gathered state is ``up.weight, up.bias, down.weight, down.bias``."""
+    if ctx.tp_size > 1:
+        from galva_hp.parallel.tensor_parallel import TensorParallelMLP
+
+        return TensorParallelMLP(
+            [up.weight], [up.bias], down.weight, down.bias, copy.deepcopy(act),
+            group=tp_group(ctx), sequence_parallel=ctx.megatron_sp, names=(["up"], "down"),
+        )  # fmt: skip
+    return TwoLayerMLP(copy.deepcopy(up), copy.deepcopy(act), copy.deepcopy(down))
+
+
+class PostNormLayer(_Gathered):
+    """BERT's post-LN layer: ``h = norm1(x + drop1(attn(x)))`` then ``norm2(h + drop2(mlp(h)))``."""
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        norm1: nn.Module,
+        mlp: nn.Module,
+        norm2: nn.Module,
+        drop1: nn.Module | None = None,
+        drop2: nn.Module | None = None,
+        rename: StateRename | None = None,
+    ) -> None:
+        super().__init__()
+        self.attn, self.norm1, self.mlp, self.norm2 = attn, norm1, mlp, norm2
+        self.drop1 = drop1 if drop1 is not None else nn.Identity()
+        self.drop2 = drop2 if drop2 is not None else nn.Identity()
+        self.rename = rename
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm1(x + self.drop1(self.attn(x)))
+        return self.norm2(x + self.drop2(self.mlp(x)))
+
+
+def renamer(prefixes: dict[str, str], transforms: dict[str, Callable[[Tensor], Tensor]] | None = None) -> StateRename:
+    """A :data:`StateRename` that swaps name prefixes (first match wins) and transforms some results by full name."""
+    transforms = transforms or {}
+
+    def rename(parts: dict[str, Tensor]) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, tensor in parts.items():
+            for old, new in prefixes.items():
+                if name.startswith(old):
+                    name = new + name[len(old) :]
+                    break
+            out[name] = transforms[name](tensor) if name in transforms else tensor
+        return out
+
+    return rename
+
+
+def fuse_rows(parts: dict[str, Tensor], names: list[str], into: str, transpose: bool = False) -> dict[str, Tensor]:
+    """Concatenate ``parts[n]`` for ``n`` in ``names`` along dim 0 into ``into`` (transposed for Conv1D layouts)."""
+    out = {k: v for k, v in parts.items() if k not in names}
+    fused = torch.cat([parts[n] for n in names], dim=0)
+    out[into] = fused.t().contiguous() if transpose and fused.dim() == 2 else fused
+    return out

@@ -1,0 +1,37 @@
+"""Which adapter handles a Hugging Face ``model_type``. Adding a family = one module + one line in ``_MODULES``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from galva_hp.model import LayeredModel
+from galva_models.adapters.base import FamilyAdapter
+
+_MODULES = ("gpt2", "llama", "bert", "t5", "vit", "swin")
+"""Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
+
+
+def _adapters() -> list[FamilyAdapter]:
+    return [importlib.import_module(f"galva_models.adapters.{name}").ADAPTER for name in _MODULES]
+
+
+def family_names() -> list[str]:
+    """Every supported Hugging Face ``model_type``."""
+    return sorted(t for a in _adapters() for t in a.model_types)
+
+
+def adapter_for(config_or_type: Any) -> FamilyAdapter:
+    """The adapter for a config (or a ``model_type`` string); a clear error names the supported types."""
+    model_type = config_or_type if isinstance(config_or_type, str) else getattr(config_or_type, "model_type", None)
+    for adapter in _adapters():
+        if model_type in adapter.model_types:
+            return adapter
+    raise ValueError(f"model_type {model_type!r} has no Galva adapter; supported: {', '.join(family_names())}")
+
+
+def build_layered(config: Any, attn_implementation: str = "sdpa", **options: Any) -> tuple[Any, LayeredModel]:
+    """Build the Hugging Face model for ``config`` and its LayeredModel (which shares its modules)."""
+    adapter = adapter_for(config)
+    model = adapter.build_model(config, attn_implementation=attn_implementation)
+    return model, adapter.decompose(model, **options)

@@ -1,0 +1,138 @@
+"""ViT for image classification: patch + position embedding with a CLS token, pre-LN layers, LayerNorm + classifier.
+
+Galva modules:
+
+- embedding ``ViTEmbedding``: ``embeddings`` = ``ViTEmbeddings`` ``pixels [b, c, H, W] -> [b, 1 + patches, h]``
+- layer ``"vit"`` ``ViTEncoderLayer``: ``layer`` = ``ViTLayer``
+- head ``ClassifierHead``: ``norm`` (final LayerNorm), ``classifier`` on the CLS token; loss summed over samples
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import Tensor, nn
+
+from galva_hp.model import LayeredModel, ParallelContext
+from galva_models.adapters.base import (
+    FamilyAdapter,
+    LayerSpec,
+    SingleRankParallelizer,
+    Task,
+    check_full_coverage,
+    first_output,
+    token_loss_sum,
+)
+from galva_models.adapters.parallel import PreNormLayer, encoder_attention_form, layer_norm_form, mlp_form, renamer
+
+_VIT_NAMES = renamer(
+    {
+        "attn.": "layer.attention.",
+        "norm1.": "layer.layernorm_before.",
+        "norm2.": "layer.layernorm_after.",
+        "mlp.up.": "layer.mlp.fc1.",
+        "mlp.down.": "layer.mlp.fc2.",
+    }
+)
+
+
+class ViTEmbedding(nn.Module):
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.embeddings(pixel_values)
+
+
+class ViTEncoderLayer(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return first_output(self.layer(hidden))
+
+
+class ClassifierHead(nn.Module):
+    """``norm`` -> CLS token (``pool="cls"``) or mean over tokens (``pool="mean"``) -> ``classifier`` -> CE sum."""
+
+    def __init__(self, norm: nn.Module, classifier: nn.Module, pool: str = "cls") -> None:
+        super().__init__()
+        self.norm = norm
+        self.classifier = classifier
+        self.pool = pool
+
+    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        hidden = self.norm(hidden)
+        pooled = hidden[:, 0] if self.pool == "cls" else hidden.mean(dim=1)
+        return token_loss_sum(self.classifier(pooled), labels)
+
+
+class ViTParallelizer(SingleRankParallelizer):
+    """Layers: Megatron tp (+SP) or Ulysses, bidirectional. Patch embedding and classifier: degree 1 (no
+    vocabulary to split; a sequence-split embedding is an open item)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__("vit", config)
+
+    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size == 1 and ctx.sp_size == 1:
+            return module
+        layer = module.layer
+        a, mlp = layer.attention, layer.mlp
+        weights = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight)
+        biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.bias)
+        attention = encoder_attention_form(weights, biases, self.config.num_attention_heads, ctx)
+        feed_forward = mlp_form(mlp.fc1, mlp.fc2, mlp.activation_fn, ctx)
+        return PreNormLayer(
+            layer_norm_form(layer.layernorm_before, ctx), attention, layer_norm_form(layer.layernorm_after, ctx),
+            feed_forward, copy.deepcopy(layer.dropout), copy.deepcopy(layer.dropout), rename=_VIT_NAMES,
+        )  # fmt: skip
+
+
+def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
+    from transformers import ViTForImageClassification
+
+    return ViTForImageClassification._from_config(config, attn_implementation=attn_implementation)
+
+
+def decompose(model: Any) -> LayeredModel:
+    """``ViTForImageClassification`` -> LayeredModel sharing its modules."""
+    vit = model.vit
+    blocks = vit.layers if hasattr(vit, "layers") else vit.encoder.layer  # transformers 5 flattened it
+    layers: list[nn.Module] = [ViTEncoderLayer(layer) for layer in blocks]
+    layered = LayeredModel(
+        embedding=ViTEmbedding(vit.embeddings),
+        layers=layers,
+        head=ClassifierHead(vit.layernorm, model.classifier),
+        layer_types=["vit"] * len(layers),
+        parallelizer=ViTParallelizer(model.config),
+        name="vit",
+    )
+    check_full_coverage(model, layered)
+    return layered
+
+
+def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
+    """``seq_length`` is ignored: a ViT's sequence is 1 + (image_size / patch_size)**2."""
+    seq = 1 + (config.image_size // config.patch_size) ** 2
+    spec = LayerSpec("vit", config.num_attention_heads, config.num_attention_heads, seq, config.hidden_size)
+    return [spec] * config.num_hidden_layers
+
+
+def set_num_layers(config: Any, num_layers: int) -> None:
+    config.num_hidden_layers = num_layers
+
+
+ADAPTER = FamilyAdapter(
+    name="vit",
+    model_types=("vit",),
+    task=Task.IMAGE_CLASSIFICATION,
+    build_model=build_model,
+    decompose=decompose,
+    layer_specs=layer_specs,
+    set_num_layers=set_num_layers,
+    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses"}),
+)

@@ -1,0 +1,1 @@
+"""Command-line entry points: ``galva-data`` and ``galva-train``."""

@@ -1,0 +1,188 @@
+"""``galva-train``: train a Hugging Face model under a Galva plan. Launch with torchrun, one process per GPU/CPU rank.
+
+    torchrun --nproc_per_node 4 -m galva_models.cli.train --model tiny-llama --pp 2 --tp 2 --checkpoint \\
+        --global-batch-size 8 --chunks 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
+        --metrics-jsonl metrics.jsonl
+
+The loop reads top to bottom: global batch (identical on every rank), forward and backward under the plan
+(galva-hp), clip, step, log. Arguments are parsed and validated by :func:`galva_models.cli.config.parse_train_config`
+before any process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from galva_models.cli.config import ConfigError, TrainConfig, parse_train_config
+
+
+def make_source(cfg: TrainConfig) -> Any:
+    """The global-batch source for the run's task: indexed data with --data-path, else seeded random data."""
+    from galva_models.adapters.base import Task
+    from galva_models.data import IndexedTokenSource, RandomImageSource, RandomMaskedTokenSource, RandomTokenSource
+
+    c, gbs = cfg.model_config, cfg.global_batch_size
+    if cfg.data_path is not None:
+        return IndexedTokenSource(cfg.data_path, cfg.seq_length, gbs, cfg.seed)
+    if cfg.task is Task.CAUSAL_LM:
+        return RandomTokenSource(c.vocab_size, cfg.seq_length, gbs, cfg.seed)
+    if cfg.task is Task.MASKED_LM:
+        mask_id = getattr(c, "mask_token_id", None) or c.vocab_size - 1
+        return RandomMaskedTokenSource(c.vocab_size, cfg.seq_length, gbs, mask_id, cfg.seed)
+    if cfg.task is Task.SEQ2SEQ_LM:
+        return _Seq2SeqRandom(c, cfg.seq_length, cfg.decoder_seq_length or cfg.seq_length, gbs, cfg.seed)
+    return RandomImageSource(c.image_size, c.num_channels, c.num_labels, gbs, cfg.seed)
+
+
+class _Seq2SeqRandom:
+    """T5 batches: ``inputs = [encoder ids ; labels shifted right]``, ``labels`` random (see adapters/t5.py)."""
+
+    def __init__(self, config: Any, enc: int, dec: int, gbs: int, seed: int) -> None:
+        self.config, self.enc, self.dec, self.global_batch_size, self.seed = config, enc, dec, gbs, seed
+
+    def batch(self, step: int) -> Any:
+        import torch
+
+        from galva_models.data import Batch, step_generator
+
+        gen = step_generator(self.seed, step)
+        v = self.config.vocab_size
+        enc = torch.randint(0, v, (self.global_batch_size, self.enc), generator=gen)
+        labels = torch.randint(0, v, (self.global_batch_size, self.dec), generator=gen)
+        start = torch.full((self.global_batch_size, 1), self.config.decoder_start_token_id or 0)
+        return Batch(torch.cat([enc, start, labels[:, :-1]], dim=1), labels)
+
+
+def _init_distributed() -> tuple[int, int]:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def build_model(cfg: TrainConfig) -> Any:
+    """The Hugging Face model (from a checkpoint or freshly initialised with the run's seed) and its LayeredModel."""
+    import torch
+
+    from galva_models.attention import attn_implementation
+
+    impl = attn_implementation(cfg.attention_backend)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    if cfg.hf_checkpoint is not None:
+        from transformers import AutoModel
+
+        auto = {
+            "causal_lm": "AutoModelForCausalLM",
+            "masked_lm": "AutoModelForMaskedLM",
+            "seq2seq_lm": "AutoModelForSeq2SeqLM",
+            "image_classification": "AutoModelForImageClassification",
+        }[cfg.task.value]
+        import transformers
+
+        cls = getattr(transformers, auto, AutoModel)
+        model = cls.from_pretrained(cfg.hf_checkpoint, local_files_only=True, attn_implementation=impl)
+    elif cfg.initialize_on_meta:
+        with torch.device("meta"):
+            model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
+    else:
+        model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
+    options = {"encoder_seq_length": cfg.seq_length} if cfg.task.value == "seq2seq_lm" else {}
+    return model, cfg.adapter.decompose(model, **options)
+
+
+def run(cfg: TrainConfig) -> int:
+    """Train for ``cfg.train_iters`` steps (every rank calls this). Returns the process exit code."""
+    import torch
+    import torch.distributed as dist
+
+    from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
+    from galva_models.adapters.base import hf_init_fn
+    from galva_models.metrics import MetricsLogger, train_flops_per_token
+
+    if cfg.save is not None or cfg.load is not None:
+        print("galva-train: error: --save/--load are not wired to galva-ckpt yet", file=sys.stderr)
+        return 2
+    rank, world = _init_distributed()
+    hf_model, layered = build_model(cfg)
+    num_params = sum(p.numel() for p in hf_model.parameters())
+    recompute = sum(layer.checkpoint for layer in cfg.strategy.layers) / cfg.strategy.num_layers
+    flops_per_token = train_flops_per_token(num_params, cfg.layer_specs, recompute)
+    init_fn = hf_init_fn(hf_model, cfg.seed) if cfg.initialize_on_meta else None
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    options = BuildOptions(seq_len=cfg.seq_length or None, init_fn=init_fn, device=device)
+    model = build(layered, cfg.strategy, options)
+    del hf_model
+    o = cfg.optim
+    optimizer = GalvaOptimizer(
+        model.param_records(),
+        OptimConfig(
+            lr=o.lr,
+            betas=(o.adam_beta1, o.adam_beta2),
+            eps=o.adam_eps,
+            weight_decay=o.weight_decay,
+            warmup_steps=o.warmup_iters,
+            total_steps=cfg.train_iters,
+            min_lr_ratio=o.min_lr / o.lr if o.lr > 0 else 0.0,
+            max_grad_norm=o.clip_grad,
+        ),
+    )
+    source = make_source(cfg)
+    logger = None
+    if rank == 0:
+        logger = MetricsLogger(
+            total_steps=cfg.train_iters,
+            jsonl_path=cfg.metrics_jsonl,
+            tensorboard_dir=cfg.tensorboard_dir,
+            progress=cfg.progress,
+            log_interval=cfg.log_interval,
+        )
+    try:
+        for step in range(cfg.train_iters):
+            batch = source.batch(step)
+            start = time.perf_counter()
+            metrics = train_step(model, optimizer, batch.inputs, batch.labels)
+            seconds = (metrics.step_ms / 1e3) if metrics.step_ms else time.perf_counter() - start
+            tokens = batch.inputs.numel() if batch.inputs.dim() == 2 else batch.size
+            if logger is not None:
+                logger.log(
+                    {
+                        "step": step,
+                        "loss": metrics.loss,
+                        "lr": metrics.lr,
+                        "grad_norm": metrics.grad_norm,
+                        "step_time_s": seconds,
+                        "tokens_per_s": tokens / seconds,
+                        "tflops": flops_per_token * tokens / seconds / world / 1e12,
+                        "peak_memory_mib": metrics.peak_memory_mib,
+                    }
+                )
+            if not torch.isfinite(torch.tensor(metrics.loss)):
+                print(f"galva-train: error: loss is {metrics.loss} at step {step + 1}", file=sys.stderr)
+                return 1
+    finally:
+        if logger is not None:
+            logger.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_train_config(argv)
+    except ConfigError as err:
+        print(f"galva-train: error: {err}", file=sys.stderr)
+        return 2
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Synthetic data for benchmarks: every batch is a function of (seed, step) and the batch shape only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from galva_models.data.loader import Batch
+
+_MASK_PROBABILITY = 0.15
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """A CPU generator seeded from ``(seed, step)`` alone, so any rank can rebuild any step's batch."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    # Mix with a large odd constant so (seed, step) pairs never collide for realistic ranges.
+    return torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + step) % (2**63))
+
+
+@dataclass(frozen=True)
+class RandomTokenSource:
+    """Causal-LM batches of uniform random tokens: ``inputs = t[:, :-1]``, ``labels = t[:, 1:]``."""
+
+    vocab_size: int
+    seq_length: int
+    global_batch_size: int
+    seed: int = 1234
+
+    def batch(self, step: int) -> Batch:
+        tokens = torch.randint(
+            0, self.vocab_size, (self.global_batch_size, self.seq_length + 1), generator=step_generator(self.seed, step)
+        )
+        return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+
+@dataclass(frozen=True)
+class RandomMaskedTokenSource:
+    """Masked-LM batches: 15% of positions replaced by ``mask_token_id`` and scored; the rest labelled -100."""
+
+    vocab_size: int
+    seq_length: int
+    global_batch_size: int
+    mask_token_id: int
+    seed: int = 1234
+
+    def batch(self, step: int) -> Batch:
+        gen = step_generator(self.seed, step)
+        shape = (self.global_batch_size, self.seq_length)
+        tokens = torch.randint(0, self.vocab_size, shape, generator=gen)
+        masked = torch.rand(shape, generator=gen) < _MASK_PROBABILITY
+        masked[:, 0] = True  # at least one scored token per sample
+        inputs = torch.where(masked, torch.full_like(tokens, self.mask_token_id), tokens)
+        labels = torch.where(masked, tokens, torch.full_like(tokens, -100))
+        return Batch(inputs, labels)
+
+
+@dataclass(frozen=True)
+class RandomImageSource:
+    """Image-classification batches: standard-normal pixels ``[B, C, H, W]`` and labels ``[B]``."""
+
+    image_size: int
+    num_channels: int
+    num_labels: int
+    global_batch_size: int
+    seed: int = 1234
+
+    def batch(self, step: int) -> Batch:
+        gen = step_generator(self.seed, step)
+        size = self.image_size
+        pixels = torch.randn((self.global_batch_size, self.num_channels, size, size), generator=gen)
+        labels = torch.randint(0, self.num_labels, (self.global_batch_size,), generator=gen)
+        return Batch(pixels, labels)

@@ -1,0 +1,98 @@
+"""Per-step training log: console progress bar, ``--metrics-jsonl`` (one JSON object per step), TensorBoard.
+
+Only the rank that owns the logger writes (galva-train gives one to global rank 0). Each record holds at least
+``step, loss, lr, grad_norm, step_time_s, tokens_per_s``, plus ``tflops`` (model FLOP/s estimate per rank, see
+:func:`train_flops_per_token`) and ``peak_memory_mib``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from galva_models.adapters.base import LayerSpec
+
+
+def train_flops_per_token(num_params: int, specs: Sequence[LayerSpec], recompute_fraction: float = 0.0) -> float:
+    """Model FLOPs of one training token: ``6 N`` for the matmuls plus ``12 s h`` per layer for attention scores.
+
+    ``recompute_fraction`` is the share of layers recomputed in backward (adds one more forward, ``2 N + 4 s h``,
+    for those layers). The estimate counts multiply-adds as 2 FLOPs, like Megatron's and PaLM's MFU formulas.
+    """
+    attention = sum(12.0 * s.seq_length * s.hidden_size for s in specs)
+    dense = 6.0 * num_params
+    return (dense + attention) * (1.0 + recompute_fraction / 3.0)
+
+
+class MetricsLogger:
+    """Writes step records to the console, a JSONL file and TensorBoard (each optional)."""
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        jsonl_path: str | os.PathLike[str] | None = None,
+        tensorboard_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        log_interval: int = 1,
+    ) -> None:
+        self.log_interval = max(1, log_interval)
+        self._jsonl = None
+        if jsonl_path is not None:
+            path = Path(jsonl_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl = path.open("w", buffering=1)  # line-buffered: a crash keeps every finished step
+        self._tb = None
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print("galva-train: tensorboard is not installed; --tensorboard-dir ignored", file=sys.stderr)
+            else:
+                self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"train/{key}", value, step)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(
+                loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}"
+            )
+            if (step + 1) % self.log_interval == 0:
+                self._bar.write(_console_line(record))
+        elif (step + 1) % self.log_interval == 0:
+            print(_console_line(record), file=sys.stderr)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _console_line(r: dict[str, Any]) -> str:
+    norm = r.get("grad_norm")
+    mem = r.get("peak_memory_mib")
+    return (
+        f"step {r['step'] + 1:>6} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | grad_norm "
+        f"{'-' if norm is None else f'{norm:.3f}'} | {r['step_time_s'] * 1e3:.0f} ms | "
+        f"{r['tokens_per_s']:.0f} tok/s | {r.get('tflops', 0.0):.3g} TFLOP/s | mem "
+        f"{'-' if mem is None else f'{mem:.0f} MiB'}"
+    )

@@ -1,0 +1,206 @@
+"""galva-train's argument surface: parsing into a TrainConfig, and one-line errors before any process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from galva_models.cli.config import ConfigError, parse_train_config
+from galva_models.cli.train import main as train_main
+from galva_schema import Strategy
+
+
+def test_global_flags_and_megatron_aliases():
+    cfg = parse_train_config(
+        [
+            "--model", "tiny-llama", "--num-layers", "6", "--pipeline-model-parallel-size", "2",
+            "--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--seq-length", "64", "--recompute-granularity", "full", "--bf16", "--lr", "3e-4", "--min-lr", "3e-5",
+            "--lr-warmup-iters", "5", "--train-iters", "20", "--clip-grad", "0", "--seed", "7",
+        ],
+        world_size=8,
+    )  # fmt: skip
+    s = cfg.strategy
+    assert (s.pp, s.num_layers, s.global_batch_size, s.world_size) == (2, 6, 8, 8)
+    assert all(layer.tp == 2 and layer.checkpoint for layer in s.layers)
+    assert s.num_micro_batches == 2  # 8 = micro 2 x dp 2 x 2 micro-batches
+    assert s.mixed_precision.value == "bf16" and cfg.optim.clip_grad is None and cfg.optim.warmup_iters == 5
+    assert cfg.model_config.num_hidden_layers == 6 and len(cfg.layer_specs) == 6 and cfg.seed == 7
+
+
+def test_gqa_tp_beyond_kv_heads_is_accepted():
+    # 4 query heads, 2 key/value heads, tp 4: galva-hp replicates one K/V head per rank
+    cfg = parse_train_config(["--model", "tiny-llama", "--tp", "4", "--seq-length", "32"], world_size=4)
+    assert cfg.strategy.layers[0].tp == 4
+
+
+def test_strategy_file(tmp_path):
+    path = tmp_path / "plan.json"
+    Strategy.uniform(world_size=4, num_layers=4, global_batch_size=8, layer={"tp": 2}, pp=2).save(path)
+    cfg = parse_train_config(["--model", "tiny-gpt2", "--strategy", str(path), "--seq-length", "32"], world_size=4)
+    assert cfg.strategy.pp == 2 and cfg.global_batch_size == 8
+    with pytest.raises(ConfigError, match="drop the global flag"):
+        parse_train_config(["--model", "tiny-gpt2", "--strategy", str(path), "--tp", "2"], world_size=4)
+
+
+def test_galvatron_config_file(tmp_path):
+    path = tmp_path / "galvatron_config_llama.json"
+    reference = {
+        "pp_deg": 2, "tp_sizes_enc": "2,2,1,1", "tp_consecutive_flags": "1,1,1,1", "dp_types_enc": "0,0,1,1",
+        "use_sp": "0,0,0,0", "checkpoint": "1,0,1,0", "global_bsz": 8, "chunks": 2, "pp_division": "2,2",
+        "pipeline_type": "pipedream_flush", "default_dp_type": "zero2", "vtp": 2, "vsp": 0, "embed_sdp": 0,
+    }  # fmt: skip
+    path.write_text(json.dumps(reference))
+    argv = ["--model", "tiny-llama", "--galvatron-config-path", str(path), "--seq-length", "32", "--fp32"]
+    s = parse_train_config(argv, world_size=4).strategy
+    assert [layer.tp for layer in s.layers] == [2, 2, 1, 1]
+    assert [layer.checkpoint for layer in s.layers] == [True, False, True, False]
+    assert s.layer_dp_type(3).value == "zero3" and s.vocab.tp == 2 and s.pipeline_schedule.value == "1f1b"
+    with pytest.raises(ConfigError, match="tp_sizes_enc: the file has 4 layers, the model has 6"):
+        parse_train_config([*argv, "--num-layers", "6"], world_size=4)
+
+
+def test_model_config_directory(tmp_path):
+    from galva_models.presets import preset_config
+
+    preset_config("tiny-qwen2").save_pretrained(str(tmp_path))
+    cfg = parse_train_config(["--model-config", str(tmp_path), "--hidden-size", "32", "--seq-length", "16"])
+    assert cfg.adapter.name == "llama" and cfg.model_config.hidden_size == 32 and cfg.world_size == 1
+
+
+BAD = [
+    (["--model", "tiny-llama", "--tp", "8"], 8, "tp 8 does not divide the 4 attention heads of llama layers"),
+    (
+        [
+            "--model",
+            "tiny-llama",
+            "--hidden-size",
+            "96",
+            "--num-attention-heads",
+            "6",
+            "--num-query-groups",
+            "3",
+            "--tp",
+            "2",
+        ],
+        2,
+        "tp 2 and the 3 key/value heads of llama layers do not divide one another",
+    ),
+    (["--model", "gpt3-175b"], 1, "unknown model preset 'gpt3-175b'; known presets: gpt2-small, gpt2-medium"),
+    (["--model", "tiny-gpt2", "--num-layers", "3", "--pp", "4"], 4, "--pp 4 is more than the model's 3 layers"),
+    (["--model", "tiny-llama", "--tp", "2", "--ulysses", "--seq-length", "33"], 2, "Ulysses degree 2 does not divide"),
+    (["--model", "tiny-gpt2", "--tp", "2", "--sequence-parallel", "--seq-length", "33"], 2, "Megatron-SP degree 2"),
+    (["--model", "tiny-gpt2", "--seq-length", "1000"], 1, "exceeds the model's 256 learned positions"),
+    (["--model", "tiny-llama", "--global-batch-size", "6"], 4, "cannot be split over data-parallel degree 4"),
+    (["--model", "tiny-llama", "--fp16"], 1, "fp16 needs loss scaling"),
+    (
+        ["--model", "tiny-llama", "--tp", "two"],
+        1,
+        "argument --tp/--tensor-model-parallel-size/--global-tp-deg: invalid",
+    ),
+    (["--model", "tiny-llama", "--frobnicate"], 1, "unrecognized arguments: --frobnicate"),
+    (["--model", "tiny-llama", "--attention-backend", "flash"], 1, "flash"),
+    (["--model", "tiny-vit", "--seq-length", "64"], 1, "vit takes images"),
+    (["--model", "tiny-llama", "--num-attention-heads", "3"], 1, "not divisible by --num-attention-heads 3"),
+    (["--model", "tiny-swin", "--tp", "2", "--ulysses"], 2, "swin: no ulysses form yet (this family has: tp)"),
+    (["--model", "tiny-bert", "--vocab-tp", "2"], 2, "bert: no vocab_tp form yet"),
+    (["--model", "tiny-t5", "--pp", "4"], 4, "t5: the encoder layers span pipeline stages [0, 1]"),
+    (["--model", "tiny-t5", "--zero3"], 2, "t5: ZeRO-3 would shard the relative-position tables"),
+]
+
+
+@pytest.mark.parametrize(("argv", "world", "message"), BAD)
+def test_bad_combinations_are_one_line_errors(argv, world, message):
+    with pytest.raises(ConfigError) as info:
+        parse_train_config(argv, world_size=world)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_strategy_layer_count_mismatch(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    Strategy.uniform(world_size=2, num_layers=6, global_batch_size=4, pp=2).save(path)
+    code = train_main(["--model", "tiny-llama", "--strategy", str(path), "--world-size", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err == f"galva-train: error: {path}: layers: the strategy has 6 layers, the model has 4"
+    assert not dist.is_initialized()  # rejected before any process group
+
+
+def test_cli_process_exits_nonzero_with_one_line(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "4"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "galva_models.cli.train", "--model", "tiny-llama", "--tp", "8"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("galva-train")]
+    assert proc.returncode == 2 and len(lines) == 1
+    assert "--tp 8 does not divide the 4 ranks of a pipeline stage" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_end_to_end_preprocess_then_torchrun(tmp_path, corpus_and_tokenizer):
+    """galva-data preprocess, then galva-train on 4 CPU ranks (pp2 x tp2, checkpointing) for 30 steps."""
+    corpus, tokenizer_dir, _ = corpus_and_tokenizer
+    bindir = Path(sys.executable).parent
+    prefix = tmp_path / "data" / "corpus"
+    subprocess.run(
+        [str(bindir / "galva-data"), "preprocess", "--input", str(corpus), "--tokenizer", str(tokenizer_dir),
+         "--output-prefix", str(prefix), "--append-eod", "--workers", "2"],
+        check=True, timeout=120,
+    )  # fmt: skip
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [str(bindir / "torchrun"), "--nproc_per_node", "4", "--master-port", str(_free_port()),
+         "-m", "galva_models.cli.train", "--model", "tiny-llama", "--pp", "2", "--tp", "2", "--checkpoint",
+         "--global-batch-size", "8", "--chunks", "2", "--seq-length", "32", "--train-iters", "30", "--fp32",
+         "--lr", "3e-3", "--lr-warmup-iters", "3", "--data-path", str(prefix), "--metrics-jsonl", str(metrics),
+         "--no-progress", "--log-interval", "10"],
+        capture_output=True, text=True, timeout=420,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(30))
+    for key in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops", "peak_memory_mib"):
+        assert all(isinstance(r[key], float) for r in records), key
+    first = sum(r["loss"] for r in records[:5]) / 5
+    last = sum(r["loss"] for r in records[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+
+
+def _free_port() -> int:
+    from galva_comm.testing import free_port
+
+    return free_port()
+
+
+def test_attention_backend_selection():
+    from galva_models.attention import AttentionBackendError, attn_implementation
+
+    assert attn_implementation("sdpa") == "sdpa"
+    with pytest.raises(AttentionBackendError, match=r"needs the flash-attn package|needs a CUDA device"):
+        attn_implementation("flash")
+    with pytest.raises(AttentionBackendError, match="unknown attention backend 'xformers'"):
+        attn_implementation("xformers")
+
+
+def test_hf_checkpoint_weights_are_loaded(tmp_path):
+    import torch
+
+    from galva_models.adapters import build_layered
+    from galva_models.cli.train import build_model
+    from galva_models.presets import preset_config
+
+    torch.manual_seed(3)
+    saved, _ = build_layered(preset_config("tiny-qwen2"))
+    saved.save_pretrained(str(tmp_path))
+    cfg = parse_train_config(["--hf-checkpoint", str(tmp_path), "--seq-length", "16", "--seed", "99"])
+    _, layered = build_model(cfg)
+    assert torch.equal(layered.layers[1].layer.self_attn.q_proj.bias, saved.model.layers[1].self_attn.q_proj.bias)
+    assert torch.equal(layered.head.lm_head.weight, saved.lm_head.weight)

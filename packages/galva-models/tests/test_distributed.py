@@ -1,0 +1,255 @@
+"""Hybrid plans on 4 gloo ranks train like single-process Hugging Face training.
+
+Per family: the tiny preset under plans that use pp2 with tp2 (Megatron, with and without Megatron-SP) or Ulysses
+sp2, activation checkpointing on every layer, and vocabulary tp or sp. Oracle: the Hugging Face model itself
+(``model(input_ids, labels=input_ids).loss``, its own shifted loss), fp32 AdamW with the same schedule and
+clipping. Tolerance: 1e-5 relative on every step's loss (step 1 = the forward loss of the initial weights) and on
+every step's gradient norm, over 3 steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from galva_comm.testing import run_distributed
+from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
+from galva_hp.testing.oracle import OPTIM, SEQ, batch
+from galva_models.adapters import build_layered
+from galva_models.presets import preset_config
+from galva_schema import Strategy
+
+STEPS, TOL = 3, 1e-5
+
+
+def _plan(**fields) -> Strategy:
+    layer = fields.pop("layer")
+    base = {"world_size": 4, "pp": 2, "global_batch_size": 8, "num_micro_batches": 2, "mixed_precision": "fp32"}
+    return Strategy.model_validate({**base, "layers": [{**layer, "checkpoint": True}] * 4, **fields})
+
+
+PLANS = {
+    "pp2-tp2-vtp2-1f1b": _plan(layer={"tp": 2}, vocab={"tp": 2}),
+    "pp2-tp2-megatron_sp-vtp2-gpipe": _plan(
+        layer={"tp": 2}, megatron_sp=True, vocab={"tp": 2}, pipeline_schedule="gpipe"
+    ),
+    "pp2-ulysses2-vsp2": _plan(layer={"tp": 2, "ulysses": True}, vocab={"tp": 2, "sp": True}),
+    "pp2-tp2-strided-vtp1-zero3": _plan(layer={"tp": 2, "tp_consecutive": False}, default_dp_type="zero3"),
+    # tp 4 > 2 key/value heads: each rank computes the one K/V head its query heads use
+    "pp1-tp4-gqa-vtp4": _plan(layer={"tp": 4}, pp=1, vocab={"tp": 4}),
+    # a different plan per layer (Galva's search output): tp2 / dp2-ZeRO-3 / Ulysses 2 / strided tp2
+    "pp2-per-layer-mixed": Strategy.model_validate(
+        {
+            "world_size": 4,
+            "pp": 2,
+            "global_batch_size": 8,
+            "num_micro_batches": 2,
+            "mixed_precision": "fp32",
+            "layers": [
+                {"tp": 2, "checkpoint": True},
+                {"dp_type": "zero3"},
+                {"tp": 2, "ulysses": True, "checkpoint": True},
+                {"tp": 2, "tp_consecutive": False},
+            ],
+            "vocab": {"tp": 2},
+        }
+    ),
+}
+CASES = [
+    ("llama", "pp2-tp2-vtp2-1f1b"),
+    ("llama", "pp2-tp2-megatron_sp-vtp2-gpipe"),
+    ("llama", "pp2-ulysses2-vsp2"),
+    ("llama", "pp2-tp2-strided-vtp1-zero3"),
+    ("llama", "pp2-per-layer-mixed"),
+    ("llama", "pp1-tp4-gqa-vtp4"),
+    ("gpt2", "pp2-per-layer-mixed"),
+    ("gpt2", "pp2-tp2-vtp2-1f1b"),
+    ("gpt2", "pp2-tp2-megatron_sp-vtp2-gpipe"),
+    ("gpt2", "pp2-ulysses2-vsp2"),
+    ("qwen2", "pp2-tp2-megatron_sp-vtp2-gpipe"),
+    ("mistral", "pp2-tp2-vtp2-1f1b"),
+]
+
+
+def _models(family: str):
+    torch.manual_seed(0)
+    return build_layered(preset_config(f"tiny-{family}"))
+
+
+def hf_reference(family: str) -> tuple[list[float], list[float]]:
+    model, _ = _models(family)
+    params = list(model.parameters())
+    optimizer, scheduler = reference_optimizer(params, OPTIM)
+    ids, _ = batch()
+    losses, norms = [], []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids[step], labels=ids[step]).loss  # HF shifts the labels itself
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
+def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
+    _, layered = _models(family)
+    built = build(layered, PLANS[plan], BuildOptions(seq_len=SEQ))
+    optimizer = GalvaOptimizer(built.param_records(), OPTIM)
+    ids, labels = batch()
+    losses, norms = [], []
+    for step in range(STEPS):
+        metrics = train_step(built, optimizer, ids[step], labels[step])
+        losses.append(metrics.loss)
+        norms.append(metrics.grad_norm)
+    return losses, norms
+
+
+def _rel(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def check_cases(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    out = {}
+    references = {family: hf_reference(family) for family in {f for f, _ in cases}}
+    for family, plan in cases:
+        losses, norms = galva_run(family, plan)
+        ref_losses, ref_norms = references[family]
+        out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+    return out
+
+
+@pytest.mark.distributed
+def test_hybrid_plans_train_like_hugging_face():
+    results = run_distributed(check_cases, 4, CASES, timeout=400)
+    for case, (loss_diff, norm_diff) in results[0].items():
+        for rank_result in results:  # every rank reports the same global loss and norm
+            assert rank_result[case] == pytest.approx((loss_diff, norm_diff), abs=1e-9), case
+        assert loss_diff < TOL, f"{case}: loss differs from Hugging Face by {loss_diff:.2e} (relative)"
+        assert norm_diff < TOL, f"{case}: grad norm differs from Hugging Face by {norm_diff:.2e} (relative)"
+
+
+# ------------------------------------------------------------------ encoder, encoder-decoder and vision families
+# Bidirectional attention in tp / Megatron-SP / Ulysses form for BERT and ViT, plain tp for Swin's window attention;
+# T5 has no tensor-parallel form (pp2 x dp2). Embedding and head stay at degree 1 (vocab tp 1).
+def _enc_plan(layer: dict, **fields) -> dict:
+    base = {"world_size": 4, "pp": 2, "global_batch_size": 8, "num_micro_batches": 2, "mixed_precision": "fp32"}
+    return {**base, "layers": [{**layer, "checkpoint": True}], **fields}
+
+
+ENCODER_PLANS = {
+    "pp2-dp2-zero3": _enc_plan({}, default_dp_type="zero3"),
+    "pp2-dp2-ddp": _enc_plan({}),
+    "pp2-tp2-zero3": _enc_plan({"tp": 2}, default_dp_type="zero3"),
+    "pp2-tp2-megatron_sp": _enc_plan({"tp": 2}, megatron_sp=True),
+    "pp2-ulysses2": _enc_plan({"tp": 2, "ulysses": True}),
+}
+ENCODER_CASES = [
+    ("bert", "pp2-tp2-zero3"),
+    ("bert", "pp2-tp2-megatron_sp"),
+    ("bert", "pp2-ulysses2"),
+    ("vit", "pp2-tp2-zero3"),
+    ("swin", "pp2-tp2-zero3"),
+    ("t5", "pp2-dp2-ddp"),  # encoder on stage 0, decoder on stage 1 (each stack keeps its shared table on one stage)
+]
+ENC_SEQ = 12
+
+
+def _family_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
+    """Per step: (HF keyword inputs, Galva inputs, Galva labels)."""
+    from galva_models.cli.train import _Seq2SeqRandom
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+
+    out = []
+    for step in range(STEPS):
+        if family == "bert":
+            b = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5).batch(step)
+            out.append(({"input_ids": b.inputs, "labels": b.labels}, b.inputs, b.labels))
+        elif family == "t5":
+            b = _Seq2SeqRandom(config, ENC_SEQ, 6, 8, seed=5).batch(step)
+            out.append(({"input_ids": b.inputs[:, :ENC_SEQ], "labels": b.labels}, b.inputs, b.labels))
+        else:
+            b = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5).batch(step)
+            out.append(({"pixel_values": b.inputs, "labels": b.labels}, b.inputs, b.labels))
+    return out
+
+
+def _encoder_models(family: str):
+    torch.manual_seed(0)
+    options = {"encoder_seq_length": ENC_SEQ} if family == "t5" else {}
+    return build_layered(preset_config(f"tiny-{family}"), **options)
+
+
+def check_encoder_families(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for family, plan in cases:
+        model, _ = _encoder_models(family)
+        batches = _family_batches(family, model.config)
+        params = list(model.parameters())
+        optimizer, scheduler = reference_optimizer(params, OPTIM)
+        ref_losses, ref_norms = [], []
+        for hf_inputs, _, _ in batches:
+            optimizer.zero_grad()
+            loss = model(**hf_inputs).loss
+            loss.backward()
+            ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+            optimizer.step()
+            scheduler.step()
+            ref_losses.append(loss.item())
+        _, layered = _encoder_models(family)
+        fields = ENCODER_PLANS[plan]
+        strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})
+        built = build(layered, strategy, BuildOptions(seq_len=ENC_SEQ if family == "bert" else None))
+        galva_opt = GalvaOptimizer(built.param_records(), OPTIM)
+        losses, norms = [], []
+        for _, inputs, labels in batches:
+            metrics = train_step(built, galva_opt, inputs, labels)
+            losses.append(metrics.loss)
+            norms.append(metrics.grad_norm)
+        out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+    return out
+
+
+@pytest.mark.distributed
+def test_encoder_and_vision_families_train_like_hugging_face():
+    results = run_distributed(check_encoder_families, 4, ENCODER_CASES, timeout=400)
+    assert sorted(results[0]) == sorted(f"{f}/{p}" for f, p in ENCODER_CASES)
+    for case, (loss_diff, norm_diff) in results[0].items():
+        assert loss_diff < TOL, f"{case}: loss differs from Hugging Face by {loss_diff:.2e} (relative)"
+        assert norm_diff < TOL, f"{case}: grad norm differs from Hugging Face by {norm_diff:.2e} (relative)"
+
+
+# ------------------------------------------------------------------------------ gathered state of parallel forms
+def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
+    """For every family and layer form: the form's gathered single-process state equals the layer's own state
+    (same names, same layouts, exactly the same values). Returns problems by case (empty when all agree)."""
+    import torch.distributed as dist
+
+    from galva_hp import ParallelContext
+    from galva_hp.parallel.tensor_parallel import gather_full_state
+
+    group = dist.new_group(list(range(world_size)))
+    contexts = {
+        "tp": ParallelContext(tp_group=group),
+        "megatron_sp": ParallelContext(tp_group=group, megatron_sp=True),
+        "ulysses": ParallelContext(sp_group=group),
+    }
+    problems = {}
+    for family in ("gpt2", "llama", "qwen2", "bert", "vit"):
+        _, layered = _encoder_models(family)
+        layer = layered.layers[1]
+        expected = {name: p.detach() for name, p in layer.named_parameters()}
+        for form, ctx in contexts.items():
+            parallel = layered.parallelizer.layer(layer, layered.layer_types[1], ctx)
+            got = gather_full_state(parallel)
+            if set(got) != set(expected):
+                problems[f"{family}/{form}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
+            elif any(not torch.equal(got[n], expected[n]) for n in expected):
+                problems[f"{family}/{form}"] = "values differ"
+    return problems
+
+
+@pytest.mark.distributed
+def test_parallel_forms_gather_to_single_process_names():
+    assert run_distributed(check_gathered_names, 2, timeout=200) == [{}, {}]
