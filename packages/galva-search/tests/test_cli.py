@@ -240,6 +240,12 @@ def test_memory_units():
     assert parse_memory("36GiB") == 36 * 1024
     assert parse_memory("36000MiB") == 36000
     assert parse_memory("1 TiB") == 1024 * 1024
+    # reserves and overheads may be zero, with or without a unit; budgets may not
+    assert parse_memory("0", allow_zero=True) == parse_memory("0MiB", allow_zero=True) == 0.0
+    with pytest.raises(ValueError, match="must be positive"):
+        parse_memory("0GB")
+    with pytest.raises(ValueError, match="must be zero or positive"):
+        parse_memory("-1GB", allow_zero=True)
 
 
 def test_console_script(data_dir, tmp_path):

@@ -136,10 +136,6 @@ def _write_text_atomic(path: str, text: str) -> None:
         raise
 
 
-def _memory_or_zero(text: str) -> float:
-    return 0.0 if text.strip() == "0" else parse_memory(text)
-
-
 def run(args: argparse.Namespace) -> int:
     hardware = load_hardware(args.hardware_profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     cluster = hardware.cluster
@@ -174,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         budget = float(cluster.device_memory_mib)
     else:
         raise _UsageError("--memory is required: the hardware profile does not record the device memory")
-    reserve = None if args.memory_reserve is None else _memory_or_zero(args.memory_reserve)
+    reserve = None if args.memory_reserve is None else parse_memory(args.memory_reserve, allow_zero=True)
     if args.global_batch_size is not None:
         if args.global_batch_size < 1:
             raise _UsageError("--global-batch-size must be >= 1")
@@ -209,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         pipeline_schedule=_SCHEDULES[args.pipeline_schedule],
         default_dp_type=default_dp,
         megatron_sp=megatron_sp,
-        context_mib=_memory_or_zero(args.context_memory),
+        context_mib=parse_memory(args.context_memory, allow_zero=True),
     )
     cost = CostModel(hardware, model, settings, hardware_source=str(args.hardware_profile), model_source=model_source)
     options = SearchOptions(

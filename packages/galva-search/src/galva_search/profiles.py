@@ -80,9 +80,12 @@ _UNITS = {
 }
 
 
-def parse_memory(text: str) -> float:
-    """``"36GB"`` (1e9 bytes), ``"36GiB"`` (2**30 bytes), ``"36000MiB"``, ... -> MiB. A unit is required."""
+def parse_memory(text: str, *, allow_zero: bool = False) -> float:
+    """``"36GB"`` (1e9 bytes), ``"36GiB"`` (2**30 bytes), ``"36000MiB"``, ... -> MiB. A unit is required, except
+    for a plain ``0`` where ``allow_zero`` (reserves and overheads may be zero; budgets may not)."""
     raw = text.strip().replace(" ", "")
+    if allow_zero and raw == "0":
+        return 0.0
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     unit = raw[len(number) :].lower()
     try:
@@ -94,6 +97,6 @@ def parse_memory(text: str) -> float:
             f"memory {text!r}: unknown or missing unit {unit!r}; use B, KB, MB, GB, TB (powers of 10) or KiB, MiB, "
             f"GiB, TiB (powers of 2)"
         )
-    if not value > 0:
-        raise ValueError(f"memory {text!r}: must be positive")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"memory {text!r}: must be {'zero or ' if allow_zero else ''}positive")
     return value * _UNITS[unit]
