@@ -109,9 +109,13 @@ BAD = [
     (["--model", "tiny-vit", "--seq-length", "64"], 1, "vit takes images"),
     (["--model", "tiny-llama", "--num-attention-heads", "3"], 1, "not divisible by --num-attention-heads 3"),
     (["--model", "tiny-swin", "--tp", "2", "--ulysses"], 2, "swin: no ulysses form yet (this family has: tp)"),
-    (["--model", "tiny-bert", "--vocab-tp", "2"], 2, "bert: no vocab_tp form yet"),
+    (["--model", "tiny-vit", "--vocab-tp", "2"], 2, "vit: no vocab_tp form yet"),
+    (["--model", "tiny-t5", "--vocab-tp", "2"], 2, "t5: no vocab_tp form yet"),
     (["--model", "tiny-t5", "--pp", "4"], 4, "t5: the encoder layers span pipeline stages [0, 1]"),
     (["--model", "tiny-t5", "--zero3"], 2, "t5: ZeRO-3 would shard the relative-position tables"),
+    (["--model", "tiny-t5", "--tp", "8"], 8, "t5: tp 8 does not divide the 4 attention heads"),
+    (["--model", "tiny-t5", "--tp", "2", "--sequence-parallel"], 2, "t5: no megatron_sp form yet (this family has"),
+    (["--model", "tiny-t5", "--tp", "2", "--ulysses"], 2, "t5: no ulysses form yet (this family has: tp)"),
 ]
 
 
@@ -120,6 +124,18 @@ def test_bad_combinations_are_one_line_errors(argv, world, message):
     with pytest.raises(ConfigError) as info:
         parse_train_config(argv, world_size=world)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_t5_tp_plans(tmp_path):
+    # each stack on one stage, every layer of a stack in one tp layout: accepted (the table is split by heads)
+    cfg = parse_train_config(["--model", "tiny-t5", "--pp", "2", "--tp", "2", "--checkpoint"], world_size=4)
+    assert [layer.tp for layer in cfg.strategy.layers] == [2, 2, 2, 2]
+    # a stack whose layers split the shared relative-position table differently: refused
+    path = tmp_path / "plan.json"
+    layers = [{"tp": 2}, {"tp": 1}, {"tp": 2}, {"tp": 2}]
+    Strategy.model_validate({"world_size": 4, "pp": 2, "global_batch_size": 8, "layers": layers}).save(path)
+    with pytest.raises(ConfigError, match=r"t5: the encoder layers use different tp layouts"):
+        parse_train_config(["--model", "tiny-t5", "--strategy", str(path)], world_size=4)
 
 
 def test_strategy_layer_count_mismatch(tmp_path, capsys):

@@ -37,6 +37,8 @@ PLANS = {
     "pp2-tp2-strided-vtp1-zero3": _plan(layer={"tp": 2, "tp_consecutive": False}, default_dp_type="zero3"),
     # tp 4 > 2 key/value heads: each rank computes the one K/V head its query heads use
     "pp1-tp4-gqa-vtp4": _plan(layer={"tp": 4}, pp=1, vocab={"tp": 4}),
+    # embedding and head on one rank holding one shared tensor (GPT-2's tie at vocabulary degree 1), ddp
+    "pp1-dp4-ddp": _plan(layer={}, pp=1),
     # a different plan per layer (Galva's search output): tp2 / dp2-ZeRO-3 / Ulysses 2 / strided tp2
     "pp2-per-layer-mixed": Strategy.model_validate(
         {
@@ -66,6 +68,7 @@ CASES = [
     ("gpt2", "pp2-tp2-vtp2-1f1b"),
     ("gpt2", "pp2-tp2-megatron_sp-vtp2-gpipe"),
     ("gpt2", "pp2-ulysses2-vsp2"),
+    ("gpt2", "pp1-dp4-ddp"),
     ("qwen2", "pp2-tp2-megatron_sp-vtp2-gpipe"),
     ("mistral", "pp2-tp2-vtp2-1f1b"),
 ]
@@ -131,8 +134,10 @@ def test_hybrid_plans_train_like_hugging_face():
 
 
 # ------------------------------------------------------------------ encoder, encoder-decoder and vision families
-# Bidirectional attention in tp / Megatron-SP / Ulysses form for BERT and ViT, plain tp for Swin's window attention;
-# T5 has no tensor-parallel form (pp2 x dp2). Embedding and head stay at degree 1 (vocab tp 1).
+# Bidirectional attention in tp / Megatron-SP / Ulysses form for BERT and ViT, plain tp for Swin's window attention
+# and for T5 (self- and cross-attention with the relative-position table split by heads, FFN column/row parallel).
+# BERT's embedding and MLM head also run vocabulary-parallel (tp, tp with Megatron-SP, sp); the others stay at vocab
+# degree 1.
 def _enc_plan(layer: dict, **fields) -> dict:
     base = {"world_size": 4, "pp": 2, "global_batch_size": 8, "num_micro_batches": 2, "mixed_precision": "fp32"}
     return {**base, "layers": [{**layer, "checkpoint": True}], **fields}
@@ -144,14 +149,34 @@ ENCODER_PLANS = {
     "pp2-tp2-zero3": _enc_plan({"tp": 2}, default_dp_type="zero3"),
     "pp2-tp2-megatron_sp": _enc_plan({"tp": 2}, megatron_sp=True),
     "pp2-ulysses2": _enc_plan({"tp": 2, "ulysses": True}),
+    "pp2-tp2": _enc_plan({"tp": 2}),
+    "pp2-tp2-vtp2": _enc_plan({"tp": 2}, vocab={"tp": 2}),
+    "pp2-tp2-megatron_sp-vtp2": _enc_plan({"tp": 2}, megatron_sp=True, vocab={"tp": 2}),
+    "pp2-ulysses2-vsp2": _enc_plan({"tp": 2, "ulysses": True}, vocab={"tp": 2, "sp": True}),
+    "pp1-tp4-vtp4": _enc_plan({"tp": 4}, pp=1, vocab={"tp": 4}),
+    # pp1 with ddp vocabulary modules: an embedding/head tie that Hugging Face makes one tensor must still be
+    # summed once and updated once (galva-hp gives the head its own copy at build time)
+    "pp1-dp4-ddp": _enc_plan({}, pp=1),
+    "pp1-tp2-ddp": _enc_plan({"tp": 2}, pp=1),
+    "pp1-tp2-zero2": _enc_plan({"tp": 2}, pp=1, default_dp_type="zero2"),
+    "pp1-tp4": _enc_plan({"tp": 4}, pp=1),
 }
 ENCODER_CASES = [
     ("bert", "pp2-tp2-zero3"),
     ("bert", "pp2-tp2-megatron_sp"),
     ("bert", "pp2-ulysses2"),
+    ("bert", "pp2-tp2-vtp2"),  # word table / tied MLM decoder split over the vocabulary, re-tied across stages
+    ("bert", "pp2-tp2-megatron_sp-vtp2"),
+    ("bert", "pp2-ulysses2-vsp2"),
+    ("bert", "pp1-tp4-vtp4"),  # embedding and head on one stage: the tie is summed on one rank
+    ("bert", "pp1-dp4-ddp"),  # the same with the tied weight one shared tensor at vocabulary degree 1
     ("vit", "pp2-tp2-zero3"),
     ("swin", "pp2-tp2-zero3"),
     ("t5", "pp2-dp2-ddp"),  # encoder on stage 0, decoder on stage 1 (each stack keeps its shared table on one stage)
+    ("t5", "pp2-tp2"),  # the same split; layers and each stack's relative-position table split over 2 ranks by heads
+    ("t5", "pp1-tp2-ddp"),  # both stacks on one stage: each table shard summed once over dp 2 (its first layer's unit)
+    ("t5", "pp1-tp2-zero2"),  # the same with the layers sharded by FSDP2 (ZeRO-2)
+    ("t5", "pp1-tp4"),  # one head (and one table column) per rank
 ]
 ENC_SEQ = 12
 
@@ -236,6 +261,8 @@ def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
         "ulysses": ParallelContext(sp_group=group),
     }
     problems = {}
+    problems.update(_t5_gathered(group))
+    problems.update(_bert_vocab_gathered(group))
     for family in ("gpt2", "llama", "qwen2", "bert", "vit"):
         _, layered = _encoder_models(family)
         layer = layered.layers[1]
@@ -247,6 +274,52 @@ def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
                 problems[f"{family}/{form}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
             elif any(not torch.equal(got[n], expected[n]) for n in expected):
                 problems[f"{family}/{form}"] = "values differ"
+    return problems
+
+
+def _t5_gathered(group) -> dict[str, str]:
+    """T5's tp form, every layer converted in order (later layers read the first layer's table shard)."""
+    from galva_hp import ParallelContext
+    from galva_hp.parallel.tensor_parallel import gather_full_state
+
+    _, layered = _encoder_models("t5")
+    ctx = ParallelContext(tp_group=group)
+    problems = {}
+    for index, (layer, layer_type) in enumerate(zip(layered.layers, layered.layer_types)):
+        expected = {name: p.detach() for name, p in layer.named_parameters()}
+        got = gather_full_state(layered.parallelizer.layer(layer, layer_type, ctx))
+        if set(got) != set(expected):
+            problems[f"t5/tp/layers.{index}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
+        elif any(not torch.equal(got[n], expected[n]) for n in expected):
+            problems[f"t5/tp/layers.{index}"] = "values differ"
+    _, fresh = _encoder_models("t5")
+    try:  # a later layer of a stack before the layer holding the table: refused, not silently unshared
+        fresh.parallelizer.layer(fresh.layers[1], fresh.layer_types[1], ctx)
+        problems["t5/tp/order"] = "a stack's later layer was converted before its first layer"
+    except ValueError:
+        pass
+    return problems
+
+
+def _bert_vocab_gathered(group) -> dict[str, str]:
+    """BERT's vocabulary-parallel embedding and MLM head gather to the single-process names and values."""
+    from galva_hp import ParallelContext
+    from galva_hp.parallel.tensor_parallel import gather_full_state
+
+    _, layered = _encoder_models("bert")
+    problems = {}
+    for form, ctx in {
+        "vtp": ParallelContext(tp_group=group),
+        "vtp-sp": ParallelContext(tp_group=group, megatron_sp=True),
+    }.items():
+        for part, module in (("embedding", layered.embedding), ("head", layered.head)):
+            expected = {name: p.detach() for name, p in module.named_parameters()}
+            convert = layered.parallelizer.embedding if part == "embedding" else layered.parallelizer.head
+            got = gather_full_state(convert(module, ctx))
+            if set(got) != set(expected):
+                problems[f"bert/{form}/{part}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
+            elif any(not torch.equal(got[n], expected[n]) for n in expected):
+                problems[f"bert/{form}/{part}"] = "values differ"
     return problems
 
 

@@ -345,6 +345,7 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
         raise RuntimeError("build() needs torch.distributed to be initialised (torchrun, or run_distributed in tests)")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_plan(model, strategy, world, options.seq_len)
+    _separate_tied_copies(model)
     precision = PrecisionPolicy.from_precision(strategy.mixed_precision, options.reduce_in_fp32)
 
     layout = RankLayout(strategy)
@@ -442,6 +443,24 @@ def _tp_partitioned(module: nn.Module, ctx: ParallelContext) -> set[str]:
 
 def _redistribution(plan: RedistributionPlan, cache: ProcessGroupCache, rank: int) -> nn.Module:
     return Redistribute(plan, rank, cache)
+
+
+def _separate_tied_copies(model: LayeredModel) -> None:
+    """Give the head its own copy of every tied weight that it shares with the embedding as one tensor object.
+
+    Hugging Face ties weights by sharing one ``Parameter``; a parallelizer that keeps a degree-1 module as it is
+    would then hand the same tensor to the embedding's and the head's data-parallel units: its gradient would be
+    reduced by both and doubled by the tie, and the optimizer would update it twice. With two copies, the runtime's
+    one tie mechanism applies everywhere: gradients summed once, values kept equal (:meth:`sync_tied_weights`).
+    """
+    for emb_name, head_name in model.tied_weights:
+        emb = model.embedding.get_parameter(emb_name.removeprefix("embedding."))
+        head_path = head_name.removeprefix("head.")
+        if model.head.get_parameter(head_path) is not emb:
+            continue
+        owner_path, _, attr = head_path.rpartition(".")
+        owner = model.head.get_submodule(owner_path) if owner_path else model.head
+        setattr(owner, attr, nn.Parameter(emb.detach().clone(), requires_grad=emb.requires_grad))
 
 
 def _tie(out: HybridParallelModel, tied: Sequence[tuple[str, str]]) -> None:

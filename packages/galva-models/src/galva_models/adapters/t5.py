@@ -12,20 +12,34 @@ between stages) at the price of sending the encoder output along the decoder sta
 Relative position bias: Hugging Face computes it in the first block of each stack and reuses it. Here every layer
 computes it itself (:class:`RelativeBias`) from the stack's one ``relative_attention_bias`` table. The table is a
 parameter of the stack's first layer only (inside its Hugging Face block); the other layers hold an *unregistered*
-reference, so autograd sums every layer's contribution into that one parameter and the optimizer sees it once.
-This is exact as long as each stack's layers sit on one pipeline stage, are not tensor parallel and the table is
-not sharded by ZeRO-3; :func:`plan_problem` refuses other plans (a general fix needs galva-hp to tie parameters
-between layers).
+reference, so autograd sums every layer's contribution into that one parameter and the optimizer (and the
+data-parallel reduction of the first layer's unit) sees it once. This is exact as long as each stack's layers sit
+on one pipeline stage with one tp layout and the table is not sharded by ZeRO-3; :func:`plan_problem` refuses
+other plans (a general fix needs galva-hp to tie parameters between layers).
+
+Tensor parallelism (:class:`T5Parallelizer`): Megatron column-parallel q / k / v over heads and row-parallel o in
+self- and cross-attention (:class:`T5TPAttention`, T5's unscaled scores plus the additive position bias), the FFN
+(``DenseReluDense`` or gated-gelu) column/row-parallel, T5's RMS-style norms replicated. The relative-position
+table is split by heads: the stack's first layer holds this rank's columns ``[buckets, heads/tp]`` as a new
+parameter (tagged as a tp shard), and the stack's other layers on this rank read that same shard through an
+unregistered reference, exactly as in the single-process form. Layers are converted in order, so the first layer's
+form makes the shard and the later ones find it (:meth:`T5Parallelizer.layer`). Megatron-SP and Ulysses are not
+supported: a sequence slice of ``[encoder ; decoder]`` would not respect the two streams.
 """
 
 from __future__ import annotations
 
+import copy
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
-from galva_hp.model import LayeredModel
+from galva_hp.model import LayeredModel, ParallelContext
 from galva_models.adapters.base import (
     FamilyAdapter,
     LayerSpec,
@@ -35,6 +49,7 @@ from galva_models.adapters.base import (
     check_full_coverage,
     tie_pairs,
 )
+from galva_models.adapters.parallel import tp_group
 
 
 class T5Embedding(nn.Module):
@@ -48,21 +63,59 @@ class T5Embedding(nn.Module):
 
 
 class RelativeBias(nn.Module):
-    """The stack's bucketed relative-position bias ``[1, heads, q, k]`` (same maths as ``T5Attention``)."""
+    """A stack's bucketed relative-position bias ``[1, heads, q, k]`` (same maths as ``T5Attention``), read from a
+    table it does not register (see the module docstring)."""
 
-    def __init__(self, attention: Any) -> None:
+    def __init__(
+        self,
+        table: nn.Embedding,
+        bidirectional: bool,
+        num_buckets: int,
+        max_distance: int,
+        bucket: Callable[..., Tensor],
+    ) -> None:
         super().__init__()
-        self._table = (attention.relative_attention_bias,)  # a tuple: not registered (see the module docstring)
-        self.bidirectional = not attention.is_decoder
-        self.num_buckets = attention.relative_attention_num_buckets
-        self.max_distance = attention.relative_attention_max_distance
-        self._bucket = type(attention)._relative_position_bucket
+        self._table = (table,)  # a tuple: not registered
+        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self._bucket = bucket
+
+    @classmethod
+    def of(cls, attention: Any) -> RelativeBias:
+        """The bias of a Hugging Face ``T5Attention`` that has the stack's table."""
+        return cls(
+            attention.relative_attention_bias,
+            not attention.is_decoder,
+            attention.relative_attention_num_buckets,
+            attention.relative_attention_max_distance,
+            type(attention)._relative_position_bucket,
+        )
+
+    @property
+    def table(self) -> nn.Embedding:
+        return self._table[0]
+
+    def sharded(self, group: ProcessGroup) -> RelativeBias:
+        """The same bias for this rank's heads only, from a *new* table holding their columns (a tp shard)."""
+        from galva_hp.parallel.mappings import group_rank, group_size
+        from galva_hp.parallel.tensor_parallel import mark_tp_split, shard
+
+        columns = shard(self.table.weight.detach(), 1, group_rank(group), group_size(group)).clone()
+        table = nn.Embedding.from_pretrained(columns, freeze=False)
+        mark_tp_split(table.weight, 1, group)
+        return RelativeBias(table, self.bidirectional, self.num_buckets, self.max_distance, self._bucket)
 
     def forward(self, length: int, device: torch.device) -> Tensor:
         pos = torch.arange(length, dtype=torch.long, device=device)
         relative = pos[None, :] - pos[:, None]
         buckets = self._bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        return self._table[0](buckets).permute(2, 0, 1).unsqueeze(0)
+        return self.table(buckets).permute(2, 0, 1).unsqueeze(0)
+
+
+def _causal(bias: Tensor) -> Tensor:
+    """``bias`` plus an additive causal mask over its last two dims."""
+    length = bias.shape[-1]
+    mask = torch.full((length, length), torch.finfo(bias.dtype).min, dtype=bias.dtype, device=bias.device)
+    return bias + torch.triu(mask, diagonal=1)
 
 
 class T5EncoderLayer(nn.Module):
@@ -92,9 +145,7 @@ class T5DecoderLayer(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         enc, dec = hidden[:, : self.encoder_length], hidden[:, self.encoder_length :]
-        length = dec.shape[1]
-        causal = torch.full((length, length), torch.finfo(dec.dtype).min, dtype=dec.dtype, device=dec.device)
-        bias = self.bias(length, dec.device) + torch.triu(causal, diagonal=1)  # additive causal mask in the bias
+        bias = _causal(self.bias(dec.shape[1], dec.device))  # additive causal mask in the bias
         dec = self.block(dec, None, bias, enc, None, None)[0]
         return torch.cat([enc, dec], dim=1)
 
@@ -109,6 +160,194 @@ class T5Head(nn.Module):
         return self.lm(hidden[:, self.encoder_length :], labels)
 
 
+# ------------------------------------------------------------------------------------------ tensor-parallel form
+class T5TPAttention(nn.Module):
+    """T5 attention over this rank's heads: column-parallel ``q`` and fused ``kv`` (local rows ``[k_r; v_r]``),
+    row-parallel ``o``; scores ``q k^T`` (T5 does not scale them) plus an additive bias of the local heads.
+
+    Self-attention reads keys and values from its input, cross-attention from ``memory`` (the encoder output).
+    ``table`` (the stack's first self-attention only) registers this rank's relative-position shard here, under
+    Hugging Face's name ``relative_attention_bias``.
+    """
+
+    def __init__(self, attention: Any, group: ProcessGroup, table: nn.Embedding | None = None) -> None:
+        super().__init__()
+        from galva_hp.parallel.mappings import group_rank, group_size
+        from galva_hp.parallel.tensor_parallel import column_parallel_linear, row_parallel_linear, shard
+
+        tp, rank = group_size(group), group_rank(group)
+        heads = attention.n_heads
+        if heads % tp:
+            raise ValueError(f"t5: tp={tp} does not divide the {heads} attention heads")
+        self.group, self.local_heads, self.head_dim = group, heads // tp, attention.key_value_proj_dim
+        self.dropout = float(attention.dropout)
+        hidden = attention.q.weight.shape[1]
+        q, k, v = (shard(p.weight.detach(), 0, rank, tp) for p in (attention.q, attention.k, attention.v))
+        self.q = column_parallel_linear(q, None, hidden, group)
+        self.kv = column_parallel_linear(torch.cat([k, v]), None, hidden, group)
+        self.o = row_parallel_linear(shard(attention.o.weight.detach(), 1, rank, tp), None, group)
+        self.relative_attention_bias = table
+
+    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
+        """Hugging Face's ``q / k / v / o`` (and ``relative_attention_bias``) tensors, assembled over the tp group."""
+        from galva_hp.parallel.mappings import all_gather_along_dim
+        from galva_hp.parallel.tensor_parallel import param_or_grad
+
+        full = {"q.weight": all_gather_along_dim(param_or_grad(self.q.weight, grads), 0, self.group)}
+        for name, part in zip(("k", "v"), param_or_grad(self.kv.weight, grads).chunk(2)):
+            full[f"{name}.weight"] = all_gather_along_dim(part, 0, self.group)
+        full["o.weight"] = all_gather_along_dim(param_or_grad(self.o.weight, grads), 1, self.group)
+        if self.relative_attention_bias is not None:
+            table = param_or_grad(self.relative_attention_bias.weight, grads)
+            full["relative_attention_bias.weight"] = all_gather_along_dim(table, 1, self.group)
+        return full
+
+    def forward(self, x: Tensor, bias: Tensor | None, memory: Tensor | None = None) -> Tensor:
+        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
+
+        x = enter_tp_region(x, self.group, False)
+        source = x if memory is None else enter_tp_region(memory, self.group, False)
+        (b, s), s_kv = x.shape[:2], source.shape[1]
+        q = self.q(x)[0].view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
+        k, v = (
+            t.view(b, s_kv, self.local_heads, self.head_dim).transpose(1, 2) for t in self.kv(source)[0].chunk(2, -1)
+        )
+        dropout = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=1.0)
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return exit_tp_region(F.linear(out, self.o.weight), self.group, False)
+
+
+class _Activation(nn.Module):
+    """T5's FFN middle: ``dropout(act(h))``, or ``dropout(act(gate) * up)`` for the gated form."""
+
+    def __init__(self, act: nn.Module, dropout: nn.Module) -> None:
+        super().__init__()
+        self.act, self.dropout = copy.deepcopy(act), copy.deepcopy(dropout)
+
+    def forward(self, h: Tensor, up: Tensor | None = None) -> Tensor:
+        h = self.act(h)
+        return self.dropout(h if up is None else h * up)
+
+
+def _ffn_form(ff: Any, group: ProcessGroup) -> nn.Module:
+    """``DenseReluDense`` (``wi`` / ``wo``) or the gated form (``wi_0``, ``wi_1`` / ``wo``), column/row parallel."""
+    from galva_hp.parallel.tensor_parallel import TensorParallelMLP
+
+    names = ["wi_0", "wi_1"] if hasattr(ff, "wi_0") else ["wi"]
+    ups = [getattr(ff, n).weight.detach() for n in names]
+    return TensorParallelMLP(
+        ups, [None] * len(ups), ff.wo.weight.detach(), None, _Activation(ff.act, ff.dropout),
+        group=group, names=(names, "wo"),
+    )  # fmt: skip
+
+
+class _SubLayer(nn.Module):
+    """One T5 sub-layer ``x + dropout(inner(layer_norm(x), ...))``; ``inner`` is registered under Hugging Face's
+    name (``SelfAttention``, ``EncDecAttention``, ``DenseReluDense``), so the gathered state has its names."""
+
+    def __init__(self, sub: Any, inner_name: str, inner: nn.Module) -> None:
+        super().__init__()
+        self.layer_norm = copy.deepcopy(sub.layer_norm)  # replicated over tp (it sees the full hidden)
+        self.add_module(inner_name, inner)
+        self.dropout = copy.deepcopy(sub.dropout)
+        self._inner = inner_name
+
+    def forward(self, x: Tensor, *args: Tensor | None) -> Tensor:
+        return x + self.dropout(getattr(self, self._inner)(self.layer_norm(x), *args))
+
+
+class _Block(nn.Module):
+    """Holds the sub-layers as ``layer.<i>`` like ``T5Block``."""
+
+    def __init__(self, subs: list[nn.Module]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(subs)
+
+
+class T5TPEncoderLayer(nn.Module):
+    """Tensor-parallel ``"t5_encoder"`` layer; gathers to :class:`T5EncoderLayer`'s names (``block.layer.0...``)."""
+
+    def __init__(self, layer: T5EncoderLayer, bias: RelativeBias, group: ProcessGroup, owns_table: bool) -> None:
+        super().__init__()
+        hf: Any = layer.block.layer  # the Hugging Face sub-layers
+        attention = T5TPAttention(hf[0].SelfAttention, group, bias.table if owns_table else None)
+        ffn = _ffn_form(hf[1].DenseReluDense, group)
+        self.block = _Block([_SubLayer(hf[0], "SelfAttention", attention), _SubLayer(hf[1], "DenseReluDense", ffn)])
+        self.bias = bias
+        self.encoder_length = layer.encoder_length
+        self.final = copy.deepcopy(layer.final)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        enc, dec = hidden[:, : self.encoder_length], hidden[:, self.encoder_length :]
+        enc = self.block.layer[0](enc, self.bias(enc.shape[1], enc.device))
+        enc = self.block.layer[1](enc)
+        if self.final is not None:
+            enc = self.final(enc)
+        return torch.cat([enc, dec], dim=1)
+
+
+class T5TPDecoderLayer(nn.Module):
+    """Tensor-parallel ``"t5_decoder"`` layer: self-attention, cross-attention to the encoder part, FFN."""
+
+    def __init__(self, layer: T5DecoderLayer, bias: RelativeBias, group: ProcessGroup, owns_table: bool) -> None:
+        super().__init__()
+        hf: Any = layer.block.layer
+        self_attention = T5TPAttention(hf[0].SelfAttention, group, bias.table if owns_table else None)
+        self.block = _Block(
+            [
+                _SubLayer(hf[0], "SelfAttention", self_attention),
+                _SubLayer(hf[1], "EncDecAttention", T5TPAttention(hf[1].EncDecAttention, group)),
+                _SubLayer(hf[2], "DenseReluDense", _ffn_form(hf[2].DenseReluDense, group)),
+            ]
+        )
+        self.bias = bias
+        self.encoder_length = layer.encoder_length
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        enc, dec = hidden[:, : self.encoder_length], hidden[:, self.encoder_length :]
+        dec = self.block.layer[0](dec, _causal(self.bias(dec.shape[1], dec.device)))
+        dec = self.block.layer[1](dec, None, enc)  # no position bias in cross-attention
+        dec = self.block.layer[2](dec)
+        return torch.cat([enc, dec], dim=1)
+
+
+class T5Parallelizer(SingleRankParallelizer):
+    """Layers: Megatron tp (see the module docstring). Embedding and head: degree 1.
+
+    Converting a stack's first layer makes this rank's relative-position shard; the stack's later layers (converted
+    after it, in layer order, by galva-hp's build) read the same shard. ``_shards`` maps the single-process
+    :class:`RelativeBias` of a stack to ``(tp group, sharded bias)`` of the latest conversion.
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__("t5", config)
+        self._shards: weakref.WeakKeyDictionary[RelativeBias, tuple[ProcessGroup, RelativeBias]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
+        if ctx.sp_size > 1 or ctx.megatron_sp:
+            self._check(f"{layer_type} layer", ctx)  # only tp has a form (Megatron-SP / Ulysses refused)
+        if ctx.tp_size == 1:
+            return module
+        group = tp_group(ctx)
+        stack = "encoder" if layer_type == "t5_encoder" else "decoder"
+        owns_table = bool(module.block.layer[0].SelfAttention.has_relative_attention_bias)
+        key = module.bias
+        if owns_table:
+            self._shards[key] = (group, module.bias.sharded(group))
+        elif key not in self._shards or self._shards[key][0] is not group:
+            raise ValueError(
+                f"t5: a {stack} layer was converted before the {stack} stack's first layer with the same tp group "
+                f"(that layer holds the shared relative-position table); keep a stack on one stage with one tp layout"
+            )
+        bias = self._shards[key][1]
+        if layer_type == "t5_encoder":
+            return T5TPEncoderLayer(module, bias, group, owns_table)
+        return T5TPDecoderLayer(module, bias, group, owns_table)
+
+
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
     from transformers import T5ForConditionalGeneration
 
@@ -120,8 +359,8 @@ def decompose(model: Any, encoder_seq_length: int | None = None) -> LayeredModel
     if encoder_seq_length is None:
         raise ValueError("t5: decompose needs encoder_seq_length (the split of [encoder ; decoder] positions)")
     enc, dec = model.encoder, model.decoder
-    enc_bias = RelativeBias(enc.block[0].layer[0].SelfAttention)
-    dec_bias = RelativeBias(dec.block[0].layer[0].SelfAttention)
+    enc_bias = RelativeBias.of(enc.block[0].layer[0].SelfAttention)
+    dec_bias = RelativeBias.of(dec.block[0].layer[0].SelfAttention)
     n_enc = len(enc.block)
     final = nn.Sequential(enc.final_layer_norm, enc.dropout)
     layers: list[nn.Module] = [
@@ -136,7 +375,7 @@ def decompose(model: Any, encoder_seq_length: int | None = None) -> LayeredModel
         layers=layers,
         head=head,
         layer_types=["t5_encoder"] * n_enc + ["t5_decoder"] * len(dec.block),
-        parallelizer=SingleRankParallelizer("t5", model.config),
+        parallelizer=T5Parallelizer(model.config),
         name="t5",
     )
     layered.tied_weights = tie_pairs(layered)
@@ -155,16 +394,27 @@ def layer_specs(config: Any, seq_length: int, decoder_seq_length: int | None = N
 
 def plan_problem(strategy: Any, config: Any) -> str | None:
     """Plans under which the shared relative-position tables stay exact (see the module docstring)."""
-    if any(layer.ulysses or layer.tp > 1 for layer in strategy.layers):
-        return "t5: no tensor-parallel or Ulysses form yet; use tp 1"
     if any(strategy.layer_dp_type(i).value == "zero3" for i in range(strategy.num_layers)):
         return "t5: ZeRO-3 would shard the relative-position tables the layers share; use ddp or zero2"
+    heads = getattr(config, "num_heads", None)
+    tps = sorted({layer.tp for layer in strategy.layers})
+    if heads and any(heads % tp for tp in tps):
+        return f"t5: tp {next(tp for tp in tps if heads % tp)} does not divide the {heads} attention heads"
     stages, n_enc = strategy.layer_stages, config.num_layers
-    for stack, part in (("encoder", stages[:n_enc]), ("decoder", stages[n_enc:])):
+    for stack, part, layers in (
+        ("encoder", stages[:n_enc], strategy.layers[:n_enc]),
+        ("decoder", stages[n_enc:], strategy.layers[n_enc:]),
+    ):
         if len(set(part)) > 1:
             return (
                 f"t5: the {stack} layers span pipeline stages {sorted(set(part))}; they share one relative-position "
                 f"table, so keep each stack on one stage (e.g. --pp 2 splits encoder and decoder)"
+            )
+        forms = sorted({(layer.tp, layer.tp_consecutive or layer.tp == 1) for layer in layers})
+        if len(forms) > 1:
+            return (
+                f"t5: the {stack} layers use different tp layouts (tp, consecutive) {forms}; they share one "
+                f"relative-position table split by heads, so give every layer of a stack the same tp layout"
             )
     return None
 
@@ -184,6 +434,10 @@ ADAPTER = FamilyAdapter(
     decompose=decompose,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
+    parallel_forms=frozenset({"tp"}),
     plan_check=plan_problem,
-    notes=("each stack's relative-position table is a parameter of its first layer, read by all of its layers",),
+    notes=(
+        "each stack's relative-position table is a parameter of its first layer, read by all of its layers",
+        "tp splits the table by heads; Megatron-SP, Ulysses and vocabulary tp are not supported",
+    ),
 )
