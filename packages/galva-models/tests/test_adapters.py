@@ -6,6 +6,8 @@ backward pass agree within 1e-5 (same weights, same maths, different summation o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -104,6 +106,30 @@ def test_layer_types_and_specs():
     table = layered.layers[0].block.layer[0].SelfAttention.relative_attention_bias
     assert layered.layers[1].bias._table[0] is table
     assert not any("relative_attention_bias" in n for n, _ in layered.layers[1].named_parameters())
+
+
+def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
+    """A 24-pixel tiny Swin has grids 12x12, 6x6, 3x3, 2x2: Ulysses / Megatron-SP 2 cannot split the 9 tokens that
+    stage 1's patch merging outputs. Refused before any process group, naming the layer; tp alone is fine."""
+    from galva_hp import check_plan
+    from galva_schema import SchemaError, Strategy
+
+    config = preset_config("tiny-swin")
+    config.image_size = 24
+    _, layered = build_layered(config)
+
+    def plan(**fields) -> Strategy:
+        layer = fields.pop("layer")
+        base = {"world_size": 2, "pp": 1, "global_batch_size": 2, "num_micro_batches": 1}
+        return Strategy.model_validate({**base, "layers": [layer] * layered.num_layers, **fields})
+
+    check_plan(layered, plan(layer={"tp": 2}))
+    check_plan(build_layered(preset_config("tiny-swin"))[1], plan(layer={"tp": 2, "ulysses": True}))
+    message = "swin: layer 1 (swin_stage1): {} 2 does not divide the 9 tokens of its merged output grid"
+    with pytest.raises(SchemaError, match=re.escape(message.format("Ulysses degree"))):
+        check_plan(layered, plan(layer={"tp": 2, "ulysses": True}))
+    with pytest.raises(SchemaError, match=re.escape(message.format("Megatron-SP degree"))):
+        check_plan(layered, plan(layer={"tp": 2}, megatron_sp=True))
 
 
 def test_unknown_model_type():

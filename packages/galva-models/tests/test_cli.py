@@ -108,7 +108,7 @@ BAD = [
     (["--model", "tiny-llama", "--attention-backend", "flash"], 1, "flash"),
     (["--model", "tiny-vit", "--seq-length", "64"], 1, "vit takes images"),
     (["--model", "tiny-llama", "--num-attention-heads", "3"], 1, "not divisible by --num-attention-heads 3"),
-    (["--model", "tiny-swin", "--tp", "2", "--ulysses"], 2, "swin: no ulysses form yet (this family has: tp)"),
+    (["--model", "tiny-swin", "--tp", "4", "--sequence-parallel"], 4, "swin: layer 0 (swin_stage0): tp 4 does not"),
     (["--model", "tiny-vit", "--vocab-tp", "2"], 2, "vit: no vocab_tp form yet"),
     (["--model", "tiny-t5", "--vocab-tp", "2"], 2, "t5: no vocab_tp form yet"),
     (["--model", "tiny-t5", "--pp", "4"], 4, "t5: the encoder layers span pipeline stages [0, 1]"),

@@ -7,6 +7,11 @@ Galva modules:
   its own shift); the last block of a stage also holds the stage's ``downsample`` (patch merging), so a stage's
   output boundary already has the next stage's shape ``[b, seq/4, 2C]``. Each block knows its grid size.
 - head ``ClassifierHead``: ``norm`` (final LayerNorm), mean over tokens, ``classifier``
+
+Parallel layer forms (:class:`SwinParallelBlock`): Megatron tp, optionally Megatron-SP (tokens of the flattened
+grid sharded at the boundaries), and Ulysses. Windows need the whole grid, so the attention gathers it (all-gather
+under Megatron-SP, all-to-all of q/k/v under Ulysses), and a stage's patch merging gathers the grid, interleaves and
+re-shards the merged tokens. A sequence-sharding degree must divide every grid it meets (:func:`plan_problem`).
 """
 
 from __future__ import annotations
