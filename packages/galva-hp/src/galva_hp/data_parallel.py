@@ -16,6 +16,7 @@ itself and copies them back into the bf16 module after every optimizer step.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class ParamRecord:
     counted: bool = True  # False for the second copy of a tied weight
 
 
-class DataParallelUnit:
+class DataParallelUnit(ABC):
     """One module wrapped for data parallelism on ``group`` (None: a single-rank group)."""
 
     dp_type: DataParallelType
@@ -64,21 +65,21 @@ class DataParallelUnit:
     def group_size(self) -> int:
         return 1 if self.group is None else self.group.size()
 
-    def before_backward(self, sync: bool) -> None:
+    def before_backward(self, sync: bool) -> None:  # noqa: B027 - optional hook, empty by default
         """Called before each micro-batch backward; ``sync`` marks the backward after which gradients are reduced."""
 
-    def after_backward(self, sync: bool) -> None:
+    def after_backward(self, sync: bool) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after each micro-batch backward."""
 
+    @abstractmethod
     def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(name, fp32 master parameter) pairs the optimizer updates."""
-        raise NotImplementedError
 
+    @abstractmethod
     def replicas_over_dp(self) -> int:
         """How many ranks of the sharding group hold the same local piece of a parameter."""
-        raise NotImplementedError
 
-    def after_step(self) -> None:
+    def after_step(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after every optimizer step (copy master weights back into compute weights)."""
 
 
