@@ -5,8 +5,10 @@ Llama (RMSNorm, SwiGLU, RoPE, GQA with 4 heads / 2 KV heads: tp 2 splits the KV 
 2 exchanges 2 KV heads, Ulysses 4 repeats them). On 4 ranks every mode runs in the contiguous pairs, the strided
 pairs ({1,3} holds no rank 0) and the world group. Shards are gathered with ``gather_full_state``; Ulysses weight
 gradients (partial per sequence shard) are summed over the sp group as the runtime's sharding-group reduction does.
-Tolerance: relative 1e-5 (fp32; only summation order differs), plus an absolute 1e-6 (norm) on weight gradients for
-the key biases, whose exact gradient is zero (softmax ignores them) so only rounding noise is compared.
+``causal=False`` (encoders) is checked on the bare attention blocks against an unmasked oracle: tp 2, tp 2 +
+Megatron-SP and Ulysses 2, MHA and GQA. Tolerance: relative 1e-5 (fp32; only summation order differs), plus an
+absolute 1e-6 (norm) on weight gradients for the key biases, whose exact gradient is zero (softmax ignores them) so
+only rounding noise is compared.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from galva_comm.testing import run_distributed
 from galva_hp.model import ParallelContext
 from galva_hp.parallel.mappings import all_reduce_sum
 from galva_hp.parallel.tensor_parallel import gather_full_state
-from galva_hp.testing.compare import assert_rel_close, assert_states_close, named_grads
+from galva_hp.testing.compare import assert_rel_close, assert_states_close, named_grads, relative_error
 from galva_hp.testing.models import tiny_gpt, tiny_llama
 
 TOL = 1e-5
@@ -119,6 +121,78 @@ def _mqa_on_world(rank: int, world_size: int) -> bool:
 @pytest.mark.distributed
 def test_single_kv_head_under_tp_and_ulysses() -> None:
     assert run_distributed(_mqa_on_world, 4, timeout=120) == [True] * 4
+
+
+class _UnmaskedAttention(torch.nn.Module):
+    """Single-process oracle for ``causal=False``: softmax attention with no mask, written out (no SDPA), GQA by
+    repeating each K/V head for its query heads."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.q_proj = torch.nn.Linear(hidden, hidden)
+        self.k_proj = torch.nn.Linear(hidden, kv_heads * self.head_dim)
+        self.v_proj = torch.nn.Linear(hidden, kv_heads * self.head_dim)
+        self.o_proj = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        d, repeat = self.head_dim, self.heads // self.kv_heads
+        q = self.q_proj(x).view(b, s, self.heads, d).transpose(1, 2)
+        k, v = (p(x).view(b, s, self.kv_heads, d).transpose(1, 2).repeat_interleave(repeat, 1)
+                for p in (self.k_proj, self.v_proj))  # fmt: skip
+        weights = torch.softmax(q @ k.transpose(-1, -2) / d**0.5, dim=-1)  # every query sees every key
+        return self.o_proj((weights @ v).transpose(1, 2).reshape(b, s, -1))
+
+
+def _attention_block(mode: str, source: _UnmaskedAttention, causal: bool) -> torch.nn.Module:
+    """galva-hp's tp (``tp`` / ``tp_sp``) or Ulysses attention over the world group, from copies of ``source``."""
+    from galva_hp.parallel.tensor_parallel import TensorParallelAttention
+    from galva_hp.parallel.ulysses import UlyssesAttention
+
+    projections = (source.q_proj, source.k_proj, source.v_proj, source.o_proj)
+    heads = {"heads": source.heads, "kv_heads": source.kv_heads, "group": dist.group.WORLD, "causal": causal}
+    if mode == "ulysses":
+        return UlyssesAttention(*(copy.deepcopy(p) for p in projections), head_dim=source.head_dim, **heads)
+    return TensorParallelAttention(
+        *(p.weight for p in projections), *(p.bias for p in projections), sequence_parallel=mode == "tp_sp", **heads
+    )
+
+
+def _bidirectional_on_world(rank: int, world_size: int) -> bool:
+    """``causal=False`` tp (plain and Megatron-SP) and Ulysses attention equal the unmasked oracle (MHA and GQA);
+    the same blocks with the default ``causal=True`` do not (the test can tell the two apart)."""
+    for kv_heads in (4, 2):
+        source = _UnmaskedAttention(32, 4, kv_heads, seed=11)
+        gen = torch.Generator().manual_seed(13)
+        x, grad_out = torch.randn(BATCH, SEQ, 32, generator=gen), torch.randn(BATCH, SEQ, 32, generator=gen)
+        reference = copy.deepcopy(source)
+        x_ref = x.clone().requires_grad_()
+        out_ref = reference(x_ref)
+        out_ref.backward(grad_out)
+        for mode in ("tp", "tp_sp", "ulysses"):
+            where = f"causal=False {mode} kv_heads={kv_heads} rank {rank}"
+            parts = world_size if mode != "tp" else 1  # tp_sp and Ulysses hold a sequence slice
+            x_local = x.chunk(parts, dim=1)[rank % parts].clone().requires_grad_()
+            expected = out_ref.detach().chunk(parts, dim=1)[rank % parts]
+            layer = _attention_block(mode, source, causal=False)
+            out = layer(x_local)
+            out.backward(grad_out.chunk(parts, dim=1)[rank % parts])
+            assert_rel_close(out, expected, TOL, f"{where} forward")
+            assert_rel_close(x_local.grad, x_ref.grad.chunk(parts, dim=1)[rank % parts], TOL, f"{where} input grad")
+            grads = gather_full_state(layer, grads=True)
+            if mode == "ulysses":
+                grads = {name: all_reduce_sum(g, dist.group.WORLD) for name, g in grads.items()}
+            assert_states_close(grads, named_grads(reference), TOL, f"{where} weight grads", ZERO_GRAD_ATOL)
+            masked = _attention_block(mode, source, causal=True)(x_local.detach())
+            assert relative_error(masked, expected) > 0.05, f"{where}: causal=True matches the unmasked oracle too"
+    return True
+
+
+@pytest.mark.distributed
+def test_bidirectional_attention_equals_unmasked_attention() -> None:
+    assert run_distributed(_bidirectional_on_world, 2, timeout=120) == [True, True]
 
 
 def test_incompatible_heads_are_rejected() -> None:

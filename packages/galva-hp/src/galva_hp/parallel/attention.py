@@ -1,4 +1,5 @@
-"""Local causal attention shared by every parallel form, and the rotary position embedding of the Llama family.
+"""Local attention (causal or bidirectional) shared by every parallel form, and the rotary position embedding of the
+Llama family.
 
 Tensors are ``[batch, seq, heads, head_dim]``. The attention itself is ``scaled_dot_product_attention`` (works on
 CPU with the math and flash kernels, on GPU with every backend); grouped-query attention uses its ``enable_gqa``
@@ -13,21 +14,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Rotary", "RotaryEmbedding", "causal_attention"]
+__all__ = ["Rotary", "RotaryEmbedding", "attention", "causal_attention"]
 
 Rotary = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """Applies position information to ``(q, k)`` of the *whole* sequence (positions ``0 .. seq-1``)."""
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Causal softmax attention: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with ``hq % hkv == 0``."""
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True) -> Tensor:
+    """Softmax attention, causal (decoders) or unmasked (``causal=False``: encoders such as BERT and ViT):
+    q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with ``hq % hkv == 0``."""
     hq, hkv = q.shape[2], k.shape[2]
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=hq != hkv
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=hq != hkv
     )
     return out.transpose(1, 2)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal softmax attention: :func:`attention` with ``causal=True``."""
+    return attention(q, k, v, causal=True)
 
 
 class RotaryEmbedding(nn.Module):

@@ -37,7 +37,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.attention import Rotary, causal_attention
+from galva_hp.parallel.attention import Rotary, attention
 from galva_hp.parallel.mappings import (
     all_gather_along_dim,
     copy_to_group,
@@ -250,7 +250,8 @@ class TensorParallelAttention(nn.Module):
     q/k/v weights are ``[heads*d, hidden]`` / ``[kv_heads*d, hidden]`` (``nn.Linear`` layout), ``o_weight`` is
     ``[hidden, heads*d]``. This rank keeps query heads ``[r*heads/tp, (r+1)*heads/tp)`` in one fused
     column-parallel ``qkv`` (its local rows are ``[q_r; k_r; v_r]``) and the matching input columns of the
-    row-parallel ``o_proj``. ``rotary`` (if any) is applied to the full sequence of the local heads.
+    row-parallel ``o_proj``. ``rotary`` (if any) is applied to the full sequence of the local heads. ``causal=False``
+    drops the causal mask (bidirectional encoders such as BERT and ViT).
     """
 
     def __init__(
@@ -269,6 +270,7 @@ class TensorParallelAttention(nn.Module):
         group: ProcessGroup,
         sequence_parallel: bool = False,
         rotary: Rotary | None = None,
+        causal: bool = True,
     ) -> None:
         super().__init__()
         if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
@@ -279,6 +281,7 @@ class TensorParallelAttention(nn.Module):
         if heads % kv_heads:
             raise ValueError(f"{heads} heads are not a multiple of {kv_heads} key/value heads")
         self.group, self.sequence_parallel, self.rotary = group, sequence_parallel, rotary
+        self.causal = causal
         self.head_dim = q_weight.shape[0] // heads
         self.local_heads = heads // tp
         hidden = q_weight.shape[1]
@@ -359,7 +362,7 @@ class TensorParallelAttention(nn.Module):
         q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = causal_attention(q, k, v).reshape(b, s, hq * d)
+        out = attention(q, k, v, causal=self.causal).reshape(b, s, hq * d)
         return _row_output(self.o_proj, out, self.sequence_parallel)
 
 

@@ -2,9 +2,9 @@
 
 The layer's input is ``[b, s/sp, hidden]`` on every rank of the sp group, and its weights are replicated (not split)
 over that group: projections, norms and the MLP run on the local tokens. Around the attention, one all-to-all per
-tensor scatters the heads and gathers the sequence (q, k, v: ``[b, s/sp, h, d] -> [b, s, h/sp, d]``), local causal
-attention runs on ``h/sp`` heads of the full sequence, and one all-to-all takes the output back to
-``[b, s/sp, h, d]``. Backward runs the inverse all-to-alls.
+tensor scatters the heads and gathers the sequence (q, k, v: ``[b, s/sp, h, d] -> [b, s, h/sp, d]``), local attention
+(causal, or unmasked with ``causal=False``) runs on ``h/sp`` heads of the full sequence, and one all-to-all takes the
+output back to ``[b, s/sp, h, d]``. Backward runs the inverse all-to-alls.
 
 GQA: K/V are exchanged with their own head count when ``kv_heads % sp == 0`` (no repetition, so the all-to-all
 moves ``kv_heads/heads`` of the query volume). Otherwise each K/V head is repeated ``r = lcm(kv_heads, sp)/kv_heads``
@@ -22,7 +22,7 @@ import math
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.attention import Rotary, causal_attention
+from galva_hp.parallel.attention import Rotary, attention
 from galva_hp.parallel.mappings import all_to_all, group_size
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
@@ -44,7 +44,7 @@ class UlyssesAttention(nn.Module):
 
     The projections are any modules mapping ``[b, s, hidden]`` to ``[b, s, heads*d]`` (``kv_heads*d`` for k and v)
     and back for ``o_proj``; they are used as given (pass copies). ``rotary`` is applied after the exchange, to the
-    whole sequence.
+    whole sequence. ``causal=False`` drops the causal mask (bidirectional encoders such as BERT and ViT).
     """
 
     def __init__(
@@ -59,8 +59,10 @@ class UlyssesAttention(nn.Module):
         head_dim: int,
         group: ProcessGroup | None,
         rotary: Rotary | None = None,
+        causal: bool = True,
     ) -> None:
         super().__init__()
+        self.causal = causal
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.group, self.rotary = group, rotary
@@ -78,6 +80,6 @@ class UlyssesAttention(nn.Module):
         q, k, v = (all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = causal_attention(q, k, v)  # [b, s, heads/sp, d]
+        out = attention(q, k, v, causal=self.causal)  # [b, s, heads/sp, d]
         out = all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

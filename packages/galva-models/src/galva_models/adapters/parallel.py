@@ -9,6 +9,9 @@ A pre-LN transformer layer ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))`` tak
   (:class:`~galva_hp.parallel.ulysses.UlyssesAttention`);
 - single rank: the module unchanged.
 
+The encoder families (BERT, ViT) use the same galva-hp attention blocks with ``causal=False``
+(:func:`encoder_attention_form`).
+
 Every parallel form is built from *copies* of the single-process weights (this rank's shards), so it computes
 the same function; the single-process module is left untouched.
 """
@@ -150,125 +153,29 @@ class SequenceOffsetEmbedding(nn.Module):
         return self.drop(hidden + nn.functional.embedding(pos, table).unsqueeze(0))
 
 
-# ----------------------------------------------------------------------------- bidirectional (encoder) attention
-def _sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Full (non-causal) softmax attention on ``[b, s, h, d]`` tensors."""
-    out = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2)
-
-
-class BidirectionalTPAttention(nn.Module):
-    """Megatron tensor-parallel self-attention without a causal mask (BERT, ViT), optionally with Megatron-SP.
-
-    Built from galva-hp's public pieces: this rank's heads in one fused column-parallel ``qkv`` (local rows
-    ``[q_r; k_r; v_r]``) and the matching input columns of a row-parallel ``o_proj``; ``enter_tp_region`` /
-    ``exit_tp_region`` do the communication (all-reduce, or all-gather / reduce-scatter along the sequence).
-    """
-
-    def __init__(
-        self,
-        weights: tuple[Tensor, Tensor, Tensor, Tensor],
-        biases: tuple[Any, Any, Any, Any],
-        *,
-        heads: int,
-        group: ProcessGroup,
-        sequence_parallel: bool = False,
-    ) -> None:
-        super().__init__()
-        from galva_hp.parallel.mappings import group_rank, group_size
-        from galva_hp.parallel.tensor_parallel import column_parallel_linear, row_parallel_linear, shard
-
-        tp, rank = group_size(group), group_rank(group)
-        if heads % tp:
-            raise ValueError(f"tp={tp} does not divide the {heads} attention heads")
-        q_w, k_w, v_w, o_w = weights
-        q_b, k_b, v_b, o_b = biases
-        self.group, self.sequence_parallel = group, sequence_parallel
-        self.local_heads, self.head_dim = heads // tp, q_w.shape[0] // heads
-        rows = torch.cat([shard(w, 0, rank, tp) for w in (q_w, k_w, v_w)]).detach()
-        bias = None if q_b is None else torch.cat([shard(b, 0, rank, tp) for b in (q_b, k_b, v_b)]).detach()
-        self.qkv = column_parallel_linear(rows, bias, q_w.shape[1], group)
-        self.o_proj = row_parallel_linear(shard(o_w, 1, rank, tp).detach(), None, group)
-        self.o_bias = None if o_b is None else nn.Parameter(o_b.detach().clone())  # added once, after the reduction
-
-    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
-        """``q_proj / k_proj / v_proj / o_proj`` weights and biases, assembled over the tp group."""
-        from galva_hp.parallel.mappings import all_gather_along_dim
-        from galva_hp.parallel.tensor_parallel import param_or_grad
-
-        full: dict[str, Tensor] = {}
-        weight, bias = param_or_grad(self.qkv.weight, grads), param_or_grad(self.qkv.bias, grads)
-        for name, part in zip(("q_proj", "k_proj", "v_proj"), weight.chunk(3)):
-            full[f"{name}.weight"] = all_gather_along_dim(part, 0, self.group)
-        if bias is not None:
-            for name, part in zip(("q_proj", "k_proj", "v_proj"), bias.chunk(3)):
-                full[f"{name}.bias"] = all_gather_along_dim(part, 0, self.group)
-        full["o_proj.weight"] = all_gather_along_dim(param_or_grad(self.o_proj.weight, grads), 1, self.group)
-        if self.o_bias is not None:
-            full["o_proj.bias"] = param_or_grad(self.o_bias, grads)
-        return full
-
-    def forward(self, x: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import copy_to_group
-        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
-
-        x = enter_tp_region(x, self.group, self.sequence_parallel)
-        b, s = x.shape[:2]
-        q, k, v = (t.view(b, s, self.local_heads, self.head_dim) for t in self.qkv(x)[0].chunk(3, dim=-1))
-        out = _sdpa(q, k, v).reshape(b, s, -1)
-        out = exit_tp_region(nn.functional.linear(out, self.o_proj.weight), self.group, self.sequence_parallel)
-        if self.o_bias is not None:
-            # under Megatron-SP the bias meets a sequence slice: its gradient is summed over the tp group
-            bias = copy_to_group(self.o_bias, self.group) if self.sequence_parallel else self.o_bias
-            out = out + bias
-        return out
-
-
-class BidirectionalUlyssesAttention(nn.Module):
-    """Ulysses attention without a causal mask: replicated projections on the local sequence slice, all-to-all
-    (scatter heads, gather sequence) around full attention, and back."""
-
-    def __init__(
-        self,
-        q_proj: nn.Module,
-        k_proj: nn.Module,
-        v_proj: nn.Module,
-        o_proj: nn.Module,
-        *,
-        heads: int,
-        group: ProcessGroup | None,
-    ) -> None:
-        super().__init__()
-        from galva_hp.parallel.mappings import group_size
-
-        if heads % group_size(group):
-            raise ValueError(f"Ulysses degree {group_size(group)} does not divide the {heads} attention heads")
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
-        self.heads, self.group = heads, group
-
-    def forward(self, x: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import all_to_all
-
-        b, s_local, _ = x.shape
-        q, k, v = (p(x).view(b, s_local, self.heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q, k, v = (all_to_all(t, 2, 1, self.group) for t in (q, k, v))  # [b, s, h/sp, d]
-        out = all_to_all(_sdpa(q, k, v), 1, 2, self.group)  # back to [b, s/sp, h, d]
-        return self.o_proj(out.reshape(b, s_local, -1))
-
-
 def encoder_attention_form(
     weights: tuple[Tensor, Tensor, Tensor, Tensor],
     biases: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None],
     heads: int,
     ctx: ParallelContext,
 ) -> nn.Module:
-    """The bidirectional attention for a tp or Ulysses context (weights in ``nn.Linear`` layout, copied)."""
+    """The bidirectional attention (BERT, ViT) for a tp or Ulysses context: galva-hp's ``TensorParallelAttention`` /
+    ``UlyssesAttention`` with ``causal=False`` (weights in ``nn.Linear`` layout, copied). Either way its gathered
+    state is ``q_proj / k_proj / v_proj / o_proj`` weights and biases."""
     if ctx.sp_size > 1:
+        from galva_hp.parallel.ulysses import UlyssesAttention
+
         projections = [linear_from(w, b) for w, b in zip(weights, biases)]
-        return BidirectionalUlyssesAttention(*projections, heads=heads, group=ctx.sp_group)
-    return BidirectionalTPAttention(
-        weights, biases, heads=heads, group=tp_group(ctx), sequence_parallel=ctx.megatron_sp
-    )
+        return UlyssesAttention(
+            *projections, heads=heads, kv_heads=heads, head_dim=weights[0].shape[0] // heads,
+            group=ctx.sp_group, causal=False,
+        )  # fmt: skip
+    from galva_hp.parallel.tensor_parallel import TensorParallelAttention
+
+    return TensorParallelAttention(
+        *weights, *biases, heads=heads, kv_heads=heads, group=tp_group(ctx),
+        sequence_parallel=ctx.megatron_sp, causal=False,
+    )  # fmt: skip
 
 
 class TwoLayerMLP(nn.Module):
