@@ -17,6 +17,7 @@ from pathlib import Path
 from galva_schema import DataParallelType, PipelineSchedule, Precision, SchemaError, write_json_atomic
 from galva_search.cost_model import CostModel, CostSettings
 from galva_search.profiles import load_hardware, load_model, parse_memory
+from galva_search.report import write_html_report
 from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, search
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
 from galva_search.summary import json_summary, text_summary
@@ -101,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--summary-json", metavar="PATH", help="write predicted time, throughput, memory per stage")
     g.add_argument("--galvatron-output", metavar="PATH", help="also write the reference's strategy format")
     g.add_argument("--log", metavar="PATH", help="write one line per task tried")
+    g.add_argument("--report-html", metavar="PATH",
+                   help="write a self-contained HTML report: memory and time per stage, layer map, search counts")
     g.add_argument("--threads", type=int, default=0, help="DP threads (default 0: all cores)")
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -233,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.galvatron_output, to_galvatron_strategy(result.strategy))
     if args.summary_json:
         write_json_atomic(args.summary_json, json_summary(result))
+    if args.report_html:
+        write_html_report(args.report_html, result)
     print(text_summary(result))
     return 0
 
