@@ -56,6 +56,7 @@ class TrainConfig:
     save_interval: int | None = None
     log_interval: int = 1
     metrics_jsonl: str | None = None
+    report_html: str | None = None
     tensorboard_dir: str | None = None
     progress: bool = True
     initialize_on_meta: bool = False
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--save-interval", type=int)
     d.add_argument("--log-interval", type=int, default=1)
     d.add_argument("--metrics-jsonl", help="Write one JSON object per step here.")
+    d.add_argument("--report-html", help="At the end, write the step metrics as an HTML page of charts here.")
     d.add_argument("--tensorboard-dir")
     d.add_argument("--no-progress", action="store_true", help="No progress bar (plain log lines).")
     return p
@@ -193,6 +195,13 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         raise ConfigError("--initialize-on-meta: weights come from --hf-checkpoint; drop one of the two")
     if args.train_iters < 1:
         raise ConfigError(f"--train-iters must be >= 1, got {args.train_iters}")
+    same = (
+        args.report_html
+        and args.metrics_jsonl
+        and os.path.abspath(args.report_html) == os.path.abspath(args.metrics_jsonl)
+    )
+    if same:
+        raise ConfigError(f"--report-html {args.report_html} is the --metrics-jsonl file; use another name")
     if args.attention_backend == "flash":
         from galva_models.attention import AttentionBackendError, attn_implementation
 
@@ -239,6 +248,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         save_interval=args.save_interval,
         log_interval=args.log_interval,
         metrics_jsonl=args.metrics_jsonl,
+        report_html=args.report_html,
         tensorboard_dir=args.tensorboard_dir,
         progress=not args.no_progress,
         initialize_on_meta=args.initialize_on_meta,

@@ -136,6 +136,7 @@ def run(cfg: TrainConfig) -> int:
     )
     source = make_source(cfg)
     logger = None
+    report_records: list[dict[str, Any]] | None = [] if rank == 0 and cfg.report_html else None
     if rank == 0:
         logger = MetricsLogger(
             total_steps=cfg.train_iters,
@@ -152,27 +153,54 @@ def run(cfg: TrainConfig) -> int:
             seconds = (metrics.step_ms / 1e3) if metrics.step_ms else time.perf_counter() - start
             tokens = batch.inputs.numel() if batch.inputs.dim() == 2 else batch.size
             if logger is not None:
-                logger.log(
-                    {
-                        "step": step,
-                        "loss": metrics.loss,
-                        "lr": metrics.lr,
-                        "grad_norm": metrics.grad_norm,
-                        "step_time_s": seconds,
-                        "tokens_per_s": tokens / seconds,
-                        "tflops": flops_per_token * tokens / seconds / world / 1e12,
-                        "peak_memory_mib": metrics.peak_memory_mib,
-                    }
-                )
+                record = {
+                    "step": step,
+                    "loss": metrics.loss,
+                    "lr": metrics.lr,
+                    "grad_norm": metrics.grad_norm,
+                    "step_time_s": seconds,
+                    "tokens_per_s": tokens / seconds,
+                    "tflops": flops_per_token * tokens / seconds / world / 1e12,
+                    "peak_memory_mib": metrics.peak_memory_mib,
+                }
+                logger.log(record)
+                if report_records is not None:
+                    report_records.append(record)
             if not torch.isfinite(torch.tensor(metrics.loss)):
                 print(f"galva-train: error: loss is {metrics.loss} at step {step + 1}", file=sys.stderr)
                 return 1
     finally:
         if logger is not None:
             logger.close()
+        if report_records:  # also after a diverged run: the charts show where it went wrong
+            _write_report(str(cfg.report_html), cfg, report_records, world)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], world: int) -> None:
+    """``--report-html``: the run's step metrics as one HTML page (atomic write); a failure only warns."""
+    from galva_models.report import write_report
+
+    s = cfg.strategy
+    tp = sorted({layer.tp for layer in s.layers})
+    facts = {
+        "model": cfg.model_name,
+        "world size": world,
+        "plan": f"pp {s.pp}, tp {'/'.join(map(str, tp))}, {s.num_micro_batches} micro-batches, "
+        f"{s.default_dp_type.value}" + (", Megatron-SP" if s.megatron_sp else ""),
+        "global batch size": s.global_batch_size,
+        "sequence length": cfg.seq_length,
+        "precision": s.mixed_precision.value,
+        "train iters": cfg.train_iters,
+        "data": cfg.data_path or "random",
+        "metrics file": cfg.metrics_jsonl,
+    }
+    try:
+        write_report(path, records, facts, f"Galva training report: {cfg.model_name}")
+    except OSError as err:
+        print(f"galva-train: warning: cannot write --report-html {path}: {err}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
