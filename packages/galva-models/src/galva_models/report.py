@@ -15,17 +15,15 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHARTS", "ReportError", "load_metrics", "main", "render_report", "write_report"]
+from galva_schema import write_text_atomic
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+__all__ = ["CHARTS", "ReportError", "load_metrics", "main", "render_report", "write_report"]
 
 
 class ReportError(ValueError):
@@ -275,18 +273,7 @@ def write_report(
 ) -> Path:
     """Render and write the page to ``path`` atomically (temporary file in the same directory, then rename)."""
     text = render_report(records, facts, title)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; use the mode open() would give
-            handle.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    return write_text_atomic(path, text)
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI

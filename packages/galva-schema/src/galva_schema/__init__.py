@@ -4,10 +4,11 @@ Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a b
 :class:`SchemaError` with one line naming the file, the field and the layer.
 """
 
-from galva_schema._base import GalvaFile, write_json_atomic
+from galva_schema._base import GalvaFile
 from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
 from galva_schema.cluster import ClusterSpec
 from galva_schema.errors import SchemaError
+from galva_schema.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.model_profile import (
     BatchTime,
@@ -67,5 +68,7 @@ __all__ = [
     "VocabProfile",
     "VocabStrategy",
     "even_division",
+    "write_bytes_atomic",
     "write_json_atomic",
+    "write_text_atomic",
 ]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from galva_schema.errors import SchemaError, from_validation_error
+from galva_schema.files import write_json_atomic
 from galva_schema.vocabulary import SCHEMA_VERSION
 
 T = TypeVar("T", bound="GalvaFile")
@@ -89,34 +89,3 @@ def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _src(source: str | os.PathLike[str] | None) -> str | None:
     return None if source is None else str(source)
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` without ever leaving a half-written file.
-
-    The data goes to a temporary file in the same directory, which is renamed over ``path`` only once complete;
-    on any error (for example a value that is not JSON, NaN included) the temporary file is removed and an existing
-    ``path`` is left untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; use the mode open() would give
-            json.dump(data, handle, indent=2, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

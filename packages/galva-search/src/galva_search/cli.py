@@ -7,14 +7,18 @@ missing profile entry, a bad option), reported on one line naming the file and k
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-from galva_schema import DataParallelType, PipelineSchedule, Precision, SchemaError, write_json_atomic
+from galva_schema import (
+    DataParallelType,
+    PipelineSchedule,
+    Precision,
+    SchemaError,
+    write_json_atomic,
+    write_text_atomic,
+)
 from galva_search.cost_model import CostModel, CostSettings
 from galva_search.profiles import load_hardware, load_model, parse_memory
 from galva_search.report import write_html_report
@@ -126,19 +130,6 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
     return show
 
 
-def _write_text_atomic(path: str, text: str) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
     hardware = load_hardware(args.hardware_profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     cluster = hardware.cluster
@@ -227,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None and sys.stderr.isatty():
             sys.stderr.write("\n")
     if args.log:
-        _write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
+        write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
     if args.output:
         result.strategy.save(args.output)
     if args.galvatron_output:

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from html import escape
 from pathlib import Path
 
-from galva_schema import DataParallelType, Strategy
+from galva_schema import DataParallelType, Strategy, write_text_atomic
 from galva_search.search import SearchResult
 from galva_search.summary import vocab_label
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 # Colour-blind-friendly palette (Okabe-Ito), one colour per tp/sp degree; degrees beyond it cycle.
 _TP_COLOURS = ("#56B4E9", "#009E73", "#E69F00", "#CC79A7", "#0072B2", "#D55E00", "#F0E442", "#999999")
@@ -297,16 +293,5 @@ def html_report(result: SearchResult) -> str:
 
 
 def write_html_report(path: str | os.PathLike[str], result: SearchResult) -> Path:
-    """Write :func:`html_report` to ``path`` through a temporary file renamed into place (never half-written)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; use the mode open() would give
-            handle.write(html_report(result))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Write :func:`html_report` to ``path`` atomically (never half-written)."""
+    return write_text_atomic(path, html_report(result))

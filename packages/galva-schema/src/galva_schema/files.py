@@ -1,0 +1,47 @@
+"""The one atomic file writer every Galva distribution uses.
+
+A file is written to a temporary name in the target directory and renamed over the target only once complete, so
+a reader never sees a half-written file and a failed write leaves an existing file untouched. The temporary file is
+created with mode ``0o666`` filtered by the process umask (what ``open()`` would give), without changing the umask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see the module docstring); returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # O_EXCL: never follow or reuse another writer's file; mode 0o666 & ~umask like open() gives
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` atomically.
+
+    The JSON is encoded before anything touches the disk, so a value that is not JSON (NaN included) raises with no
+    file created and an existing ``path`` left untouched.
+    """
+    return write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
