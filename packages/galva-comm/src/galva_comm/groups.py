@@ -59,9 +59,7 @@ class ProcessGroupCache:
         try:
             return self._groups[key]
         except KeyError:
-            raise KeyError(
-                f"process group {key} was not created; call create() with it on every rank first"
-            ) from None
+            raise KeyError(f"process group {key} was not created; call create() with it on every rank first") from None
 
     def create_for_layout(self, layout: RankLayout) -> None:
         """Create every multi-rank group of a strategy's layout (collective)."""

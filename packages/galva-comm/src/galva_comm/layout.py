@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from galva_schema import Strategy
+from galva_schema import GroupKind, Strategy
+from galva_schema.sharding import contiguous_block
 
 Group = tuple[int, ...]
 
@@ -103,6 +104,14 @@ class ShardLayout:
         """(batch part, sequence part) held by ``rank``, out of ``dp`` batch parts and ``seq_parts`` sequence parts."""
         mp_index, dp_index = self.coords(rank)
         return dp_index, (mp_index if self.seq_sharded else 0)
+
+    def batch_rows(self, rank: int, batch_size: int) -> slice:
+        """Rows of a ``batch_size``-sample micro-batch that ``rank`` holds (the batch-share rule)."""
+        return contiguous_block(batch_size, self.dp, self.shard(rank)[0], what="micro-batch of")
+
+    def seq_columns(self, rank: int, seq_len: int) -> slice:
+        """Positions of a ``seq_len``-token sequence that ``rank`` holds (all of them unless sequence-sharded)."""
+        return contiguous_block(seq_len, self.seq_parts, self.shard(rank)[1], what="sequence of", unit="tokens")
 
     def holds(self, rank: int, batch_cell: int, batch_cells: int, seq_cell: int, seq_cells: int) -> bool:
         """Whether ``rank`` holds the cell of a ``batch_cells x seq_cells`` grid refining this layout."""
@@ -222,15 +231,15 @@ class LayerGroups:
         """Global ranks of the stage these groups live on."""
         return self.activation.ranks
 
-    def of(self, kind: str, rank: int) -> Group:
-        """The group of kind ``tp``/``sp``/``dp``/``shard`` that contains ``rank``."""
-        for group in getattr(self, kind):
+    def of(self, kind: GroupKind, rank: int) -> Group:
+        """The group of ``kind`` that contains ``rank``."""
+        for group in getattr(self, GroupKind(kind).value):
             if rank in group:
                 return group
         raise ValueError(f"rank {rank} is not in stage {self.stage}")
 
 
-def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_sharded: bool) -> LayerGroups:
+def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int) -> LayerGroups:
     mp = model_parallel_groups(ranks, degree, consecutive)
     dp = data_parallel_groups(ranks, degree, consecutive)
     singles: list[Group] = [(r,) for r in ranks]
@@ -240,7 +249,7 @@ def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: b
         sp=mp if ulysses else singles,
         dp=dp,
         shard=[ranks] if ulysses else dp,
-        activation=ShardLayout(ranks, degree, consecutive, seq_sharded),
+        activation=ShardLayout(ranks, degree, consecutive, seq_sharded=seq_parts > 1),
     )
 
 
@@ -256,16 +265,13 @@ class RankLayout:
         for index, layer in enumerate(strategy.layers):
             ranks = stage_ranks(self.world_size, self.pp, stages[index])
             consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
-            seq_sharded = layer.ulysses or (strategy.megatron_sp and layer.tp > 1)
-            self.layers.append(_groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_sharded))
-        vocab = strategy.vocab
-        vocab_seq_sharded = vocab.sp or (strategy.megatron_sp and vocab.tp > 1)
-        self.vocab_first = _groups(
-            stage_ranks(self.world_size, self.pp, 0), 0, vocab.tp, True, vocab.sp, vocab_seq_sharded
-        )
+            seq_parts = strategy.layer_sequence_shards(index)
+            self.layers.append(_groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts))
+        vocab, vocab_parts = strategy.vocab, strategy.vocab_sequence_shards
+        self.vocab_first = _groups(stage_ranks(self.world_size, self.pp, 0), 0, vocab.tp, True, vocab.sp, vocab_parts)
         last = self.pp - 1
         self.vocab_last = _groups(
-            stage_ranks(self.world_size, self.pp, last), last, vocab.tp, True, vocab.sp, vocab_seq_sharded
+            stage_ranks(self.world_size, self.pp, last), last, vocab.tp, True, vocab.sp, vocab_parts
         )
         self.pipelines = pipeline_groups(self.world_size, self.pp)
         self.embedding_ties = embedding_tie_groups(self.world_size, self.pp)

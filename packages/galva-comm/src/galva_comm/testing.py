@@ -79,9 +79,7 @@ def _child(
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE=str(world_size),
         )
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=max(5.0, timeout))
-        )
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=max(5.0, timeout)))
         try:
             report("ok", fn(rank, world_size, *args, **kwargs))
         except BaseException:

@@ -7,6 +7,13 @@ Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a b
 from galva_schema._base import GalvaFile
 from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
 from galva_schema.cluster import ClusterSpec
+from galva_schema.constraints import (
+    LayerTypeConstraints,
+    ModelConstraints,
+    ParallelForm,
+    SharedParameter,
+    plan_problems,
+)
 from galva_schema.errors import SchemaError
 from galva_schema.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
@@ -21,9 +28,9 @@ from galva_schema.model_profile import (
 )
 from galva_schema.strategy import LayerStrategy, Strategy, VocabStrategy, even_division
 from galva_schema.vocabulary import (
-    AXES,
     SCHEMA_VERSION,
     DataParallelType,
+    GroupKind,
     PipelineSchedule,
     Precision,
     TimeModelForm,
@@ -41,7 +48,6 @@ FILE_TYPES: dict[str, type[GalvaFile]] = {
 """Every top-level file type, by the name used for its JSON Schema under ``docs/schemas/``."""
 
 __all__ = [
-    "AXES",
     "FILE_TYPES",
     "SCHEMA_VERSION",
     "AllreduceBandwidth",
@@ -50,16 +56,21 @@ __all__ = [
     "ClusterSpec",
     "CollectiveTimes",
     "DataParallelType",
+    "GroupKind",
     "HardwareProfile",
     "LayerStrategy",
+    "LayerTypeConstraints",
     "LayerTypeProfile",
+    "ModelConstraints",
     "ModelProfile",
     "ModuleEntry",
     "P2PBandwidth",
+    "ParallelForm",
     "PipelineSchedule",
     "Precision",
     "SchemaError",
     "SequenceTime",
+    "SharedParameter",
     "StaticTime",
     "Strategy",
     "TensorInfo",
@@ -68,6 +79,7 @@ __all__ = [
     "VocabProfile",
     "VocabStrategy",
     "even_division",
+    "plan_problems",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",

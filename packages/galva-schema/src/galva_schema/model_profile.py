@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Literal, Union
 from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
+from galva_schema.constraints import ModelConstraints
 from galva_schema.vocabulary import Precision
 
 
@@ -106,6 +107,23 @@ class ModelProfile(GalvaFile):
     megatron_sp: bool = Field(False, description="Activations were measured with Megatron sequence parallelism.")
     layer_types: tuple[LayerTypeProfile, ...] = Field(min_length=1)
     vocab: VocabProfile
+    constraints: ModelConstraints | None = Field(
+        None,
+        description="What the model can run (heads, unsupported forms, shared parameters): the planner proposes "
+        "nothing else. Null: no model constraints known (only the strategy's own rules apply).",
+    )
+
+    @model_validator(mode="after")
+    def _check_constraints(self) -> ModelProfile:
+        if self.constraints is None:
+            return self
+        profiled = [(t.name, t.num_layers) for t in self.layer_types]
+        declared = [(t.name, t.num_layers) for t in self.constraints.layer_types]
+        if profiled != declared:
+            raise ValueError(
+                f"constraints: layer types (name, count) {declared} differ from the profiled layer types {profiled}"
+            )
+        return self
 
     @property
     def num_layers(self) -> int:

@@ -15,6 +15,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
 from galva_schema.errors import group_problems
+from galva_schema.sharding import contiguous_block, sequence_shards
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
 
 
@@ -162,6 +163,20 @@ class Strategy(GalvaFile):
     def layer_dp_type(self, index: int) -> DataParallelType:
         """Effective data-parallel type of layer ``index``."""
         return self.layers[index].dp_type or self.default_dp_type
+
+    def layer_sequence_shards(self, index: int) -> int:
+        """Sequence slices at layer ``index``'s boundaries (see :func:`galva_schema.sharding.sequence_shards`)."""
+        layer = self.layers[index]
+        return sequence_shards(layer.tp, ulysses=layer.ulysses, megatron_sp=self.megatron_sp)
+
+    @property
+    def vocab_sequence_shards(self) -> int:
+        """Sequence slices at the vocabulary layers' boundaries."""
+        return sequence_shards(self.vocab.tp, ulysses=self.vocab.sp, megatron_sp=self.megatron_sp)
+
+    def micro_batch_rows(self, index: int) -> slice:
+        """Rows of the global batch that form micro-batch ``index`` (the batch-share rule)."""
+        return contiguous_block(self.global_batch_size, self.num_micro_batches, index)
 
     @property
     def vocab_dp(self) -> int:

@@ -57,5 +57,13 @@ class TimeModelForm(str, Enum):
     SEQUENCE = "sequence"  # quadratic in the sequence length, per sample
 
 
-AXES = ("pp", "tp", "sp", "dp", "zero")
-"""Names of the parallel axes, in the order used in logs and compact strategy strings."""
+class GroupKind(str, Enum):
+    """Kinds of rank group a layer (or the vocabulary layers of a stage) has; each kind partitions its stage.
+
+    See :class:`galva_comm.layout.LayerGroups`, which holds one list of groups per kind.
+    """
+
+    TP = "tp"  # Megatron tensor-parallel group (singletons for Ulysses or tp = 1 layers)
+    SP = "sp"  # Ulysses sequence-parallel group (singletons for Megatron layers)
+    DP = "dp"  # ranks that see different samples with the same model shard
+    SHARD = "shard"  # where gradients are reduced and ZeRO shards states: dp, or dp x sp for Ulysses layers

@@ -1,0 +1,320 @@
+"""What a model can run, as data, and the one function that checks a plan against it.
+
+A model adapter (galva-models, or galva-hp's tiny test models) states its constraints as a :class:`ModelConstraints`:
+per layer type the attention head and key/value-head counts, the parallel forms it cannot run (each with the
+reason), the token counts a sequence-sharding degree must divide; the layers that share a parameter; the forms the
+vocabulary layers cannot run; the longest sequence. The same object travels in a model profile
+(:attr:`galva_schema.ModelProfile.constraints`), so the planner never proposes what the runtime would refuse.
+
+:func:`plan_problems` is the only place that decides whether a :class:`~galva_schema.Strategy` can run on a model;
+galva-train's command line, galva-hp's ``build`` and galva-search all call it. It returns *every* problem, each a
+one-line ``<field path>: <what is wrong>``, with the same problem on several layers reported once
+(``layers[0..3].tp: ...``).
+
+The head rules, stated once here: a Megatron tp degree must divide the query heads and either divide the key/value
+heads or be a multiple of them (each rank then computes the one K/V head its query heads use); a Ulysses degree
+must divide the query heads only (K/V heads are repeated as needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from galva_schema._base import GalvaModel
+from galva_schema.errors import format_indices, group_problems
+from galva_schema.strategy import Strategy
+from galva_schema.vocabulary import DataParallelType, Precision
+
+__all__ = ["LayerTypeConstraints", "ModelConstraints", "ParallelForm", "SharedParameter", "plan_problems"]
+
+
+class ParallelForm(str, Enum):
+    """A parallel form a layer (or the vocabulary layers) may lack. Degree 1, ddp and zero2 always run."""
+
+    TP = "tp"  # Megatron tensor parallelism, degree > 1
+    MEGATRON_SP = "megatron_sp"  # Megatron sequence parallelism on a tp > 1 layer
+    ULYSSES = "ulysses"  # Ulysses sequence parallelism
+    ZERO3 = "zero3"  # parameters sharded over the data-parallel group
+    VOCAB_TP = "vocab_tp"  # vocabulary layers split over the vocabulary
+    VOCAB_SP = "vocab_sp"  # vocabulary layers split over the sequence
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    ParallelForm.TP: "tensor parallelism",
+    ParallelForm.MEGATRON_SP: "Megatron-SP",
+    ParallelForm.ULYSSES: "Ulysses",
+    ParallelForm.ZERO3: "ZeRO-3",
+    ParallelForm.VOCAB_TP: "vocabulary tensor parallelism",
+    ParallelForm.VOCAB_SP: "vocabulary sequence parallelism",
+}
+
+
+class LayerTypeConstraints(GalvaModel):
+    """What one kind of transformer layer can run. Types are contiguous runs of layers, in model order."""
+
+    name: str = Field(description="Layer type, e.g. 'decoder', 't5_encoder', 'swin_stage1'.")
+    num_layers: PositiveInt = Field(description="Consecutive layers of this type.")
+    num_heads: PositiveInt = Field(description="Attention (query) heads.")
+    num_kv_heads: PositiveInt | None = Field(None, description="Key/value heads; null means num_heads.")
+    seq_length: PositiveInt | None = Field(
+        None,
+        description="Tokens at the layers' input when they do not follow the run's sequence length (T5: encoder "
+        "plus decoder; an image model: its patch grid); null means the run's sequence length.",
+    )
+    output_seq_length: PositiveInt | None = Field(
+        None, description="Tokens the type's last layer outputs when it changes them (e.g. patch merging)."
+    )
+    unsupported: dict[ParallelForm, str] = Field(
+        default_factory=dict, description="Parallel forms these layers cannot run, each with the reason."
+    )
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+
+class SharedParameter(GalvaModel):
+    """A parameter read by a contiguous run of layers: they must stay on one stage with one tp layout."""
+
+    name: str = Field(description="What is shared, e.g. 'encoder relative-position table'.")
+    layers: tuple[NonNegativeInt, NonNegativeInt] = Field(description="First and last layer index, inclusive.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SharedParameter:
+        if self.layers[0] > self.layers[1]:
+            raise ValueError(f"layers: first {self.layers[0]} is after last {self.layers[1]}")
+        return self
+
+
+class ModelConstraints(GalvaModel):
+    """Everything a plan must respect to run on one model (see the module docstring)."""
+
+    model_name: str
+    layer_types: tuple[LayerTypeConstraints, ...] = Field(min_length=1)
+    vocab_unsupported: dict[ParallelForm, str] = Field(
+        default_factory=dict, description="Forms the embedding / head cannot run, each with the reason."
+    )
+    max_seq_length: PositiveInt | None = Field(None, description="Longest sequence (learned positions).")
+    shared_parameters: tuple[SharedParameter, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConstraints:
+        for shared in self.shared_parameters:
+            if shared.layers[1] >= self.num_layers:
+                raise ValueError(
+                    f"shared_parameters: {shared.name!r} names layer {shared.layers[1]} of a "
+                    f"{self.num_layers}-layer model"
+                )
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        return sum(t.num_layers for t in self.layer_types)
+
+    def layer_type_of(self, index: int) -> LayerTypeConstraints:
+        """The constraints of transformer layer ``index``."""
+        for layer_type in self.layer_types:
+            if index < layer_type.num_layers:
+                return layer_type
+            index -= layer_type.num_layers
+        raise IndexError(f"layer {index} out of range for a model of {self.num_layers} layers")
+
+    def last_layer_of_types(self) -> set[int]:
+        """Indices of the last layer of every type (where ``output_seq_length`` applies)."""
+        ends, total = set(), 0
+        for layer_type in self.layer_types:
+            total += layer_type.num_layers
+            ends.add(total - 1)
+        return ends
+
+
+def head_problem(layer_type: LayerTypeConstraints, degree: int, ulysses: bool) -> str | None:
+    """Why a model-parallel ``degree`` cannot split this layer type's heads (None if it can)."""
+    if degree == 1:
+        return None
+    kind = "Ulysses degree" if ulysses else "tp"
+    if layer_type.num_heads % degree:
+        return f"{kind} {degree} does not divide the {layer_type.num_heads} attention heads of {layer_type.name} layers"
+    kv = layer_type.kv_heads
+    if not ulysses and kv % degree and degree % kv:
+        return f"tp {degree} and the {kv} key/value heads of {layer_type.name} layers do not divide one another"
+    return None
+
+
+def layer_forms(strategy: Strategy, index: int) -> list[ParallelForm]:
+    """The parallel forms layer ``index`` of ``strategy`` needs (beyond degree 1 and ddp / zero2)."""
+    layer, forms = strategy.layers[index], []
+    if layer.tp > 1:
+        forms.append(ParallelForm.ULYSSES if layer.ulysses else ParallelForm.TP)
+        if strategy.megatron_sp and not layer.ulysses:
+            forms.append(ParallelForm.MEGATRON_SP)
+    if strategy.layer_dp_type(index) is DataParallelType.ZERO3:
+        forms.append(ParallelForm.ZERO3)
+    return forms
+
+
+def vocab_forms(strategy: Strategy) -> list[ParallelForm]:
+    """The parallel forms the vocabulary layers of ``strategy`` need."""
+    forms = []
+    if strategy.vocab.tp > 1:
+        forms.append(ParallelForm.VOCAB_SP if strategy.vocab.sp else ParallelForm.VOCAB_TP)
+        if strategy.megatron_sp and not strategy.vocab.sp:
+            forms.append(ParallelForm.MEGATRON_SP)
+    if strategy.vocab_dp_type is DataParallelType.ZERO3:
+        forms.append(ParallelForm.ZERO3)
+    return forms
+
+
+_FORM_FIELD = {
+    ParallelForm.TP: ".tp",
+    ParallelForm.MEGATRON_SP: ".tp",
+    ParallelForm.ULYSSES: ".ulysses",
+    ParallelForm.ZERO3: ".dp_type",
+    ParallelForm.VOCAB_TP: ".tp",
+    ParallelForm.VOCAB_SP: ".sp",
+}
+
+
+def plan_problems(
+    strategy: Strategy,
+    constraints: ModelConstraints,
+    *,
+    world_size: int | None = None,
+    seq_len: int | None = None,
+) -> list[str]:
+    """Every reason ``strategy`` cannot run on the model ``constraints`` describe (empty: it can).
+
+    ``world_size`` is the number of ranks of the run and ``seq_len`` its sequence length, each checked when given.
+    A strategy is already valid on its own (pydantic validation); this adds what depends on the model and the run.
+    """
+    problems: list[str] = []
+    if world_size is not None and strategy.world_size != world_size:
+        problems.append(f"world_size: the strategy has {strategy.world_size} ranks but the run has {world_size}")
+    if strategy.mixed_precision is Precision.FP16:
+        problems.append("mixed_precision: fp16 needs loss scaling, which Galva does not do; use bf16 or fp32")
+    if seq_len is not None and constraints.max_seq_length is not None and seq_len > constraints.max_seq_length:
+        problems.append(f"seq_len: {seq_len} exceeds the model's {constraints.max_seq_length} learned positions")
+    if strategy.num_layers != constraints.num_layers:
+        problems.append(
+            f"layers: the strategy has {strategy.num_layers} layers but {constraints.model_name} "
+            f"has {constraints.num_layers}"
+        )
+        return problems  # per-layer checks would compare the wrong layers
+    problems += group_problems(_layer_problems(strategy, constraints, seq_len))
+    problems += _vocab_problems(strategy, constraints, seq_len)
+    problems += _shared_parameter_problems(strategy, constraints)
+    return list(dict.fromkeys(problems))
+
+
+def _layer_problems(
+    strategy: Strategy, constraints: ModelConstraints, seq_len: int | None
+) -> list[tuple[str, int | None, str, str]]:
+    found: list[tuple[str, int | None, str, str]] = []
+    type_ends = constraints.last_layer_of_types()
+    for index, layer in enumerate(strategy.layers):
+        layer_type = constraints.layer_type_of(index)
+        for form in layer_forms(strategy, index):
+            reason = layer_type.unsupported.get(form)
+            if reason is not None:
+                found.append(("layers", index, _FORM_FIELD[form], _refusal(layer_type.name, form, reason)))
+        heads = head_problem(layer_type, layer.tp, layer.ulysses)
+        if heads:
+            found.append(("layers", index, ".tp", heads))
+        shards = strategy.layer_sequence_shards(index)
+        if shards == 1:
+            continue
+        kind = "Ulysses" if layer.ulysses else "Megatron-SP"
+        tokens = layer_type.seq_length or seq_len
+        if tokens is not None and tokens % shards:
+            found.append(
+                ("layers", index, ".tp", f"{kind} degree {shards} does not divide the sequence of {tokens} tokens")
+            )
+        output = layer_type.output_seq_length
+        if index in type_ends and output is not None and output % shards:
+            found.append(
+                ("layers", index, ".tp", f"{kind} degree {shards} does not divide the {output} tokens of its output")
+            )
+    return found
+
+
+def _vocab_problems(strategy: Strategy, constraints: ModelConstraints, seq_len: int | None) -> list[str]:
+    found = []
+    for form in vocab_forms(strategy):
+        reason = constraints.vocab_unsupported.get(form)
+        if reason is not None:
+            found.append(f"vocab{_FORM_FIELD[form]}: {_refusal('the vocabulary', form, reason)}")
+    shards = strategy.vocab_sequence_shards
+    if shards > 1 and seq_len is not None and seq_len % shards:
+        kind = "sequence-parallel" if strategy.vocab.sp else "Megatron-SP"
+        found.append(f"vocab.tp: {kind} degree {shards} does not divide the sequence of {seq_len} tokens")
+    return found
+
+
+def _shared_parameter_problems(strategy: Strategy, constraints: ModelConstraints) -> list[str]:
+    found = []
+    stages = strategy.layer_stages
+    for shared in constraints.shared_parameters:
+        first, last = shared.layers
+        span = range(first, last + 1)
+        where = f"layers[{format_indices(span)}]"
+        on = sorted({stages[i] for i in span})
+        if len(on) > 1:
+            found.append(
+                f"pp_division: {where} share the {shared.name}, so they must stay on one pipeline stage; this "
+                f"division puts them on stages {on}"
+            )
+        layouts = sorted({_tp_layout(strategy, i) for i in span})
+        if len(layouts) > 1:
+            shown = ", ".join(f"tp {tp}{' Ulysses' if u else ''}{'' if c else ' strided'}" for tp, c, u in layouts)
+            found.append(
+                f"{where}.tp: these layers share the {shared.name}, so they must use one tp layout; they use {shown}"
+            )
+    return found
+
+
+def _tp_layout(strategy: Strategy, index: int) -> tuple[int, bool, bool]:
+    layer = strategy.layers[index]
+    return layer.tp, layer.tp_consecutive or layer.tp == 1, layer.ulysses
+
+
+def _refusal(what: str, form: ParallelForm, reason: str) -> str:
+    owner = what if what == "the vocabulary" else f"{what} layers"
+    return f"{owner} cannot run {form.label}: {reason}"
+
+
+def uniform_constraints(
+    model_name: str,
+    layer_type: str,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    *,
+    unsupported: dict[ParallelForm, str] | None = None,
+    max_seq_length: int | None = None,
+) -> ModelConstraints:
+    """Constraints of a model whose transformer layers are all of one type (GPT, Llama, BERT, ViT...)."""
+    return ModelConstraints(
+        model_name=model_name,
+        layer_types=(
+            LayerTypeConstraints(
+                name=layer_type,
+                num_layers=num_layers,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                unsupported=unsupported or {},
+            ),
+        ),
+        max_seq_length=max_seq_length,
+    )
+
+
+def supported_degrees(layer_type: LayerTypeConstraints, degrees: Sequence[int], ulysses: bool) -> list[int]:
+    """The degrees among ``degrees`` whose head split works for this layer type (for a planner's space)."""
+    return [d for d in degrees if head_problem(layer_type, d, ulysses) is None]
