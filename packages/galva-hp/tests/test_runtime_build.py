@@ -24,16 +24,16 @@ def plan(layers=None, world_size=4, **fields) -> Strategy:
 
 
 BAD = {
-    "heads": (plan([{}, {}, {"tp": 4}, {}]), 2, SEQ, "layers[2].tp: tp 4 does not divide the 2 heads"),
+    "heads": (plan([{}, {}, {"tp": 4}, {}]), 2, SEQ, "layers[2].tp: tp 4 does not divide the 2 attention heads"),
     "layer count": (plan([{}] * 3), 4, SEQ, "layers: the strategy has 3 layers but tiny_gpt has 4"),
     "sequence": (
         plan({"tp": 4, "ulysses": True}),
         4,
         6,
-        "layers[0..3].tp: sequence length 6 is not divisible by Ulysses degree 4",
+        "layers[0..3].tp: Ulysses degree 4 does not divide the sequence of 6 tokens",
     ),
-    "megatron-sp vocab": (plan(vocab={"tp": 4}, megatron_sp=True), 4, 6, "vocab.tp: sequence length 6"),
-    "world": (plan(world_size=2), 4, SEQ, "world_size: the strategy has 2 ranks but the process group has 4"),
+    "megatron-sp vocab": (plan(vocab={"tp": 4}, megatron_sp=True), 4, 6, "vocab.tp: Megatron-SP degree 4 does not divide the sequence of 6 tokens"),
+    "world": (plan(world_size=2), 4, SEQ, "world_size: the strategy has 2 ranks but the run has 4"),
 }
 
 
@@ -63,7 +63,7 @@ def test_rejected_before_any_group() -> None:
 
 
 def test_check_plan_without_torch_distributed() -> None:
-    with pytest.raises(SchemaError, match=r"layers\[2\]\.tp: tp 4 does not divide the 2 heads"):
+    with pytest.raises(SchemaError, match=r"layers\[2\]\.tp: tp 4 does not divide the 2 attention heads"):
         check_plan(tiny_gpt(vocab_size=VOCAB, heads=2), plan([{}, {}, {"tp": 4}, {}]))
 
 

@@ -18,7 +18,8 @@ from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, ParallelContext, build, train_step
 from galva_hp.model import LayeredModel
 from galva_hp.testing.oracle import OPTIM, SEQ, VOCAB, batch, reference_run, run_plan
-from galva_schema import Strategy
+from galva_schema import ParallelForm, Strategy
+from galva_schema.constraints import uniform_constraints
 
 HIDDEN, LAYERS, TOL = 32, 4, 1e-5
 
@@ -74,6 +75,13 @@ def tiny_model() -> LayeredModel:
         parallelizer=CopyParallelizer(),
         tied_weights=[("embedding.weight", "head.proj.weight")],
         name="tiny-block",
+        constraints=uniform_constraints(
+            "tiny-block",
+            "block",
+            LAYERS,
+            num_heads=1,
+            unsupported={form: "a copy-only test model" for form in (ParallelForm.TP, ParallelForm.ULYSSES)},
+        ),
     )
 
 

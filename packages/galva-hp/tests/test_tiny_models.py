@@ -196,7 +196,7 @@ def test_mixed_layouts_joined_by_redistribution_equal_reference(family: str) -> 
 
 
 def test_plan_problems_name_the_layer_before_any_group_exists() -> None:
-    from galva_schema import Strategy
+    from galva_schema import Strategy, plan_problems
 
     def strategy(layers: list[dict]) -> Strategy:
         return Strategy.model_validate(
@@ -205,18 +205,18 @@ def test_plan_problems_name_the_layer_before_any_group_exists() -> None:
 
     llama = tiny_llama(heads=4, kv_heads=4)
     ok = strategy([{"tp": 4}, {"tp": 2, "ulysses": True}, {"tp": 1}, {"tp": 2}])
-    assert llama.parallelizer.plan_problems(ok, 16) == []
+    assert plan_problems(ok, llama.constraints, seq_len=16) == []
     bad = strategy([{"tp": 8}, {"tp": 8, "ulysses": True}, {"tp": 1}, {"tp": 8}])
-    assert llama.parallelizer.plan_problems(bad, 16) == [
-        "layers[0,3].tp: tp 8 does not divide the 4 heads",
-        "layers[1].tp: Ulysses degree 8 does not divide the 4 heads",
+    assert plan_problems(bad, llama.constraints, seq_len=16) == [
+        "layers[0,3].tp: tp 8 does not divide the 4 attention heads of decoder layers",
+        "layers[1].tp: Ulysses degree 8 does not divide the 4 attention heads of decoder layers",
     ]
     gqa = tiny_llama(heads=12, kv_heads=3, hidden=48)
     odd = strategy([{"tp": 2}, {"tp": 4}, {"tp": 1}, {"tp": 1}])
-    assert gqa.parallelizer.plan_problems(odd, 16) == [
-        "layers[0].tp: tp 2 and the 3 key/value heads do not divide one another",
-        "layers[1].tp: tp 4 and the 3 key/value heads do not divide one another",
+    assert plan_problems(odd, gqa.constraints, seq_len=16) == [
+        "layers[0].tp: tp 2 and the 3 key/value heads of decoder layers do not divide one another",
+        "layers[1].tp: tp 4 and the 3 key/value heads of decoder layers do not divide one another",
     ]
-    assert tiny_gpt(seq_len=16).parallelizer.plan_problems(strategy([{}] * 4), 32) == [
-        "seq_len: 32 exceeds the 16 learned positions"
+    assert plan_problems(strategy([{}] * 4), tiny_gpt(seq_len=16).constraints, seq_len=32) == [
+        "seq_len: 32 exceeds the model's 16 learned positions"
     ]

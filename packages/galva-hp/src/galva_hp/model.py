@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor, nn
 
+from galva_schema import ModelConstraints
+
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
@@ -89,6 +91,8 @@ class LayeredModel:
     - ``layers[i]``: ``hidden -> hidden``; ``layer_types[i]`` names its kind (e.g. ``"decoder"``)
     - ``head``: final norm + output projection + loss: ``(hidden, labels) -> (loss_sum, token_count)``
     - ``tied_weights``: pairs of parameter names (``"embedding.<name>"``, ``"head.<name>"``) that must stay equal
+    - ``constraints``: what the model can run (heads, unsupported forms, shared parameters), which
+      :func:`galva_hp.build` checks a plan against with :func:`galva_schema.plan_problems`
     """
 
     embedding: nn.Module
@@ -98,11 +102,15 @@ class LayeredModel:
     parallelizer: Parallelizer
     tied_weights: list[tuple[str, str]] = field(default_factory=list)
     name: str = "model"
+    constraints: ModelConstraints = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.layers):
+            raise ValueError(f"{self.name}: {len(self.layers)} layers but {len(self.layer_types)} layer types")
+        declared = [t.name for t in self.constraints.layer_types for _ in range(t.num_layers)]
+        if declared != self.layer_types:
             raise ValueError(
-                f"{self.name}: {len(self.layers)} layers but {len(self.layer_types)} layer types"
+                f"{self.name}: constraints declare layer types {declared}, the model has {self.layer_types}"
             )
 
     @property

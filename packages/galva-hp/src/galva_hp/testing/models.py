@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,7 @@ from galva_hp.parallel.mappings import copy_to_group, group_rank
 from galva_hp.parallel.tensor_parallel import TensorParallelAttention, TensorParallelMLP, sequence_parallel_norm
 from galva_hp.parallel.ulysses import UlyssesAttention
 from galva_hp.parallel.vocab import IGNORE_INDEX, VocabParallelEmbedding, VocabParallelHead, token_loss_sum
-from galva_schema.errors import group_problems
+from galva_schema.constraints import uniform_constraints
 
 __all__ = [
     "TinyAttention",
@@ -181,22 +180,8 @@ class TinyParallelizer:
     otherwise a plain copy. embedding/head: vocab sp when ``ctx.vocab_sp``; vocab tp (+ SP) when tp > 1.
     """
 
-    def __init__(self, heads: int, kv_heads: int, max_positions: int | None = None) -> None:
-        self.heads, self.kv_heads, self.max_positions = heads, kv_heads, max_positions
-
-    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
-        """One-line problems of a :class:`~galva_schema.Strategy` for this model (before any group is made)."""
-        found: list[tuple[str, int | None, str, str]] = []
-        for index, layer in enumerate(strategy.layers):
-            degree, what = layer.tp, "Ulysses degree" if layer.ulysses else "tp"
-            if degree > 1 and self.heads % degree:
-                found.append(("layers", index, ".tp", f"{what} {degree} does not divide the {self.heads} heads"))
-            elif degree > 1 and not layer.ulysses and self.kv_heads % degree and degree % self.kv_heads:
-                message = f"tp {degree} and the {self.kv_heads} key/value heads do not divide one another"
-                found.append(("layers", index, ".tp", message))
-        if seq_len is not None and self.max_positions is not None and seq_len > self.max_positions:
-            found.append(("seq_len", None, "", f"{seq_len} exceeds the {self.max_positions} learned positions"))
-        return group_problems(found)
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        self.heads, self.kv_heads = heads, kv_heads
 
     def layer(self, module: nn.Module, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if not isinstance(module, TinyLayer):
@@ -353,9 +338,10 @@ def tiny_gpt(
         blocks,
         head,
         ["decoder"] * layers,
-        TinyParallelizer(heads, heads, max_positions=seq_len),
+        TinyParallelizer(heads, heads),
         tied_weights=tied,
         name="tiny_gpt",
+        constraints=uniform_constraints("tiny_gpt", "decoder", layers, heads, max_seq_length=seq_len),
     )
 
 
@@ -391,8 +377,11 @@ def tiny_llama(
     _init_embeddings(embedding, generator)
     for module in (*blocks, head):
         _randomize_norms(module, generator)
+    constraints = uniform_constraints("tiny_llama", "decoder", layers, heads, kv_heads)
     parallelizer = TinyParallelizer(heads, kv_heads)
-    return LayeredModel(embedding, blocks, head, ["decoder"] * layers, parallelizer, name="tiny_llama")
+    return LayeredModel(
+        embedding, blocks, head, ["decoder"] * layers, parallelizer, name="tiny_llama", constraints=constraints
+    )
 
 
 def random_batch(
