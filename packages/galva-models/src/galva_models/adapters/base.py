@@ -11,7 +11,7 @@ is found by tensor identity (:func:`parameter_name_map`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -73,7 +73,19 @@ class FamilyAdapter:
     ``vocab_sp`` (degree 1 always works)."""
     plan_check: Callable[[Any, Any], str | None] | None = None
     """``(strategy, config) ->`` a family-specific refusal of a Strategy (one line), or None."""
-    notes: tuple[str, ...] = field(default=())
+
+    # Config facts galva-train's model overrides and checks need, so that no CLI code names a family.
+    learned_positions: bool = False
+    """Positions come from a learned table of ``max_position_embeddings`` rows: a longer sequence is refused."""
+    ffn_size_field: str | None = None
+    """The config field ``--ffn-hidden-size`` sets (None: the family has no single feed-forward size)."""
+    kv_heads_field: str | None = None
+    """The config field ``--num-query-groups`` sets (None: no grouped-query attention)."""
+    per_stage_sizes: bool = False
+    """Hidden size and heads differ per stage: ``--hidden-size`` and ``--num-attention-heads`` are refused."""
+    head_dim_from_hidden: bool = True
+    """The head size is ``hidden_size / heads``, so the heads must divide the hidden size (False where the config
+    sets the head size itself, like T5's ``d_kv``)."""
 
     def plan_problem(self, strategy: Any, config: Any = None) -> str | None:
         """Why ``strategy`` needs a parallel form this family lacks (None if it can run)."""
@@ -129,15 +141,14 @@ class SingleRankParallelizer:
     parallel building blocks exist; until then a plan that needs them is refused with this message.
     """
 
-    def __init__(self, family: str, config: Any = None) -> None:
-        self.family = family
+    def __init__(self, adapter: FamilyAdapter, config: Any = None) -> None:
+        self.adapter = adapter  # given, not looked up: base must not import the registry (which imports base)
+        self.family = adapter.name
         self.config = config
 
     def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
         """galva-hp's pre-build check: the same refusal galva-train gives (see FamilyAdapter.plan_problem)."""
-        from galva_models.adapters.registry import adapter_for
-
-        problem = adapter_for(self.family).plan_problem(strategy, self.config)
+        problem = self.adapter.plan_problem(strategy, self.config)
         return [problem] if problem else []
 
     def _check(self, what: str, ctx: ParallelContext) -> None:

@@ -264,7 +264,7 @@ class BertParallelizer(SingleRankParallelizer):
     """Layers: Megatron tp (+SP) or Ulysses, bidirectional. Embedding and MLM head: vocab tp (+SP) or vocab sp."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__("bert", config)
+        super().__init__(ADAPTER, config)
 
     def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
         embeddings = module.embeddings
@@ -339,4 +339,6 @@ ADAPTER = FamilyAdapter(
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
     parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
+    learned_positions=True,
+    ffn_size_field="intermediate_size",
 )

@@ -191,4 +191,6 @@ ADAPTER = FamilyAdapter(
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
     parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
+    learned_positions=True,
+    ffn_size_field="n_inner",
 )

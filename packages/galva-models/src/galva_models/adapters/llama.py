@@ -213,4 +213,6 @@ ADAPTER = FamilyAdapter(
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
     parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
+    ffn_size_field="intermediate_size",
+    kv_heads_field="num_key_value_heads",
 )

@@ -339,7 +339,7 @@ class SwinParallelizer(SingleRankParallelizer):
     window attention over the whole patch grid (:class:`SwinParallelBlock`). Embedding and head at degree 1."""
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__("swin", config)
+        super().__init__(ADAPTER, config)
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -417,5 +417,6 @@ ADAPTER = FamilyAdapter(
     set_num_layers=None,  # four stage depths: edit them in a --model-config
     parallel_forms=frozenset({"tp", "megatron_sp", "ulysses"}),
     plan_check=plan_problem,
-    notes=("a stage's last block outputs the next stage's shape (patch merging is part of it)",),
+    per_stage_sizes=True,  # embed_dim doubles and num_heads is a list, stage by stage
+    head_dim_from_hidden=False,
 )

@@ -321,7 +321,7 @@ class T5Parallelizer(SingleRankParallelizer):
     """
 
     def __init__(self, config: Any) -> None:
-        super().__init__("t5", config)
+        super().__init__(ADAPTER, config)
         self._shards: weakref.WeakKeyDictionary[RelativeBias, tuple[ProcessGroup, RelativeBias]] = (
             weakref.WeakKeyDictionary()
         )
@@ -436,8 +436,6 @@ ADAPTER = FamilyAdapter(
     set_num_layers=set_num_layers,
     parallel_forms=frozenset({"tp"}),
     plan_check=plan_problem,
-    notes=(
-        "each stack's relative-position table is a parameter of its first layer, read by all of its layers",
-        "tp splits the table by heads; Megatron-SP, Ulysses and vocabulary tp are not supported",
-    ),
+    ffn_size_field="d_ff",
+    head_dim_from_hidden=False,  # d_kv sets the head size
 )

@@ -75,7 +75,7 @@ class ViTParallelizer(SingleRankParallelizer):
     vocabulary to split; a sequence-split embedding is an open item)."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__("vit", config)
+        super().__init__(ADAPTER, config)
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -135,4 +135,5 @@ ADAPTER = FamilyAdapter(
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
     parallel_forms=frozenset({"tp", "megatron_sp", "ulysses"}),
+    ffn_size_field="intermediate_size",
 )

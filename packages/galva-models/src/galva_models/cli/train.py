@@ -88,7 +88,9 @@ def build_model(cfg: TrainConfig) -> Any:
         import transformers
 
         cls = getattr(transformers, auto, AutoModel)
-        model = cls.from_pretrained(cfg.hf_checkpoint, local_files_only=True, attn_implementation=impl)
+        model = cls.from_pretrained(
+            cfg.hf_checkpoint, config=cfg.model_config, local_files_only=True, attn_implementation=impl
+        )  # the config galva-train validated (read from the same directory)
     elif cfg.initialize_on_meta:
         with torch.device("meta"):
             model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
@@ -106,10 +108,8 @@ def run(cfg: TrainConfig) -> int:
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
     from galva_models.adapters.base import hf_init_fn
     from galva_models.metrics import MetricsLogger, train_flops_per_token
+    from galva_models.schedule import lr_factor
 
-    if cfg.save is not None or cfg.load is not None:
-        print("galva-train: error: --save/--load are not wired to galva-ckpt yet", file=sys.stderr)
-        return 2
     rank, world = _init_distributed()
     hf_model, layered = build_model(cfg)
     num_params = sum(p.numel() for p in hf_model.parameters())
@@ -121,6 +121,7 @@ def run(cfg: TrainConfig) -> int:
     model = build(layered, cfg.strategy, options)
     del hf_model
     o = cfg.optim
+    min_lr_ratio = o.min_lr / o.lr if o.lr > 0 else 0.0
     optimizer = GalvaOptimizer(
         model.param_records(),
         OptimConfig(
@@ -130,10 +131,13 @@ def run(cfg: TrainConfig) -> int:
             weight_decay=o.weight_decay,
             warmup_steps=o.warmup_iters,
             total_steps=cfg.train_iters,
-            min_lr_ratio=o.min_lr / o.lr if o.lr > 0 else 0.0,
+            min_lr_ratio=min_lr_ratio,
             max_grad_norm=o.clip_grad,
         ),
     )
+    # galva-hp's optimizer schedules warm-up + cosine only; --lr-decay-style picks the factor (cosine: the same one)
+    factor = lr_factor(o.decay_style, o.warmup_iters, cfg.train_iters, min_lr_ratio)
+    optimizer.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, factor)
     source = make_source(cfg)
     logger = None
     report_records: list[dict[str, Any]] | None = [] if rank == 0 and cfg.report_html else None

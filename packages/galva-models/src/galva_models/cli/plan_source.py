@@ -1,0 +1,191 @@
+"""Which plan galva-train runs: a ``--strategy`` file, a reference ``--galvatron-config-path`` file, or the global
+flags (``--pp --tp ...``), each turned into one validated :class:`galva_schema.Strategy`.
+
+A plan flag given next to a plan file is refused rather than silently ignored or merged.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from galva_models.cli.errors import ConfigError
+from galva_schema import SchemaError, Strategy
+
+PLAN_FLAGS = (
+    "pp", "tp", "tp_consecutive", "ulysses", "sequence_parallel", "sdp", "default_dp_type", "chunks", "checkpoint",
+    "recompute_granularity", "pipeline_schedule", "vocab_tp", "vocab_sp", "embed_sdp", "use_distributed_optimizer",
+    "micro_batch_size",
+)  # fmt: skip
+"""Flags that describe a plan; a plan file describes all of it."""
+
+
+def strategy(args: argparse.Namespace, world_size: int, num_layers: int) -> Strategy:
+    """The run's Strategy from whichever of the three sources the flags name."""
+    precision = _precision(args)
+    if precision == "fp16":
+        raise ConfigError("--fp16: fp16 needs loss scaling, which Galva does not do; use --bf16 or --fp32")
+    if args.galvatron_config is not None:
+        return _galvatron_strategy(args, world_size, num_layers, precision or "bf16")
+    if args.strategy is not None:
+        return _file_strategy(args, world_size, num_layers, precision)
+    return _global_strategy(args, world_size, num_layers, precision or "bf16")
+
+
+def _precision(args: argparse.Namespace) -> str | None:
+    if args.mixed_precision:
+        return str(args.mixed_precision)
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32" if args.fp32 else None
+
+
+def _refuse_plan_flags(args: argparse.Namespace, source: str, allowed: tuple[str, ...] = ()) -> None:
+    given = [f for f in PLAN_FLAGS if f not in allowed and getattr(args, f) not in (None, False)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag}: the plan comes from {source}; drop the global flag")
+
+
+def _file_strategy(args: argparse.Namespace, world_size: int, num_layers: int, precision: str | None) -> Strategy:
+    """A galva-schema strategy file; only the precision may be changed by a flag."""
+    src = args.strategy
+    _refuse_plan_flags(args, f"--strategy {src}")
+    try:
+        plan = Strategy.load(src)
+    except SchemaError as err:
+        raise ConfigError(str(err)) from None
+    if plan.world_size != world_size:
+        raise ConfigError(f"{src}: world_size: the strategy has {plan.world_size} ranks, the run has {world_size}")
+    if plan.num_layers != num_layers:
+        raise ConfigError(f"{src}: layers: the strategy has {plan.num_layers} layers, the model has {num_layers}")
+    if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
+        raise ConfigError(f"--global-batch-size {args.global_batch_size} differs from {src}'s {plan.global_batch_size}")
+    if precision is not None:
+        plan = Strategy.model_validate({**plan.model_dump(), "mixed_precision": precision})
+    return plan
+
+
+def _galvatron_strategy(args: argparse.Namespace, world_size: int, num_layers: int, precision: str) -> Strategy:
+    """A reference ``galvatron_config_*.json``: ``--sequence-parallel`` and the precision are flags there too."""
+    from galva_schema.reference import read_galvatron_strategy
+
+    _refuse_plan_flags(args, "--galvatron-config-path", allowed=("sequence_parallel",))
+    try:
+        plan = read_galvatron_strategy(
+            args.galvatron_config,
+            world_size=world_size,
+            global_batch_size=args.global_batch_size,
+            mixed_precision=precision,
+            megatron_sp=args.sequence_parallel,
+        )
+    except SchemaError as err:
+        raise ConfigError(str(err)) from None
+    if plan.num_layers != num_layers:
+        where = f"{args.galvatron_config}: tp_sizes_enc"
+        raise ConfigError(f"{where}: the file has {plan.num_layers} layers, the model has {num_layers}")
+    return plan
+
+
+def _dp_type(args: argparse.Namespace) -> str:
+    """``--default-dp-type``, or its Megatron spelling; contradicting spellings are refused."""
+    if args.use_distributed_optimizer and args.default_dp_type not in (None, "zero2"):
+        raise ConfigError(
+            f"--use-distributed-optimizer is zero2; it contradicts --default-dp-type {args.default_dp_type}"
+        )
+    if args.sdp and args.default_dp_type not in (None, "zero3"):
+        raise ConfigError(f"--sdp is ZeRO-3 on every layer; it contradicts --default-dp-type {args.default_dp_type}")
+    return str(args.default_dp_type or ("zero2" if args.use_distributed_optimizer else "ddp"))
+
+
+def _batch(args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp: int) -> tuple[int, int]:
+    """(global batch size, micro-batches); ``--micro-batch-size`` is per transformer-layer replica (Megatron)."""
+    dp = world_size // pp // tp
+    chunks, gbs = args.chunks, args.global_batch_size
+    if args.micro_batch_size is not None:
+        if gbs is None:
+            gbs = args.micro_batch_size * dp * (chunks or 1)
+        if gbs % (args.micro_batch_size * dp):
+            raise ConfigError(
+                f"--global-batch-size {gbs} is not a multiple of --micro-batch-size {args.micro_batch_size} x "
+                f"data-parallel degree {dp}"
+            )
+        derived = gbs // (args.micro_batch_size * dp)
+        if chunks is not None and chunks != derived:
+            raise ConfigError(f"--chunks {chunks} contradicts --micro-batch-size (which gives {derived} micro-batches)")
+        chunks = derived
+    gbs = gbs or world_size // pp // min(tp, vocab_tp) * (chunks or 1)  # one sample per rank of the widest split
+    return gbs, chunks or 1
+
+
+def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int, precision: str) -> Strategy:
+    pp, tp = args.pp or 1, args.tp or 1
+    if world_size % pp:
+        raise ConfigError(f"--pp {pp} does not divide the {world_size} ranks")
+    if (world_size // pp) % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
+    if num_layers < pp:
+        raise ConfigError(f"--pp {pp} is more than the model's {num_layers} layers")
+    if args.recompute_granularity == "selective":
+        raise ConfigError("--recompute-granularity selective is not supported; use full (= --checkpoint)")
+    vocab_tp = args.vocab_tp or 1
+    gbs, chunks = _batch(args, world_size, pp, tp, vocab_tp)
+    from galva_hp.global_mode import GlobalFlags, strategy_from_flags
+
+    flags = GlobalFlags(
+        world_size=world_size,
+        num_layers=num_layers,
+        global_batch_size=gbs,
+        pp=pp,
+        tp=tp,
+        tp_consecutive=bool(args.tp_consecutive if args.tp_consecutive is not None else 1),
+        ulysses=args.ulysses,
+        megatron_sp=args.sequence_parallel,
+        sdp=args.sdp,
+        default_dp_type=_dp_type(args),
+        chunks=chunks,
+        checkpoint=args.checkpoint or args.recompute_granularity == "full",
+        pipeline_type=args.pipeline_schedule or "1f1b",
+        vocab_tp=vocab_tp,
+        vocab_sp=args.vocab_sp,
+        embed_sdp=args.embed_sdp,
+        mixed_precision=precision,
+    )
+    from pydantic import ValidationError
+
+    from galva_schema.errors import from_validation_error
+
+    try:
+        return strategy_from_flags(flags)
+    except ValidationError as err:
+        raise ConfigError(str(from_validation_error(err, "global flags"))) from None
+    except (SchemaError, ValueError) as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def check_plan_against_model(plan: Strategy, specs: list[Any], name: str) -> None:
+    """Head and sequence divisibility, layer by layer; one line naming the first failing layers."""
+    problems: dict[str, list[int]] = {}
+    for index, (layer, spec) in enumerate(zip(plan.layers, specs)):
+        degree = layer.tp
+        what = "Ulysses degree" if layer.ulysses else "tp"
+        msg = None
+        if degree > 1 and spec.num_heads % degree:
+            msg = f"{what} {degree} does not divide the {spec.num_heads} attention heads of {spec.layer_type} layers"
+        elif degree > 1 and not layer.ulysses and spec.num_kv_heads % degree and degree % spec.num_kv_heads:
+            # galva-hp splits K/V heads when tp divides them and replicates one per rank when they divide tp;
+            # Ulysses repeats K/V heads as needed, so only the query heads matter there
+            msg = (
+                f"tp {degree} and the {spec.num_kv_heads} key/value heads of {spec.layer_type} layers do not divide "
+                "one another"
+            )
+        elif degree > 1 and (layer.ulysses or plan.megatron_sp) and spec.seq_length % degree:
+            kind = "Ulysses" if layer.ulysses else "Megatron-SP"
+            msg = f"{kind} degree {degree} does not divide the sequence of {spec.seq_length} tokens"
+        if msg:
+            problems.setdefault(msg, []).append(index)
+    if problems:
+        from galva_schema.errors import format_indices
+
+        msg, indices = next(iter(problems.items()))
+        raise ConfigError(f"{name}: layers[{format_indices(indices)}]: {msg}")
+    if plan.vocab.sp and specs and specs[0].seq_length % plan.vocab.tp:
+        raise ConfigError(f"vocab.sp: degree {plan.vocab.tp} does not divide the sequence of {specs[0].seq_length}")
