@@ -1,0 +1,73 @@
+"""Between the search's candidates and :class:`galva_schema.Strategy`, both ways."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from galva_schema import DataParallelType, LayerStrategy, Strategy, VocabStrategy
+from galva_search.cost_model import CostSettings
+from galva_search.space import Candidate
+from galva_search.tasks import Task
+
+
+def to_strategy(
+    settings: CostSettings,
+    world_size: int,
+    model_name: str,
+    task: Task,
+    choices: Sequence[Sequence[int]],
+    iteration_time_s: float,
+) -> Strategy:
+    """The plan of a solved task (``choices[s]``: candidate index of every layer of stage ``s``), validated."""
+    layers = []
+    stage_ranks = world_size // task.pp
+    for choice in choices:
+        for index in choice:
+            cand = task.tables.candidates[index]
+            layers.append(
+                LayerStrategy(
+                    tp=cand.tp,
+                    tp_consecutive=cand.consecutive or cand.tp in (1, stage_ranks),
+                    ulysses=cand.ulysses,
+                    dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
+                    checkpoint=cand.checkpoint,
+                )
+            )
+    zero3 = DataParallelType.ZERO3
+    vocab = VocabStrategy(
+        tp=task.vocab.tp,
+        sp=task.vocab.sp,
+        dp_type=zero3 if task.vocab.zero3 and settings.default_dp_type is not zero3 else None,
+    )
+    t = iteration_time_s
+    return Strategy(
+        world_size=world_size,
+        pp=task.pp,
+        pp_division=task.division,
+        pipeline_schedule=settings.pipeline_schedule,
+        num_micro_batches=task.micro_batches,
+        global_batch_size=task.batch_size,
+        mixed_precision=settings.precision,
+        default_dp_type=settings.default_dp_type,
+        megatron_sp=settings.megatron_sp,
+        layers=tuple(layers),
+        vocab=vocab,
+        description=(
+            f"galva-search: model {model_name}, predicted {t:.6f} s per iteration, {task.batch_size / t:.3f} samples/s"
+        ),
+    )
+
+
+def candidate_of(strategy: Strategy, index: int) -> Candidate:
+    """The candidate that layer ``index`` of ``strategy`` runs (the inverse of :func:`to_strategy` per layer)."""
+    layer = strategy.layers[index]
+    ranks = strategy.ranks_per_stage
+    return Candidate(
+        pp=strategy.pp,
+        tp=layer.tp,
+        dp=ranks // layer.tp,
+        consecutive=layer.tp_consecutive or layer.tp in (1, ranks),
+        dp_type=strategy.layer_dp_type(index),
+        ulysses=layer.ulysses,
+        checkpoint=layer.checkpoint,
+    )

@@ -1,0 +1,102 @@
+"""What a plan costs: iteration time, memory and micro-batch time per stage (docs/cost-model.md §7).
+
+:func:`plan_cost` scores a task whose stages have chosen their candidates; the search uses it for every solved task
+and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so both score a plan the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from galva_schema import DataParallelType, SchemaError, Strategy
+from galva_search.convert import candidate_of
+from galva_search.cost_model import CostModel, VocabOption, iteration_time
+from galva_search.tasks import LayerSequence, Task, build_tables
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Predicted cost of a plan."""
+
+    iteration_time_s: float
+    stage_memory_mib: list[float]  # per device, vocabulary layers and framework context included
+    stage_time_s: list[float]  # seconds per micro-batch
+
+
+def plan_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
+    """Cost of ``task`` when stage ``s`` runs its layers under ``task.tables.candidates[choices[s][i]]``."""
+    c = task.micro_batches
+    tables = task.tables
+    in_flight = cost.in_flight(task.pp, c)
+    u_list, e_list, mem_list = [], [], []
+    for stage, (types, choice) in enumerate(zip(layers.stage_types(task.division), choices)):
+        vt = task.vocab_terms[stage]
+        u, e = vt.micro_batch_s, vt.exposed_sync_s
+        mem = vt.memory_mib + cost.settings.context_mib
+        prev = None
+        for pos, (t, s) in enumerate(zip(types, choice)):
+            terms = tables.terms[t]
+            u += float(terms.micro_batch_s[s])
+            e += float(terms.exposed_sync_s[s])
+            mem += float(terms.memory_mib(in_flight[stage])[s])
+            if prev is not None:
+                u += float(tables.redistribution[t][prev, s])
+            if pos == 0 and stage > 0:
+                u += float(terms.p2p_s[s])  # backward gradient sent to the previous stage
+            if pos == len(types) - 1 and stage < task.pp - 1:
+                u += float(terms.p2p_s[s])  # forward activation sent to the next stage
+            prev = s
+        u_list.append(u)
+        e_list.append(e)
+        mem_list.append(mem)
+    return PlanCost(iteration_time(u_list, e_list, c), mem_list, u_list)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Predicted cost of one given strategy."""
+
+    iteration_time_s: float
+    throughput: float  # samples per second
+    stage_memory_mib: list[float]
+
+
+def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
+    """Predict iteration time, throughput and per-stage memory of ``strategy`` (hand-written, or another tool's).
+
+    Uses the same terms the search optimises; the cost model's settings (precision, schedule, default dp type,
+    Megatron-SP) are taken from the strategy, so a plan is always scored as it would run.
+    """
+    if strategy.world_size != cost.world_size:
+        raise SchemaError(f"world_size: the strategy has {strategy.world_size} ranks, the cluster {cost.world_size}")
+    if strategy.num_layers != cost.model.num_layers:
+        raise SchemaError(f"layers: the strategy has {strategy.num_layers} layers, the model {cost.model.num_layers}")
+    settings = replace(
+        cost.settings,
+        precision=strategy.mixed_precision,
+        pipeline_schedule=strategy.pipeline_schedule,
+        default_dp_type=strategy.default_dp_type,
+        megatron_sp=strategy.megatron_sp,
+    )
+    cost = CostModel(
+        cost.hardware, cost.model, settings, hardware_source=cost.comm.source, model_source=cost.model_source
+    )
+    c, pp, micro = strategy.num_micro_batches, strategy.pp, strategy.micro_batch_size
+    per_layer = [candidate_of(strategy, i) for i in range(strategy.num_layers)]
+    candidates = sorted(set(per_layer))
+    index = {cand: i for i, cand in enumerate(candidates)}
+    tables = build_tables(cost, candidates, micro, c > 1)
+    vocab = VocabOption(
+        tp=strategy.vocab.tp, sp=strategy.vocab.sp, zero3=strategy.vocab_dp_type is DataParallelType.ZERO3
+    )
+    vocab_terms = cost.vocab_terms(pp, vocab, micro, c, cost.in_flight(pp, c))
+    task = Task(strategy.global_batch_size, c, pp, tuple(strategy.pp_division), vocab, tables, vocab_terms)
+    layers = LayerSequence([lt.num_layers for lt in cost.model.layer_types])
+    choices = [[index[per_layer[i]] for i in strategy.stage_layers(stage)] for stage in range(pp)]
+    got = plan_cost(cost, layers, task, choices)
+    return Evaluation(
+        got.iteration_time_s,
+        strategy.global_batch_size / got.iteration_time_s,
+        [float(m) for m in got.stage_memory_mib],
+    )

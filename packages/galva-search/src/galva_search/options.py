@@ -1,0 +1,93 @@
+"""What a search is asked (:class:`SearchOptions`) and what it answers (:class:`SearchResult`, :class:`TaskRecord`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from galva_schema import Strategy
+from galva_search.space import Candidate, SpaceOptions
+
+GIB = 1024.0  # MiB per GiB
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What to search over, besides the strategy space itself."""
+
+    memory_budget_mib: float
+    batch_sizes: tuple[int, ...]
+    space: SpaceOptions = field(default_factory=SpaceOptions)
+    num_micro_batches: int | None = None  # fixed micro-batch count (the reference's settle_chunk)
+    fine_grained: bool = True  # per-layer strategies (True) or one strategy for every layer (False)
+    memory_reserve_mib: float | None = None  # None: the reference's rule, 20% of budgets above 20 GiB
+    threads: int = 0  # DP threads, 0 = all cores
+    wave_size: int = 16  # tasks solved per solve_many call
+    partitions: tuple[str, ...] = ("even", "memory", "time")
+    refine_division: bool = True  # hill-climb the best plan's partition (pp > 1)
+    exhaustive: bool = False  # solve every task whose memory bound fits (no pruning by time bound): tests, debugging
+
+    @property
+    def reserve_mib(self) -> float:
+        """MiB of the budget left unplanned (allocator fragmentation, transient buffers)."""
+        if self.memory_reserve_mib is not None:
+            return self.memory_reserve_mib
+        return 0.2 * self.memory_budget_mib if self.memory_budget_mib > 20 * GIB else 0.0
+
+    @property
+    def usable_mib(self) -> float:
+        """MiB per device the plan may use."""
+        return self.memory_budget_mib - self.reserve_mib
+
+
+def batch_size_range(min_size: int, max_size: int, scale: int) -> list[int]:
+    """Batch sizes ``min, min + scale, ... <= max`` with ``min`` rounded down to a multiple of ``scale`` (at least
+    ``scale``), as the reference's ``set_searching_bsz`` (16..64 step 8 -> 16, 24, ..., 64; max 50 step 16 -> 48)."""
+    if scale < 1 or min_size < 1 or max_size < 1:
+        raise ValueError("batch sizes and scale must be >= 1")
+    start = max(min_size, scale)
+    start -= start % scale
+    return list(range(start, max_size + 1, scale))
+
+
+@dataclass
+class TaskRecord:
+    """One line of the search log."""
+
+    batch_size: int
+    micro_batches: int
+    pp: int
+    division: tuple[int, ...]
+    vocab: str
+    bound_s: float
+    status: str  # "best", "solved", "infeasible", "pruned-bound", "pruned-memory", "... (refined)"
+    time_s: float | None = None
+
+    def line(self) -> str:
+        t = f"{self.time_s:.6f}s" if self.time_s is not None else "-"
+        thr = f"{self.batch_size / self.time_s:.3f}/s" if self.time_s else "-"
+        div = ",".join(map(str, self.division))
+        return (
+            f"bsz={self.batch_size} chunks={self.micro_batches} pp={self.pp} division=[{div}] {self.vocab} "
+            f"bound={self.bound_s:.6f}s status={self.status} time={t} throughput={thr}"
+        )
+
+
+@dataclass
+class SearchResult:
+    """The best plan, its predicted cost, and what the search did."""
+
+    strategy: Strategy
+    iteration_time_s: float
+    throughput: float  # samples per second
+    stage_memory_mib: list[float]
+    stage_time_s: list[float]  # per micro-batch
+    memory_budget_mib: float
+    usable_memory_mib: float
+    search_time_s: float
+    candidates: list[Candidate]  # the chosen candidate of every layer
+    log: list[TaskRecord] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class NoFeasibleStrategy(RuntimeError):
+    """No plan fits the memory budget."""

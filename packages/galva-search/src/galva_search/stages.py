@@ -1,0 +1,118 @@
+"""The stage problems of tasks and their solutions by the DP core (docs/cost-model.md §9, "Per stage").
+
+A stage problem is the DP input of one pipeline stage: per layer and candidate, the time over the iteration and the
+memory; per pair of neighbouring layers, the transition cost. Problems that repeat between tasks (same pipeline
+degree, micro-batch, micro-batch count, in-flight count, layer types and boundary flags) are built once; a solution
+found under a larger budget that fits a smaller one is reused (it is optimal there too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from galva_search import dp as dp_core
+from galva_search.tasks import Task, TaskEnumerator
+
+StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
+Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
+
+
+class StageSolver:
+    """Builds, caches and solves the stage problems of tasks."""
+
+    def __init__(self, tasks: TaskEnumerator, threads: int, counts: dict[str, int]) -> None:
+        self.tasks = tasks
+        self.cost = tasks.cost
+        self.threads = threads
+        self.counts = counts  # "dp_problems" and "dp_reused" are incremented here
+        self._problems: dict[tuple, StageArrays] = {}
+        self._solutions: dict[tuple, list[tuple[float, dp_core.StageSolution | None]]] = {}
+
+    def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
+        """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration)."""
+        c, pp = task.micro_batches, task.pp
+        types = self.tasks.layers.stage_types(task.division)[stage]
+        in_flight = self.cost.in_flight(pp, c)[stage]
+        first_recv = stage > 0
+        last_send = stage < pp - 1
+        key = (pp, task.micro_batch, c, in_flight, tuple(types), first_recv, last_send)
+        hit = self._problems.get(key)
+        if hit is not None:
+            return key, hit
+        tables = task.tables
+        L, S = len(types), len(tables.candidates)
+        intra = np.empty((L, S))
+        memory = np.empty((L, S))
+        inter = np.zeros((L, S, S))
+        for pos, t in enumerate(types):
+            terms = tables.terms[t]
+            row = c * terms.micro_batch_s + terms.exposed_sync_s
+            if pos == 0 and first_recv:
+                row = row + c * terms.p2p_s  # backward gradient sent to the previous stage
+            if pos == L - 1 and last_send:
+                row = row + c * terms.p2p_s  # forward activation sent to the next stage
+            intra[pos] = row
+            memory[pos] = terms.memory_mib(in_flight)
+            if pos > 0:
+                inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
+        self._problems[key] = (intra, memory, inter)
+        return key, (intra, memory, inter)
+
+    def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
+        for solved_budget, solution in self._solutions.get(key, ()):
+            if solution is None and solved_budget >= budget:
+                return True, None
+            if solution is not None and solved_budget >= budget and solution.memory_mib <= budget:
+                return True, solution
+            if solved_budget == budget:
+                return True, solution
+        return False, None
+
+    def solve(self, wave: Sequence[Task]) -> list[Solutions]:
+        """Every stage of every task of ``wave``: new problems in one :func:`galva_search.dp.solve_many` call."""
+        pending: dict[tuple, tuple[tuple, float, StageArrays]] = {}
+        for task in wave:
+            for stage, budget in enumerate(self.tasks.stage_budgets(task)):
+                key, arrays = self.stage_problem(task, stage)
+                found, _ = self._cached(key, budget)
+                if found:
+                    self.counts["dp_reused"] += 1
+                elif (key, budget) not in pending:
+                    pending[(key, budget)] = (key, budget, arrays)
+        if pending:
+            items = list(pending.values())
+            problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a in items]
+            self.counts["dp_problems"] += len(problems)
+            solutions = dp_core.solve_many(problems, threads=self.threads)
+            for (key, budget, _), sol in zip(items, solutions):
+                self._solutions.setdefault(key, []).append((budget, sol))
+        out = []
+        for task in wave:
+            per_stage = []
+            for stage, budget in enumerate(self.tasks.stage_budgets(task)):
+                key, _ = self.stage_problem(task, stage)
+                found, sol = self._cached(key, budget)
+                assert found
+                per_stage.append(sol)
+            out.append(per_stage)
+        return out
+
+    def solve_uniform(self, task: Task, time_of: Callable[[Task, list[tuple[int, ...]]], float]) -> Solutions:
+        """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
+        budgets = self.tasks.stage_budgets(task)
+        best: tuple[float, list[dp_core.StageSolution]] | None = None
+        for s in range(len(task.tables.candidates)):
+            sols = []
+            for stage, budget in enumerate(budgets):
+                _, (intra, memory, _) = self.stage_problem(task, stage)
+                mem = float(memory[:, s].sum())
+                if mem > budget:
+                    break
+                sols.append(dp_core.StageSolution((s,) * intra.shape[0], float(intra[:, s].sum()), mem))
+            else:
+                t = time_of(task, [sol.choice for sol in sols])
+                if best is None or t < best[0]:
+                    best = (t, sols)
+        return list(best[1]) if best is not None else [None] * task.pp

@@ -1,0 +1,268 @@
+"""Tasks of the outer search and their lower bounds (docs/cost-model.md §9).
+
+A *task* fixes the global batch size, the micro-batch count, the pipeline degree, the partition of the layers into
+stages and the vocabulary plan; the stage DPs then choose every layer's candidate. Before any DP runs, each task gets
+a lower bound on its iteration time (weak Lagrangian duality per stage) and a memory test, so that the search can
+solve tasks best-bound first and stop early.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from galva_schema import DataParallelType
+from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
+from galva_search.options import SearchOptions
+from galva_search.partition import balanced_division, even_division
+from galva_search.space import Candidate
+
+LAMBDAS = np.concatenate([[0.0], np.logspace(-10, -2, 49)])
+"""Multipliers (seconds per MiB) of the Lagrangian lower bound: any value gives a valid bound, more a tighter one."""
+
+
+class LayerSequence:
+    """The model's layers as layer-type indices, and which types a partition puts on each stage."""
+
+    def __init__(self, num_layers_per_type: Sequence[int]) -> None:
+        self.runs = [(t, count) for t, count in enumerate(num_layers_per_type)]  # (type, layers), in model order
+        self.type_of = [t for t, count in self.runs for _ in range(count)]
+        self._counts: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.type_of)
+
+    def stage_types(self, division: Sequence[int]) -> list[list[int]]:
+        """Per stage, the type index of each layer it holds."""
+        out, start = [], 0
+        for count in division:
+            out.append(self.type_of[start : start + count])
+            start += count
+        return out
+
+    def stage_type_counts(self, division: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        """Per stage, ``(type, count)`` of the layers it holds (cached: bounds ask for it per task)."""
+        hit = self._counts.get(division)
+        if hit is None:
+            hit = []
+            for types in self.stage_types(division):
+                counts: dict[int, int] = {}
+                for t in types:
+                    counts[t] = counts.get(t, 0) + 1
+                hit.append(sorted(counts.items()))
+            self._counts[division] = hit
+        return hit
+
+
+@dataclass
+class CostTables:
+    """Layer terms of every layer type for one (pp, micro-batch, accumulating), over the candidates ``candidates``."""
+
+    candidates: list[Candidate]
+    terms: list[LayerTerms]  # per layer type
+    redistribution: list[np.ndarray]  # per layer type (of the receiving layer): [from][to] seconds per micro-batch
+    penalty: list[np.ndarray]  # per layer type: [from][to] tie-breaker seconds
+    fastest: list[int]  # per layer type: candidate of least micro-batch time
+    dual_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
+
+    def dual(self, t: int, in_flight: int) -> tuple[np.ndarray, float]:
+        """``g(lam) = min_s (U(s) + lam * M(s))`` over :data:`LAMBDAS`, and ``min_s M(s)``, for one layer of type
+        ``t`` holding ``in_flight`` micro-batches (U: seconds per micro-batch, M: MiB)."""
+        key = (t, in_flight)
+        hit = self.dual_cache.get(key)
+        if hit is None:
+            terms = self.terms[t]
+            mem = terms.memory_mib(in_flight)
+            g = (terms.micro_batch_s[None, :] + LAMBDAS[:, None] * mem[None, :]).min(axis=1)
+            hit = (g, float(mem.min()))
+            self.dual_cache[key] = hit
+        return hit
+
+
+def build_tables(cost: CostModel, candidates: Sequence[Candidate], micro_batch: int, accumulating: bool) -> CostTables:
+    """Cost tables of every layer type of ``cost.model`` for a global micro-batch of ``micro_batch`` samples."""
+    allowed = list(candidates)
+    c = 2 if accumulating else 1  # only "more than one micro-batch" matters for the terms themselves
+    terms, redis, penalty, fastest = [], [], [], []
+    for t in range(len(cost.model.layer_types)):
+        lt = cost.layer_terms(t, allowed, micro_batch, c)
+        terms.append(lt)
+        redis.append(cost.redistribution(t, allowed, micro_batch))
+        penalty.append(cost.switch_penalties(t, allowed))
+        fastest.append(int(np.argmin(lt.micro_batch_s)))
+    return CostTables(allowed, terms, redis, penalty, fastest)
+
+
+@dataclass
+class Task:
+    """One combination of the outer search; ``bound_s`` is a lower bound on its iteration time (inf: cannot fit)."""
+
+    batch_size: int
+    micro_batches: int
+    pp: int
+    division: tuple[int, ...]
+    vocab: VocabOption
+    tables: CostTables
+    vocab_terms: list[VocabTerms]  # per stage
+    bound_s: float = 0.0
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples of one global micro-batch."""
+        return self.batch_size // self.micro_batches
+
+
+class TaskEnumerator:
+    """Every task of a search, with its bound; cost tables, vocabulary terms, partitions and bounds are built once
+    per distinct key and shared between tasks."""
+
+    def __init__(self, cost: CostModel, options: SearchOptions, by_pp: dict[int, list[Candidate]]) -> None:
+        self.cost = cost
+        self.options = options
+        self.by_pp = by_pp
+        self.layers = LayerSequence([lt.num_layers for lt in cost.model.layer_types])
+        self.usable_mib = options.usable_mib
+        self._tables: dict[tuple[int, int, bool], CostTables | None] = {}
+        self._divisions: dict[tuple, list[tuple[int, ...]]] = {}
+        self._vocab: dict[tuple, list[VocabTerms]] = {}
+        self._bounds: dict[tuple, list[float] | None] = {}
+
+    def tables(self, pp: int, micro_batch: int, accumulating: bool) -> CostTables | None:
+        """Tables over the candidates of ``pp`` whose dp divides the micro-batch (None: no such candidate)."""
+        key = (pp, micro_batch, accumulating)
+        if key not in self._tables:
+            allowed = [c for c in self.by_pp.get(pp, []) if micro_batch % c.dp == 0]
+            self._tables[key] = build_tables(self.cost, allowed, micro_batch, accumulating) if allowed else None
+        return self._tables[key]
+
+    def enumerate(self) -> list[Task]:
+        """Every task, unsorted."""
+        o = self.options
+        space = o.space
+        settings = self.cost.settings
+        allow_sp = space.sp_space in ("tp+sp", "sp") and not space.disable_vtp
+        allow_zero3 = not space.disable_sdp and settings.default_dp_type is not DataParallelType.ZERO3
+        vocab_by_pp = {
+            pp: self.cost.vocab_options(
+                pp, space.max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=not space.disable_vtp
+            )
+            for pp in self.by_pp
+        }
+        tasks: list[Task] = []
+        for batch in o.batch_sizes:
+            for c in [o.num_micro_batches] if o.num_micro_batches else _divisors(batch):
+                if batch % c:
+                    continue
+                micro = batch // c
+                for pp in sorted(self.by_pp):
+                    tables = self.tables(pp, micro, c > 1) if pp <= len(self.layers) else None
+                    if tables is None:
+                        continue
+                    for option in vocab_by_pp[pp]:
+                        if micro % (self.cost.world_size // pp // option.tp):
+                            continue
+                        vt = self.vocab_terms(pp, option, micro, c)
+                        for division in self._partitions(pp, tables, c, vt):
+                            tasks.append(self.make_task(batch, c, pp, division, option, tables, vt))
+        return tasks
+
+    def vocab_terms(self, pp: int, option: VocabOption, micro: int, c: int) -> list[VocabTerms]:
+        in_flight = self.cost.in_flight(pp, c)
+        key = (pp, option, micro, c > 1, in_flight[0], in_flight[-1])
+        hit = self._vocab.get(key)
+        if hit is None:
+            hit = self._vocab[key] = self.cost.vocab_terms(pp, option, micro, c, in_flight)
+        return hit
+
+    def _partitions(self, pp: int, tables: CostTables, c: int, vocab: list[VocabTerms]) -> list[tuple[int, ...]]:
+        """The even, memory-balanced and time-balanced partitions (those asked for), without repeats."""
+        L = len(self.layers)
+        if pp == 1:
+            return [(L,)]
+        in_flight = self.cost.in_flight(pp, c)
+        key = (
+            pp,
+            id(tables),
+            tuple(in_flight),
+            tuple(round(v.memory_mib) for v in vocab),
+            tuple(round(v.micro_batch_s, 6) for v in vocab),
+        )
+        hit = self._divisions.get(key)
+        if hit is not None:
+            return hit
+        wanted = self.options.partitions
+        out: list[tuple[int, ...]] = []
+        if "even" in wanted:
+            out.append(tuple(even_division(L, pp)))
+        if "memory" in wanted:
+            runs = []
+            for t, count in self.layers.runs:
+                terms, f = tables.terms[t], tables.fastest[t]
+                runs.append((count, [float(terms.states_mib[f] + n * terms.activation_mib[f]) for n in in_flight]))
+            got = balanced_division(runs, [v.memory_mib for v in vocab])
+            if got:
+                out.append(tuple(got))
+        if "time" in wanted:
+            runs = [
+                (count, [float(tables.terms[t].micro_batch_s[tables.fastest[t]])] * pp) for t, count in self.layers.runs
+            ]
+            got = balanced_division(runs, [v.micro_batch_s for v in vocab])
+            if got:
+                out.append(tuple(got))
+        out = list(dict.fromkeys(out))
+        self._divisions[key] = out
+        return out
+
+    def stage_budgets(self, task: Task) -> list[float]:
+        """MiB per stage left to the layers: usable memory less the vocabulary layers and the framework context."""
+        context = self.cost.settings.context_mib
+        return [self.usable_mib - task.vocab_terms[s].memory_mib - context for s in range(task.pp)]
+
+    def make_task(
+        self,
+        batch: int,
+        c: int,
+        pp: int,
+        division: tuple[int, ...],
+        option: VocabOption,
+        tables: CostTables,
+        vt: list[VocabTerms],
+    ) -> Task:
+        """A task with its lower bound on the iteration time (inf when some stage cannot fit at all).
+
+        Per stage, weak Lagrangian duality bounds the per-micro-batch time of any plan that fits the stage budget B:
+        ``U >= max_lam sum_l min_s (U_ls + lam * M_ls) - lam * B`` (lam = 0 is the fastest-strategy bound);
+        redistribution and p2p costs are >= 0 and left out. The iteration time is monotone in every U_s. The stage
+        bounds depend on the micro-batch count only through the in-flight counts, so they are shared between tasks.
+        """
+        task = Task(batch, c, pp, tuple(division), option, tables, vt)
+        in_flight = self.cost.in_flight(pp, c)
+        key = (id(tables), tuple(in_flight), option, task.division)
+        if key in self._bounds:
+            stage_u = self._bounds[key]
+        else:
+            stage_u = []
+            for s, (counts, budget) in enumerate(
+                zip(self.layers.stage_type_counts(task.division), self.stage_budgets(task))
+            ):
+                total = np.zeros(len(LAMBDAS))
+                min_mem = 0.0
+                for t, count in counts:
+                    g, m = tables.dual(t, in_flight[s])
+                    total += count * g
+                    min_mem += count * m
+                if min_mem > budget:
+                    stage_u = None
+                    break
+                stage_u.append(vt[s].micro_batch_s + float(np.max(total - LAMBDAS * budget)))
+            self._bounds[key] = stage_u
+        task.bound_s = math.inf if stage_u is None else sum(stage_u) + (c - 1) * max(stage_u)
+        return task
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
