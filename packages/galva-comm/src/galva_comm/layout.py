@@ -107,11 +107,17 @@ class ShardLayout:
 
     def batch_rows(self, rank: int, batch_size: int) -> slice:
         """Rows of a ``batch_size``-sample micro-batch that ``rank`` holds (the batch-share rule)."""
-        return contiguous_block(batch_size, self.dp, self.shard(rank)[0], what="micro-batch of")
+        batch_part = self.shard(rank)[0]
+        return contiguous_block(
+            batch_size, self.dp, batch_part, what="micro-batch of", parts_name="data-parallel degree"
+        )
 
     def seq_columns(self, rank: int, seq_len: int) -> slice:
         """Positions of a ``seq_len``-token sequence that ``rank`` holds (all of them unless sequence-sharded)."""
-        return contiguous_block(seq_len, self.seq_parts, self.shard(rank)[1], what="sequence of", unit="tokens")
+        seq_part = self.shard(rank)[1]
+        return contiguous_block(
+            seq_len, self.seq_parts, seq_part, what="sequence of", unit="tokens", parts_name="degree"
+        )
 
     def holds(self, rank: int, batch_cell: int, batch_cells: int, seq_cell: int, seq_cells: int) -> bool:
         """Whether ``rank`` holds the cell of a ``batch_cells x seq_cells`` grid refining this layout."""

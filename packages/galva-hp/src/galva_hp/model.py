@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from torch import Tensor, nn
 
 from galva_schema import ModelConstraints
+from galva_schema.sharding import sequence_shards
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -59,7 +60,8 @@ class ParallelContext:
     @property
     def seq_sharded(self) -> bool:
         """Whether activations at this module's boundaries hold only a slice of the sequence."""
-        return self.sp_size > 1 or (self.megatron_sp and self.tp_size > 1)
+        degree = max(self.tp_size, self.sp_size)
+        return sequence_shards(degree, ulysses=self.sp_size > 1, megatron_sp=self.megatron_sp) > 1
 
 
 class Parallelizer(Protocol):

@@ -21,14 +21,24 @@ def sequence_shards(degree: int, *, ulysses: bool, megatron_sp: bool) -> int:
     return degree if ulysses or (megatron_sp and degree > 1) else 1
 
 
-def contiguous_block(total: int, parts: int, index: int, *, what: str = "batch of", unit: str = "samples") -> slice:
+def contiguous_block(
+    total: int,
+    parts: int,
+    index: int,
+    *,
+    what: str = "batch of",
+    unit: str = "samples",
+    parts_name: str | None = None,
+) -> slice:
     """Block ``index`` of ``total`` items cut into ``parts`` equal contiguous blocks.
 
-    Raises ``ValueError`` (one line, e.g. ``a batch of 6 samples cannot be split into 4 parts``) when ``parts``
-    does not divide ``total`` or ``index`` is out of range.
+    Raises ``ValueError`` with one line when ``parts`` does not divide ``total`` (``a batch of 6 samples cannot be
+    split into 4 equal parts``, or ``... cannot be split over data-parallel degree 4`` given ``parts_name``) or
+    ``index`` is out of range.
     """
     if parts < 1 or total % parts:
-        raise ValueError(f"a {what} {total} {unit} cannot be split into {parts} equal parts")
+        into = f"over {parts_name} {parts}" if parts_name else f"into {parts} equal parts"
+        raise ValueError(f"a {what} {total} {unit} cannot be split {into}")
     if not 0 <= index < parts:
         raise ValueError(f"part {index} out of range for {parts} parts")
     size = total // parts
