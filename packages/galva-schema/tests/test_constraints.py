@@ -132,7 +132,6 @@ def test_sharding_rules() -> None:
         [{"tp": 2, "ulysses": True}, {"tp": 2}, {}, {}], megatron_sp=True, global_batch_size=32, num_micro_batches=4
     )
     assert [strategy.layer_sequence_shards(i) for i in range(4)] == [2, 2, 1, 1]
-    assert strategy.micro_batch_rows(3) == slice(24, 32)
 
 
 def _profile(*types: tuple[str, int]) -> ModelProfile:

@@ -35,7 +35,6 @@ def test_derived_properties():
     assert plan.layer_dp_type(3) is DataParallelType.ZERO3
     assert plan.vocab_dp == 2
     assert plan.vocab_dp_type is DataParallelType.ZERO3
-    assert plan.min_tp == 1
     assert plan.layers[4].tp_degree == 1 and plan.layers[4].sp_degree == 4
     assert plan.layers[3].tp_degree == 2 and plan.layers[3].sp_degree == 1
     assert plan.layer_summary(0) == "2-1-4z2"

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from galva_schema._base import write_json_atomic
+from galva_schema.files import write_json_atomic
 
 SCHEMA_SUFFIX = ".schema.json"
 

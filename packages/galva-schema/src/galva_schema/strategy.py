@@ -15,7 +15,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
 from galva_schema.errors import group_problems
-from galva_schema.sharding import contiguous_block, sequence_shards
+from galva_schema.sharding import sequence_shards
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
 
 
@@ -174,10 +174,6 @@ class Strategy(GalvaFile):
         """Sequence slices at the vocabulary layers' boundaries."""
         return sequence_shards(self.vocab.tp, ulysses=self.vocab.sp, megatron_sp=self.megatron_sp)
 
-    def micro_batch_rows(self, index: int) -> slice:
-        """Rows of the global batch that form micro-batch ``index`` (the batch-share rule)."""
-        return contiguous_block(self.global_batch_size, self.num_micro_batches, index)
-
     @property
     def vocab_dp(self) -> int:
         """Data-parallel degree of the vocabulary layers."""
@@ -186,11 +182,6 @@ class Strategy(GalvaFile):
     @property
     def vocab_dp_type(self) -> DataParallelType:
         return self.vocab.dp_type or self.default_dp_type
-
-    @property
-    def min_tp(self) -> int:
-        """Smallest model-parallel degree over layers and vocabulary (sets the input data-parallel split)."""
-        return min([layer.tp for layer in self.layers] + [self.vocab.tp])
 
     def layer_summary(self, index: int) -> str:
         """Compact form ``pp-tp[*]-dp[f|z2]-c-sp`` as in the reference system's logs (``*`` = consecutive tp)."""

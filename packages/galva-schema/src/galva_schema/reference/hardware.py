@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from galva_schema._base import write_json_atomic
 from galva_schema.cluster import ClusterSpec
 from galva_schema.errors import SchemaError
+from galva_schema.files import write_json_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.reference._io import PathLike, load_json_object, number, plain
 

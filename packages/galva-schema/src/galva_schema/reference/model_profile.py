@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from galva_schema._base import write_json_atomic
 from galva_schema.errors import SchemaError
+from galva_schema.files import write_json_atomic
 from galva_schema.model_profile import (
     BatchTime,
     LayerTypeProfile,

@@ -48,8 +48,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from galva_schema._base import write_json_atomic
 from galva_schema.errors import SchemaError, format_indices
+from galva_schema.files import write_json_atomic
 from galva_schema.reference._io import PathLike, integer, load_json_object
 from galva_schema.strategy import Strategy
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
