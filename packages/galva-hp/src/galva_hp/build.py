@@ -31,15 +31,17 @@ from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import LayerGroups, RankLayout, RedistributionPlan
 from galva_hp.activation_checkpoint import Checkpointed
 from galva_hp.batch import micro_batch, shard_for
-from galva_hp.data_parallel import DataParallelUnit, ParamRecord, local_tensor, reduce_ddp_units, wrap
+from galva_hp.data_parallel import DataParallelUnit, DdpUnit, FsdpUnit, ParamRecord, all_reduce_flat, local_tensor, wrap
 from galva_hp.deferred_init import InitFn, is_meta, materialize
+from galva_hp.grad_buckets import BucketReducer
 from galva_hp.hooks import StepMetrics, saved_activation_meter
 from galva_hp.model import LayeredModel, ParallelContext
+from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
 from galva_hp.parallel.redistribute import Redistribute
 from galva_hp.pipeline import PipelineStage, run_schedule
 from galva_hp.plan_check import check_plan
 from galva_hp.precision import PrecisionPolicy
-from galva_schema import Strategy
+from galva_schema import GroupKind, Strategy
 
 __all__ = ["BuildOptions", "HybridParallelModel", "build", "check_plan"]
 
@@ -90,6 +92,8 @@ class HybridParallelModel(nn.Module):
         self.layers = nn.ModuleDict()
         self.redistributions = nn.ModuleDict()
         self.units: list[DataParallelUnit] = []
+        self.reducer: BucketReducer | None = None  # set by build() once every unit exists
+        self.replicated = DeferredGradSums()  # parameters whose gradient is summed over tp once per iteration
         self._unit_tp: dict[str, int] = {}  # unit name -> tp degree of its module
         self._tp_partitioned: dict[str, set[str]] = {}  # unit name -> parameter names split over tp
         self._ties: list[tuple[nn.Parameter | None, nn.Parameter | None, dist.ProcessGroup | None, int]] = []
@@ -197,6 +201,8 @@ class HybridParallelModel(nn.Module):
             return self._stage_forward(received, ids_parts[k], label_parts[k])
 
         def before_backward(k: int, sync: bool) -> None:
+            if sync and self.reducer is not None:
+                self.reducer.arm()  # this backward finishes the gradients: reduce them as they become final
             for unit in self.units:
                 unit.before_backward(sync)
 
@@ -204,15 +210,16 @@ class HybridParallelModel(nn.Module):
             for unit in self.units:
                 unit.after_backward(sync)
 
-        outputs = run_schedule(
-            self.pipe,
-            strategy.pipeline_schedule,
-            n,
-            forward,
-            loss_of=lambda out: out[0] / max(tokens, 1),
-            before_backward=before_backward,
-            after_backward=after_backward,
-        )
+        with defer_param_grad_sums(self.replicated):
+            outputs = run_schedule(
+                self.pipe,
+                strategy.pipeline_schedule,
+                n,
+                forward,
+                loss_of=lambda out: out[0] / max(tokens, 1),
+                before_backward=before_backward,
+                after_backward=after_backward,
+            )
         self.finish_gradients()
         totals = torch.zeros(2, dtype=torch.float64, device=self.options.device)
         for loss_sum, count in outputs:
@@ -223,8 +230,11 @@ class HybridParallelModel(nn.Module):
         return StepMetrics(loss=float(totals[0]) / max(float(totals[1]), 1.0), tokens=tokens)
 
     def finish_gradients(self) -> None:
-        """After the schedule: sum ddp gradients over their groups, then add up the tied copies."""
-        reduce_ddp_units(self.units)
+        """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
+        tp-replicated parameters over their groups, then add up the tied copies."""
+        if self.reducer is not None:
+            self.reducer.finish()
+        self._sum_replicated_grads()
         for emb, head, group, _ in self._ties:
             if emb is not None and head is not None:  # both copies on this rank (pp == 1)
                 ge, gh = _grad_or_zero(emb), _grad_or_zero(head)
@@ -235,6 +245,23 @@ class HybridParallelModel(nn.Module):
                 param = emb if emb is not None else head
                 assert param is not None
                 dist.all_reduce(_grad_or_zero(param), group=group)
+
+    def _sum_replicated_grads(self) -> None:
+        """Once per iteration: sum over its group the gradient of every parameter that forward passed through
+        ``copy_to_group`` (Megatron-SP norms, row-parallel biases, replicated K/V), after the data-parallel reduction
+        (the two sums commute). The gradient lives on the master (ddp) or the local shard (zero2/zero3)."""
+        masters = {id(p): m for u in self.units if isinstance(u, DdpUnit) for p, m in u.grads_to_reduce()}
+        shards = [u for u in self.units if isinstance(u, FsdpUnit)]
+        by_group: dict[int, tuple[dist.ProcessGroup, list[Tensor]]] = {}
+        for param, group in self.replicated.params.values():
+            owner = masters.get(id(param))
+            if owner is None:
+                owner = next((s for u in shards if (s := u.sharded_parameter(param)) is not None), None)
+            if owner is None or owner.grad is None:
+                continue
+            by_group.setdefault(id(group), (group, []))[1].append(local_tensor(owner.grad))
+        for group, grads in by_group.values():
+            all_reduce_flat(grads, group, grads[0].dtype)
 
     def after_step(self) -> None:
         """Refresh compute weights from the master weights (bf16 ddp units)."""
@@ -295,6 +322,7 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     for index, plan in layout.boundary_plans():
         if rank in plan.target.ranks:
             out.redistributions[str(index)] = _redistribution(plan, groups, rank)
+    out.reducer = BucketReducer([u for u in out.units if isinstance(u, DdpUnit)])
     _tie(out, model.tied_weights)
     out.sync_tied_weights()
     return out
@@ -316,7 +344,7 @@ def _convert(
 def _context(
     groups: LayerGroups, rank: int, cache: ProcessGroupCache, megatron_sp: bool, vocab_sp: bool
 ) -> ParallelContext:
-    tp, sp = groups.of("tp", rank), groups.of("sp", rank)
+    tp, sp = groups.of(GroupKind.TP, rank), groups.of(GroupKind.SP, rank)
     return ParallelContext(
         tp_group=cache.get(tp) if len(tp) > 1 else None,
         sp_group=cache.get(sp) if len(sp) > 1 else None,
@@ -338,7 +366,7 @@ def _wrap(
         module = Checkpointed(module)
     strategy = out.strategy
     dp_type = strategy.vocab_dp_type if index is None else strategy.layer_dp_type(index)
-    shard = groups.of("shard", out.rank)
+    shard = groups.of(GroupKind.SHARD, out.rank)
     out._tp_partitioned[name] = _tp_partitioned(module, ctx)
     out._unit_tp[name] = ctx.tp_size
     out.contexts[name] = ctx

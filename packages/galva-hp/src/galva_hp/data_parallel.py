@@ -1,10 +1,13 @@
 """Per-layer data parallelism over each layer's own sharding group.
 
 - ``ddp``: parameters replicated on the sharding group; gradients accumulate locally over the micro-batches and are
-  all-reduced (SUM) once per iteration, one flat buffer per group (or after every micro-batch on request).
+  all-reduced (SUM) once per iteration, one bucket per unit launched asynchronously from the last micro-batch's
+  backward (:mod:`galva_hp.grad_buckets`), or after every micro-batch on request.
 - ``zero2`` / ``zero3``: FSDP2 ``fully_shard`` on a one-dimensional mesh made from the layer's sharding group.
   zero3 frees the gathered parameters after forward (and re-gathers them for backward); zero2 keeps them until the
-  backward is done. Parameters, gradients and optimizer states are stored as 1/dp shards in both.
+  backward is done. Parameters, gradients and optimizer states are stored as 1/dp shards in both. FSDP2
+  reduce-scatters a layer's gradients in its backward, only in the iteration's last micro-batch
+  (``set_requires_gradient_sync(False)`` on the earlier ones, which accumulate unsharded gradients).
 
 Gradients are always *summed* over the group: the loss every rank back-propagates is already divided by the global
 token count, so a sum gives exactly the gradient of the global mean loss (FSDP2's default would average).
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from galva_hp.precision import PrecisionPolicy
 from galva_schema import DataParallelType
 
-__all__ = ["DataParallelUnit", "DdpUnit", "FsdpUnit", "ParamRecord", "local_tensor", "reduce_ddp_units", "wrap"]
+__all__ = ["DataParallelUnit", "DdpUnit", "FsdpUnit", "ParamRecord", "local_tensor", "wrap"]
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +87,7 @@ class DataParallelUnit(ABC):
 
 
 class DdpUnit(DataParallelUnit):
-    """Replicated parameters; gradients summed over the group once per iteration (see :func:`reduce_ddp_units`)."""
+    """Replicated parameters; gradients summed over the group once per iteration (see :mod:`galva_hp.grad_buckets`)."""
 
     dp_type = DataParallelType.DDP
 
@@ -125,7 +128,7 @@ class DdpUnit(DataParallelUnit):
         grads = [p.grad for _, p in self._params]
         present = [g for g in grads if g is not None]
         if present:
-            _all_reduce_flat(present, self.group, self.precision.reduce_dtype)
+            all_reduce_flat(present, self.group, self.precision.reduce_dtype)
         if self._reduced is None:
             self._reduced = [None] * len(grads)
         for i, (_, p) in enumerate(self._params):
@@ -184,6 +187,18 @@ class FsdpUnit(DataParallelUnit):
         module.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already divided globally
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         self.fsdp: FSDPModule = module
+        # id of each gathered (unsharded) parameter -> its name: it is what forward sees, and the name finds the shard
+        self.unsharded_names: dict[int, str] = {}
+        module.register_forward_pre_hook(self._note_unsharded)  # after FSDP2's own pre-hook, which gathers
+
+    def _note_unsharded(self, module: nn.Module, args: object) -> None:
+        if not self.unsharded_names:
+            self.unsharded_names = {id(p): n for n, p in module.named_parameters()}
+
+    def sharded_parameter(self, unsharded: nn.Parameter) -> nn.Parameter | None:
+        """The sharded parameter (at rest) of a gathered one seen in forward; None if it is not this unit's."""
+        name = self.unsharded_names.get(id(unsharded))
+        return None if name is None else self.module.get_parameter(name)
 
     def before_backward(self, sync: bool) -> None:
         self.fsdp.set_requires_gradient_sync(sync or self.reduce_every_micro_batch)
@@ -212,25 +227,8 @@ def wrap(
     return FsdpUnit(name, module, group, precision, dp_type, reduce_every_micro_batch)
 
 
-def reduce_ddp_units(units: Iterable[DataParallelUnit]) -> None:
-    """Sum the gradients of every ddp unit over its group: one flat all-reduce per distinct group."""
-    by_group: dict[int, list[DdpUnit]] = defaultdict(list)
-    groups: dict[int, dist.ProcessGroup | None] = {}
-    ddp_units = [u for u in units if isinstance(u, DdpUnit)]
-    for unit in ddp_units:
-        if unit.group_size > 1 and not unit.reduce_every_micro_batch:
-            key = id(unit.group)
-            by_group[key].append(unit)
-            groups[key] = unit.group
-    for key, members in by_group.items():
-        grads = [p.grad for u in members for p, _ in u.grads_to_reduce() if p.grad is not None]
-        if grads:
-            _all_reduce_flat(grads, groups[key], members[0].precision.reduce_dtype)
-    for unit in ddp_units:
-        unit.move_grads_to_masters()
-
-
-def _all_reduce_flat(grads: Sequence[torch.Tensor], group: dist.ProcessGroup | None, dtype: torch.dtype) -> None:
+def all_reduce_flat(grads: Sequence[torch.Tensor], group: dist.ProcessGroup | None, dtype: torch.dtype) -> None:
+    """Sum ``grads`` over ``group`` in place (blocking), through one flat buffer per dtype, reduced in ``dtype``."""
     if group is None or group.size() == 1:
         return
     # one buffer per dtype keeps the number of collectives (and their latency) at one per group

@@ -28,11 +28,13 @@ norms, row-parallel biases, position embeddings) get their full gradient without
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 __all__ = [
@@ -131,15 +133,54 @@ def all_to_all_along(x: Tensor, scatter_dim: int, gather_dim: int, group: Proces
     return recv.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
 
 
+# ------------------------------------------------------------------- replicated parameters: deferred gradient sums
+class DeferredGradSums:
+    """Parameters whose gradient :func:`copy_to_group` left as a per-rank partial sum while this was active.
+
+    Summing a replicated parameter's gradient inside autograd costs one all-reduce per micro-batch; the runtime
+    (:meth:`galva_hp.build.HybridParallelModel.forward_backward`) runs its forwards under
+    :func:`defer_param_grad_sums` instead and sums the accumulated gradients of :attr:`params` over their groups
+    once per iteration. Standalone use of a parallel block (no deferral active) keeps the per-backward sum.
+    """
+
+    def __init__(self) -> None:
+        self.params: dict[int, tuple[nn.Parameter, ProcessGroup]] = {}  # id(param) -> (param, group)
+
+
+_ACTIVE: DeferredGradSums | None = None
+
+
+@contextmanager
+def defer_param_grad_sums(record: DeferredGradSums) -> Iterator[DeferredGradSums]:
+    """While active, ``copy_to_group(param, group)`` on an ``nn.Parameter`` records it in ``record`` and its
+    backward leaves the gradient unsummed (activations are summed as always)."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, record
+    try:
+        yield record
+    finally:
+        _ACTIVE = previous
+
+
+def _defer_param(x: Tensor, group: ProcessGroup | None) -> bool:
+    if _ACTIVE is None or group is None or not isinstance(x, nn.Parameter):
+        return False
+    _ACTIVE.params[id(x)] = (x, group)
+    return True
+
+
 # ----------------------------------------------------------------------------------------- autograd functions
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
         ctx.group = group
+        ctx.deferred = _defer_param(x, group)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        if ctx.deferred:  # the runtime sums the accumulated gradient once per iteration instead
+            return grad, None
         return all_reduce_sum(grad, ctx.group), None
 
 

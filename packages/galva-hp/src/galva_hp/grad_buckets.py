@@ -1,0 +1,120 @@
+"""Gradient reduction of ddp units overlapped with the last backward of the iteration, as torch DDP does it.
+
+Every ddp unit whose sharding group has more than one rank is one bucket; buckets are ordered in reverse layer order
+(the order in which backward finishes them). During the iteration's last micro-batch backward, a post-accumulate
+hook on every parameter counts the parameters whose gradient is final; when all of a bucket's are, the bucket's
+gradients are copied into one flat buffer (in the reduce dtype) and summed over the group with an asynchronous
+all-reduce, while backward goes on with earlier layers. :meth:`BucketReducer.finish` (before the optimizer step)
+launches what has not been launched (parameters that received no gradient), waits for every handle, and writes
+the sums into the gradients of the master parameters. Earlier micro-batches only accumulate gradients locally.
+
+Buckets are launched in bucket order on every rank (a ready bucket waits for its predecessors), so every rank
+issues the collectives of a group in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from galva_hp.data_parallel import DdpUnit
+
+__all__ = ["Bucket", "BucketReducer"]
+
+
+@dataclass
+class Bucket:
+    """One unit's gradients, reduced together over its group."""
+
+    unit: DdpUnit
+    params: list[nn.Parameter]  # compute parameters, in the unit's order
+    ready: set[int] = field(default_factory=set)  # ids of params whose gradient is final this iteration
+    work: dist.Work | None = None
+    flat: torch.Tensor | None = None
+    present: list[int] = field(default_factory=list)  # indices of the params reduced (those with a gradient)
+
+    @property
+    def launched(self) -> bool:
+        return self.flat is not None
+
+
+class BucketReducer:
+    """Asynchronous, backward-overlapped gradient all-reduce of ``units`` (the ddp units of one stage)."""
+
+    def __init__(self, units: list[DdpUnit]) -> None:
+        self.units = units
+        reduced = [u for u in units if u.group_size > 1 and not u.reduce_every_micro_batch]
+        self.buckets = [Bucket(u, [p for p, _ in u.grads_to_reduce()]) for u in reversed(reduced)]
+        self._armed = False
+        self._next = 0  # index of the first bucket not yet launched
+        self._handles = []
+        for bucket in self.buckets:
+            for param in bucket.params:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._hook(bucket)))
+
+    def _hook(self, bucket: Bucket):  # type: ignore[no-untyped-def]
+        def on_grad_final(param: torch.Tensor) -> None:
+            if not self._armed:
+                return
+            bucket.ready.add(id(param))
+            self._launch_ready()
+
+        return on_grad_final
+
+    def arm(self) -> None:
+        """Called before the iteration's last micro-batch backward: the gradients it accumulates are final."""
+        for bucket in self.buckets:
+            bucket.ready.clear()
+        self._next = 0
+        self._armed = True
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if len(bucket.ready) < len(bucket.params):
+                return
+            self._launch(bucket)
+
+    def _launch(self, bucket: Bucket) -> None:
+        unit = bucket.unit
+        bucket.present = [i for i, p in enumerate(bucket.params) if p.grad is not None]
+        dtype = unit.precision.reduce_dtype
+        grads = [bucket.params[i].grad.reshape(-1).to(dtype) for i in bucket.present]  # type: ignore[union-attr]
+        bucket.flat = torch.cat(grads) if grads else torch.zeros(0, dtype=dtype)
+        bucket.work = dist.all_reduce(bucket.flat, group=unit.group, async_op=True) if grads else None
+        self._next += 1
+
+    def finish(self) -> None:
+        """Launch what backward did not, wait for every reduction, hand the sums to the master parameters."""
+        self._armed = False
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+            self._unpack(bucket)
+        for unit in self.units:  # the unbucketed ones (one-rank groups, per-micro-batch reduction)
+            unit.move_grads_to_masters()
+
+    @staticmethod
+    def _unpack(bucket: Bucket) -> None:
+        assert bucket.flat is not None
+        pairs = bucket.unit.grads_to_reduce()
+        offset = 0
+        with torch.no_grad():
+            for i in bucket.present:
+                param, master = pairs[i]
+                assert param.grad is not None
+                n = param.grad.numel()
+                piece = bucket.flat[offset : offset + n].view_as(param.grad)
+                offset += n
+                if master is param:
+                    param.grad.copy_(piece)
+                else:  # bf16 compute weights: the (fp32) sum goes straight to the fp32 master
+                    piece = piece.to(master.dtype)
+                    master.grad = piece.clone() if master.grad is None else master.grad + piece
+                    param.grad = None
+        bucket.flat, bucket.work = None, None
