@@ -40,7 +40,7 @@ def refine_division(
                 division = list(task.division)
                 division[slow] -= 1
                 division[target] += 1
-                if tuple(division) not in seen:
+                if tuple(division) not in seen and not tasks.rules.cuts_shared(division):
                     seen.add(tuple(division))
                     moves.append(
                         tasks.make_task(

@@ -29,6 +29,7 @@ from galva_search.options import (
     batch_size_range,
 )
 from galva_search.refine import Best, refine_division
+from galva_search.rules import ModelRules
 from galva_search.space import Candidate, generate_space
 from galva_search.stages import StageSolver
 from galva_search.tasks import Task, TaskEnumerator
@@ -74,7 +75,8 @@ class _Planner:
             "dp_problems": 0,
             "dp_reused": 0,
         }
-        self.tasks = TaskEnumerator(cost, options, by_pp)
+        self.rules = ModelRules(cost.model, cost.settings, cost.world_size, source=cost.model_source)
+        self.tasks = TaskEnumerator(cost, options, by_pp, self.rules)
         self.solver = StageSolver(self.tasks, options.threads, self.counts)
 
     def score(self, task: Task, solutions: Sequence[dp_core.StageSolution]) -> PlanCost:
@@ -165,10 +167,10 @@ class _Planner:
                 record.status = "best"
                 break
         choices = [sol.choice for sol in best_sols]
+        strategy = to_strategy(self.cost.settings, self.cost.world_size, self.cost.model.model_name, task, choices, t)
+        self.rules.check(strategy)  # the model's own check of the whole plan: a problem is a bug of the search
         return SearchResult(
-            strategy=to_strategy(
-                self.cost.settings, self.cost.world_size, self.cost.model.model_name, task, choices, t
-            ),
+            strategy=strategy,
             iteration_time_s=t,
             throughput=task.batch_size / t,
             stage_memory_mib=got.stage_memory_mib,

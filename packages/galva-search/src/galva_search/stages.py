@@ -33,11 +33,16 @@ class StageSolver:
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration)."""
         c, pp = task.micro_batches, task.pp
-        types = self.tasks.layers.stage_types(task.division)[stage]
+        layers = self.tasks.layers
+        rules = self.tasks.rules
+        indices = layers.stage_layers(task.division)[stage]
+        types = tuple(layers.type_of[i] for i in indices)
+        ends = tuple(layers.type_ends[i] for i in indices)
+        tied = tuple(rules.tied(i) for i in indices)
         in_flight = self.cost.in_flight(pp, c)[stage]
         first_recv = stage > 0
         last_send = stage < pp - 1
-        key = (pp, task.micro_batch, c, in_flight, tuple(types), first_recv, last_send)
+        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, first_recv, last_send)
         hit = self._problems.get(key)
         if hit is not None:
             return key, hit
@@ -53,12 +58,21 @@ class StageSolver:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous stage
             if pos == L - 1 and last_send:
                 row = row + c * terms.p2p_s  # forward activation sent to the next stage
-            intra[pos] = row
+            allowed = tables.allowed_at_end[t] if ends[pos] else tables.allowed[t]
+            intra[pos] = np.where(allowed, row, np.inf)  # +inf: a form the model cannot run
             memory[pos] = terms.memory_mib(in_flight)
             if pos > 0:
                 inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
+                if tied[pos]:  # layers sharing a parameter keep one tp layout: other transitions are forbidden
+                    inter[pos] = np.where(self._same_layout(task), inter[pos], np.inf)
         self._problems[key] = (intra, memory, inter)
         return key, (intra, memory, inter)
+
+    def _same_layout(self, task: Task) -> np.ndarray:
+        """``[S][S]``: whether two candidates of the task's tables have one tp layout."""
+        stage_ranks = self.cost.world_size // task.pp
+        layouts = [self.tasks.rules.layout(c, stage_ranks) for c in task.tables.candidates]
+        return np.array([[a == b for b in layouts] for a in layouts], dtype=bool)
 
     def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
         for solved_budget, solution in self._solutions.get(key, ()):
@@ -108,7 +122,7 @@ class StageSolver:
             for stage, budget in enumerate(budgets):
                 _, (intra, memory, _) = self.stage_problem(task, stage)
                 mem = float(memory[:, s].sum())
-                if mem > budget:
+                if mem > budget or not np.isfinite(intra[:, s]).all():  # too big, or refused by the model
                     break
                 sols.append(dp_core.StageSolution((s,) * intra.shape[0], float(intra[:, s].sum()), mem))
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from galva_schema import DataParallelType
 from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
 from galva_search.options import SearchOptions
 from galva_search.partition import balanced_division, even_division
+from galva_search.rules import ModelRules
 from galva_search.space import Candidate
 
 LAMBDAS = np.concatenate([[0.0], np.logspace(-10, -2, 49)])
@@ -30,6 +32,7 @@ class LayerSequence:
     def __init__(self, num_layers_per_type: Sequence[int]) -> None:
         self.runs = [(t, count) for t, count in enumerate(num_layers_per_type)]  # (type, layers), in model order
         self.type_of = [t for t, count in self.runs for _ in range(count)]
+        self.type_ends = [i + 1 == len(self.type_of) or self.type_of[i + 1] != t for i, t in enumerate(self.type_of)]
         self._counts: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}
 
     def __len__(self) -> int:
@@ -42,6 +45,11 @@ class LayerSequence:
             out.append(self.type_of[start : start + count])
             start += count
         return out
+
+    def stage_layers(self, division: Sequence[int]) -> list[range]:
+        """Per stage, the global indices of its layers."""
+        starts = np.cumsum([0, *division])
+        return [range(int(a), int(b)) for a, b in pairwise(starts)]
 
     def stage_type_counts(self, division: tuple[int, ...]) -> list[list[tuple[int, int]]]:
         """Per stage, ``(type, count)`` of the layers it holds (cached: bounds ask for it per task)."""
@@ -65,7 +73,9 @@ class CostTables:
     terms: list[LayerTerms]  # per layer type
     redistribution: list[np.ndarray]  # per layer type (of the receiving layer): [from][to] seconds per micro-batch
     penalty: list[np.ndarray]  # per layer type: [from][to] tie-breaker seconds
-    fastest: list[int]  # per layer type: candidate of least micro-batch time
+    fastest: list[int]  # per layer type: allowed candidate of least micro-batch time
+    allowed: list[np.ndarray]  # per layer type: candidates the model can run (ModelRules.allowed)
+    allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
     dual_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
 
     def dual(self, t: int, in_flight: int) -> tuple[np.ndarray, float]:
@@ -74,26 +84,37 @@ class CostTables:
         key = (t, in_flight)
         hit = self.dual_cache.get(key)
         if hit is None:
-            terms = self.terms[t]
+            terms, allowed = self.terms[t], self.allowed[t]
             mem = terms.memory_mib(in_flight)
-            g = (terms.micro_batch_s[None, :] + LAMBDAS[:, None] * mem[None, :]).min(axis=1)
-            hit = (g, float(mem.min()))
+            time = np.where(allowed, terms.micro_batch_s, np.inf)  # refused candidates never enter a plan
+            g = (time[None, :] + LAMBDAS[:, None] * mem[None, :]).min(axis=1)
+            hit = (g, float(mem[allowed].min()) if allowed.any() else math.inf)
             self.dual_cache[key] = hit
         return hit
 
 
-def build_tables(cost: CostModel, candidates: Sequence[Candidate], micro_batch: int, accumulating: bool) -> CostTables:
-    """Cost tables of every layer type of ``cost.model`` for a global micro-batch of ``micro_batch`` samples."""
-    allowed = list(candidates)
+def build_tables(
+    cost: CostModel,
+    candidates: Sequence[Candidate],
+    micro_batch: int,
+    accumulating: bool,
+    rules: ModelRules | None = None,
+) -> CostTables:
+    """Cost tables of every layer type of ``cost.model`` for a global micro-batch of ``micro_batch`` samples;
+    ``rules`` says which candidates each layer type may run (all of them when None)."""
+    pool = list(candidates)
     c = 2 if accumulating else 1  # only "more than one micro-batch" matters for the terms themselves
-    terms, redis, penalty, fastest = [], [], [], []
+    terms, redis, penalty, fastest, allowed, allowed_at_end = [], [], [], [], [], []
     for t in range(len(cost.model.layer_types)):
-        lt = cost.layer_terms(t, allowed, micro_batch, c)
+        lt = cost.layer_terms(t, pool, micro_batch, c)
         terms.append(lt)
-        redis.append(cost.redistribution(t, allowed, micro_batch))
-        penalty.append(cost.switch_penalties(t, allowed))
-        fastest.append(int(np.argmin(lt.micro_batch_s)))
-    return CostTables(allowed, terms, redis, penalty, fastest)
+        redis.append(cost.redistribution(t, pool, micro_batch))
+        penalty.append(cost.switch_penalties(t, pool))
+        mask = rules.allowed(t, pool, False) if rules else np.ones(len(pool), dtype=bool)
+        allowed.append(mask)
+        allowed_at_end.append(rules.allowed(t, pool, True) if rules else mask)
+        fastest.append(int(np.argmin(np.where(mask, lt.micro_batch_s, np.inf))))
+    return CostTables(pool, terms, redis, penalty, fastest, allowed, allowed_at_end)
 
 
 @dataclass
@@ -119,10 +140,13 @@ class TaskEnumerator:
     """Every task of a search, with its bound; cost tables, vocabulary terms, partitions and bounds are built once
     per distinct key and shared between tasks."""
 
-    def __init__(self, cost: CostModel, options: SearchOptions, by_pp: dict[int, list[Candidate]]) -> None:
+    def __init__(
+        self, cost: CostModel, options: SearchOptions, by_pp: dict[int, list[Candidate]], rules: ModelRules
+    ) -> None:
         self.cost = cost
         self.options = options
         self.by_pp = by_pp
+        self.rules = rules
         self.layers = LayerSequence([lt.num_layers for lt in cost.model.layer_types])
         self.usable_mib = options.usable_mib
         self._tables: dict[tuple[int, int, bool], CostTables | None] = {}
@@ -135,7 +159,9 @@ class TaskEnumerator:
         key = (pp, micro_batch, accumulating)
         if key not in self._tables:
             allowed = [c for c in self.by_pp.get(pp, []) if micro_batch % c.dp == 0]
-            self._tables[key] = build_tables(self.cost, allowed, micro_batch, accumulating) if allowed else None
+            self._tables[key] = (
+                build_tables(self.cost, allowed, micro_batch, accumulating, self.rules) if allowed else None
+            )
         return self._tables[key]
 
     def enumerate(self) -> list[Task]:
@@ -146,9 +172,13 @@ class TaskEnumerator:
         allow_sp = space.sp_space in ("tp+sp", "sp") and not space.disable_vtp
         allow_zero3 = not space.disable_sdp and settings.default_dp_type is not DataParallelType.ZERO3
         vocab_by_pp = {
-            pp: self.cost.vocab_options(
-                pp, space.max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=not space.disable_vtp
-            )
+            pp: [
+                option
+                for option in self.cost.vocab_options(
+                    pp, space.max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=not space.disable_vtp
+                )
+                if self.rules.vocab_allows(option)
+            ]
             for pp in self.by_pp
         }
         tasks: list[Task] = []
@@ -212,7 +242,9 @@ class TaskEnumerator:
             got = balanced_division(runs, [v.micro_batch_s for v in vocab])
             if got:
                 out.append(tuple(got))
-        out = list(dict.fromkeys(out))
+        # a partition never cuts the layers of a shared parameter
+        snapped = [self.rules.snap(d) for d in out] if self.rules.spans else out
+        out = list(dict.fromkeys(d for d in snapped if d is not None))
         self._divisions[key] = out
         return out
 
