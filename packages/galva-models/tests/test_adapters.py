@@ -125,10 +125,10 @@ def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
 
     check_plan(layered, plan(layer={"tp": 2}))
     check_plan(build_layered(preset_config("tiny-swin"))[1], plan(layer={"tp": 2, "ulysses": True}))
-    message = "swin: layer 1 (swin_stage1): {} 2 does not divide the 9 tokens of its merged output grid"
-    with pytest.raises(SchemaError, match=re.escape(message.format("Ulysses degree"))):
+    message = "layers[1].tp: {} degree 2 does not divide the 9 tokens of its output"
+    with pytest.raises(SchemaError, match=re.escape(message.format("Ulysses"))):
         check_plan(layered, plan(layer={"tp": 2, "ulysses": True}))
-    with pytest.raises(SchemaError, match=re.escape(message.format("Megatron-SP degree"))):
+    with pytest.raises(SchemaError, match=re.escape(message.format("Megatron-SP"))):
         check_plan(layered, plan(layer={"tp": 2}, megatron_sp=True))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,14 +109,57 @@ BAD = [
     (["--model", "tiny-llama", "--attention-backend", "flash"], 1, "flash"),
     (["--model", "tiny-vit", "--seq-length", "64"], 1, "vit takes images"),
     (["--model", "tiny-llama", "--num-attention-heads", "3"], 1, "not divisible by --num-attention-heads 3"),
-    (["--model", "tiny-swin", "--tp", "4", "--sequence-parallel"], 4, "swin: layer 0 (swin_stage0): tp 4 does not"),
-    (["--model", "tiny-vit", "--vocab-tp", "2"], 2, "vit: no vocab_tp form yet"),
-    (["--model", "tiny-t5", "--vocab-tp", "2"], 2, "t5: no vocab_tp form yet"),
-    (["--model", "tiny-t5", "--pp", "4"], 4, "t5: the encoder layers span pipeline stages [0, 1]"),
-    (["--model", "tiny-t5", "--zero3"], 2, "t5: ZeRO-3 would shard the relative-position tables"),
-    (["--model", "tiny-t5", "--tp", "8"], 8, "t5: tp 8 does not divide the 4 attention heads"),
-    (["--model", "tiny-t5", "--tp", "2", "--sequence-parallel"], 2, "t5: no megatron_sp form yet (this family has"),
-    (["--model", "tiny-t5", "--tp", "2", "--ulysses"], 2, "t5: no ulysses form yet (this family has: tp)"),
+    (
+        ["--model", "tiny-swin", "--tp", "4", "--sequence-parallel"],
+        4,
+        "layers[0].tp: tp 4 does not divide the 2 attention",
+    ),
+    (
+        ["--model", "tiny-vit", "--vocab-tp", "2"],
+        2,
+        "vocab.tp: the vocabulary cannot run vocabulary tensor parallelism: vit",
+    ),
+    (
+        ["--model", "tiny-t5", "--vocab-tp", "2"],
+        2,
+        "vocab.tp: the vocabulary cannot run vocabulary tensor parallelism: t5",
+    ),
+    (
+        ["--model", "tiny-t5", "--pp", "4"],
+        4,
+        "pp_division: layers[0..1] share the encoder relative-position table, so they must stay on one pipeline "
+        "stage; this division puts them on stages [0, 1]",
+    ),
+    (["--model", "tiny-t5", "--zero3"], 2, "layers[0..1].dp_type: t5_encoder layers cannot run ZeRO-3: it would shard"),
+    (
+        ["--model", "tiny-t5", "--tp", "8"],
+        8,
+        "layers[0..1].tp: tp 8 does not divide the 4 attention heads of t5_encoder",
+    ),
+    (
+        ["--model", "tiny-t5", "--tp", "2", "--sequence-parallel"],
+        2,
+        "layers[0..1].tp: t5_encoder layers cannot run Megatron-SP",
+    ),
+    (["--model", "tiny-t5", "--tp", "2", "--ulysses"], 2, "layers[0..1].ulysses: t5_encoder layers cannot run Ulysses"),
+    # flags that would otherwise be parsed and do nothing
+    (["--model", "tiny-llama", "--save", "ckpt"], 1, "--save: checkpoints arrive with galva-ckpt"),
+    (["--model", "tiny-llama", "--load", "ckpt"], 1, "--load: checkpoints arrive with galva-ckpt"),
+    (["--model", "tiny-llama", "--save-interval", "100"], 1, "--save-interval: checkpoints arrive with galva-ckpt"),
+    (["--model", "tiny-llama", "--decoder-seq-length", "16"], 1, "--decoder-seq-length: llama has no decoder stream"),
+    (["--model", "tiny-llama", "--log-interval", "0"], 1, "--log-interval must be >= 1, got 0"),
+    (["--model", "tiny-llama", "--lr-decay-style", "inverse-square-root"], 1, "argument --lr-decay-style: invalid"),
+    (
+        ["--model", "tiny-llama", "--use-distributed-optimizer", "--default-dp-type", "ddp"],
+        2,
+        "--use-distributed-optimizer is zero2; it contradicts --default-dp-type ddp",
+    ),
+    (["--model", "tiny-llama", "--sdp", "--default-dp-type", "zero2"], 2, "--sdp is ZeRO-3 on every layer; it contra"),
+    (["--model", "tiny-swin", "--ffn-hidden-size", "64"], 1, "--ffn-hidden-size: swin has no feed-forward size field"),
+    (["--model", "tiny-gpt2", "--num-query-groups", "2"], 1, "--num-query-groups: gpt2 has no grouped-query attention"),
+    (["--model", "tiny-swin", "--hidden-size", "64"], 1, "swin has per-stage sizes; use a --model-config"),
+    (["--hf-checkpoint", "ckpt", "--num-layers", "2"], 1, "--num-layers: the weights come from --hf-checkpoint ckpt"),
+    (["--model", "tiny-llama", "--hf-checkpoint", "ckpt"], 1, "argument --hf-checkpoint: not allowed with argument"),
 ]
 
 
@@ -126,6 +170,53 @@ def test_bad_combinations_are_one_line_errors(argv, world, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_plan_flags_next_to_a_plan_file_are_refused(tmp_path):
+    path = tmp_path / "plan.json"
+    Strategy.uniform(world_size=4, num_layers=4, global_batch_size=8, layer={"tp": 2}).save(path)
+    with pytest.raises(ConfigError, match="--micro-batch-size: the plan comes from --strategy"):
+        parse_train_config(["--model", "tiny-gpt2", "--strategy", str(path), "--micro-batch-size", "2"], world_size=4)
+
+
+def test_embed_sdp_shards_the_vocabulary_layers():
+    plain = parse_train_config(["--model", "tiny-gpt2", "--seq-length", "16"], world_size=2).strategy
+    sharded = parse_train_config(["--model", "tiny-gpt2", "--seq-length", "16", "--embed-sdp"], world_size=2).strategy
+    assert (plain.vocab_dp_type.value, sharded.vocab_dp_type.value) == ("ddp", "zero3")
+
+
+def test_tensorboard_dir_needs_tensorboard(tmp_path):
+    import importlib.util
+
+    argv = ["--model", "tiny-gpt2", "--tensorboard-dir", str(tmp_path / "tb")]
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(ConfigError, match="--tensorboard-dir: tensorboard is not installed"):
+            parse_train_config(argv)
+    else:
+        assert parse_train_config(argv).tensorboard_dir == str(tmp_path / "tb")
+
+
+def test_galva_train_and_galva_hp_report_the_same_problems(tmp_path):
+    """One check of a plan against a model: galva-train's line (after its source prefix) is galva-hp's build error."""
+    from galva_hp import check_plan
+    from galva_models.adapters import build_layered
+    from galva_models.presets import preset_config
+    from galva_schema import SchemaError
+
+    path = tmp_path / "plan.json"
+    plan = Strategy.uniform(
+        world_size=2, num_layers=4, global_batch_size=2, layer={"tp": 2}, default_dp_type="zero3", vocab={"tp": 2}
+    )
+    plan.save(path)
+    with pytest.raises(ConfigError) as cli:
+        parse_train_config(["--model", "tiny-t5", "--strategy", str(path), "--seq-length", "8"], world_size=2)
+    _, layered = build_layered(preset_config("tiny-t5"), encoder_seq_length=8)
+    with pytest.raises(SchemaError) as hp:
+        check_plan(layered, plan, world_size=2, seq_len=8)
+    cli_problems = str(cli.value).removeprefix(f"{path}: ")
+    assert cli_problems == str(hp.value).removeprefix("strategy: ")
+    assert "layers[0..1].dp_type: t5_encoder layers cannot run ZeRO-3" in cli_problems
+    assert "vocab.tp: the vocabulary cannot run vocabulary tensor parallelism" in cli_problems
+
+
 def test_t5_tp_plans(tmp_path):
     # each stack on one stage, every layer of a stack in one tp layout: accepted (the table is split by heads)
     cfg = parse_train_config(["--model", "tiny-t5", "--pp", "2", "--tp", "2", "--checkpoint"], world_size=4)
@@ -134,7 +225,8 @@ def test_t5_tp_plans(tmp_path):
     path = tmp_path / "plan.json"
     layers = [{"tp": 2}, {"tp": 1}, {"tp": 2}, {"tp": 2}]
     Strategy.model_validate({"world_size": 4, "pp": 2, "global_batch_size": 8, "layers": layers}).save(path)
-    with pytest.raises(ConfigError, match=r"t5: the encoder layers use different tp layouts"):
+    message = "layers[0..1].tp: these layers share the encoder relative-position table, so they must use one tp layout"
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse_train_config(["--model", "tiny-t5", "--strategy", str(path)], world_size=4)
 
 
@@ -144,7 +236,7 @@ def test_strategy_layer_count_mismatch(tmp_path, capsys):
     code = train_main(["--model", "tiny-llama", "--strategy", str(path), "--world-size", "2"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
-    assert err == f"galva-train: error: {path}: layers: the strategy has 6 layers, the model has 4"
+    assert err == f"galva-train: error: {path}: layers: the strategy has 6 layers but tiny-llama has 4"
     assert not dist.is_initialized()  # rejected before any process group
 
 

@@ -2,7 +2,8 @@
 
 An adapter is data plus small functions (:class:`FamilyAdapter`): which Hugging Face ``model_type`` values it
 handles, its task (what a batch looks like), how to build the Hugging Face model, how to decompose it into a
-:class:`galva_hp.model.LayeredModel`, and the per-layer facts galva-train validates a plan against
+:class:`galva_hp.model.LayeredModel`, which plans it can run (a :class:`galva_schema.ModelConstraints`, checked by
+:func:`galva_schema.plan_problems` in galva-train and in galva-hp's ``build`` alike) and its boundary shapes
 (:class:`LayerSpec`). The decomposed modules *hold the Hugging Face submodules themselves* (no copies), so the
 single-process LayeredModel computes exactly what the Hugging Face model computes, and the parameter-name mapping
 is found by tensor identity (:func:`parameter_name_map`).
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from galva_hp.model import LayeredModel, ParallelContext
+from galva_schema import ModelConstraints, ParallelForm
 
 IGNORE_INDEX = -100
 
@@ -35,15 +37,13 @@ class Task(str, Enum):
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """Facts about one transformer layer that a plan must respect.
+    """The boundary activation of one transformer layer: ``[batch, seq_length, hidden_size]`` (batch first).
 
-    ``seq_length`` and ``hidden_size`` give the boundary activation ``[batch, seq_length, hidden_size]`` (batch
-    first); the boundary dtype is the run's compute dtype.
+    The boundary dtype is the run's compute dtype. What a plan must respect (heads, forms) is in the adapter's
+    :class:`~galva_schema.ModelConstraints`, not here.
     """
 
     layer_type: str
-    num_heads: int
-    num_kv_heads: int
     seq_length: int
     hidden_size: int
 
@@ -63,20 +63,18 @@ class FamilyAdapter:
     build_model: Callable[..., nn.Module]
     """``(config, attn_implementation) -> Hugging Face model`` with its task head."""
     decompose: Callable[..., LayeredModel]
-    """``(hf_model, **options) -> LayeredModel`` sharing the Hugging Face modules."""
+    """``(hf_model, **options) -> LayeredModel`` sharing the Hugging Face modules, with its constraints."""
+    constraints: Callable[..., ModelConstraints]
+    """``(config, seq_length=None, decoder_seq_length=None) -> ModelConstraints``: every plan rule of the model
+    (heads, forms it cannot run and why, token counts a sequence split must divide, shared parameters). The
+    lengths matter only where a layer's boundary sequence is not the run's sequence (an encoder-decoder)."""
     layer_specs: Callable[..., list[LayerSpec]]
-    """``(config, seq_length) -> one LayerSpec per transformer layer``."""
+    """``(config, seq_length[, decoder_seq_length]) -> one LayerSpec per transformer layer``; raises
+    ``ValueError`` for a length the model cannot run (e.g. beyond a sliding window)."""
     set_num_layers: Callable[[Any, int], None] | None = None
     """Change the transformer layer count of a config (None: the family has no single layer count)."""
-    parallel_forms: frozenset[str] = frozenset()
-    """Which parallel forms the family's parallelizer has: ``tp``, ``megatron_sp``, ``ulysses``, ``vocab_tp``,
-    ``vocab_sp`` (degree 1 always works)."""
-    plan_check: Callable[[Any, Any], str | None] | None = None
-    """``(strategy, config) ->`` a family-specific refusal of a Strategy (one line), or None."""
 
-    # Config facts galva-train's model overrides and checks need, so that no CLI code names a family.
-    learned_positions: bool = False
-    """Positions come from a learned table of ``max_position_embeddings`` rows: a longer sequence is refused."""
+    # Config facts galva-train's size overrides need, so that no CLI code names a family.
     ffn_size_field: str | None = None
     """The config field ``--ffn-hidden-size`` sets (None: the family has no single feed-forward size)."""
     kv_heads_field: str | None = None
@@ -87,21 +85,11 @@ class FamilyAdapter:
     """The head size is ``hidden_size / heads``, so the heads must divide the hidden size (False where the config
     sets the head size itself, like T5's ``d_kv``)."""
 
-    def plan_problem(self, strategy: Any, config: Any = None) -> str | None:
-        """Why ``strategy`` needs a parallel form this family lacks (None if it can run)."""
-        needed = []
-        for layer in strategy.layers:
-            if layer.tp > 1:
-                needed.append("ulysses" if layer.ulysses else "tp")
-                if strategy.megatron_sp and not layer.ulysses:
-                    needed.append("megatron_sp")
-        if strategy.vocab.tp > 1:
-            needed.append("vocab_sp" if strategy.vocab.sp else "vocab_tp")
-        missing = [form for form in dict.fromkeys(needed) if form not in self.parallel_forms]
-        if missing:
-            have = ", ".join(sorted(self.parallel_forms)) or "none"
-            return f"{self.name}: no {missing[0]} form yet (this family has: {have}); use degree 1 for it"
-        return self.plan_check(strategy, config) if self.plan_check is not None else None
+
+def no_vocab_parallel(family: str) -> dict[ParallelForm, str]:
+    """``vocab_unsupported`` of a family whose embedding and head have no vocabulary-parallel form."""
+    reason = f"{family} has no vocabulary-parallel embedding and head; use vocab tp 1"
+    return {ParallelForm.VOCAB_TP: reason, ParallelForm.VOCAB_SP: reason}
 
 
 def first_output(out: Any) -> Tensor:
@@ -137,19 +125,13 @@ class LMHead(nn.Module):
 class SingleRankParallelizer:
     """Parallel form for degree 1 everywhere: the modules as they are.
 
-    The families' tensor-parallel / Megatron-SP / Ulysses / vocabulary-parallel forms plug in here once galva-hp's
-    parallel building blocks exist; until then a plan that needs them is refused with this message.
+    Families subclass it and override the forms they have. A plan needing a form a family lacks is refused before
+    building (the family's ModelConstraints declare it); :meth:`_check` is the last guard.
     """
 
-    def __init__(self, adapter: FamilyAdapter, config: Any = None) -> None:
-        self.adapter = adapter  # given, not looked up: base must not import the registry (which imports base)
-        self.family = adapter.name
+    def __init__(self, family: str, config: Any = None) -> None:
+        self.family = family
         self.config = config
-
-    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
-        """galva-hp's pre-build check: the same refusal galva-train gives (see FamilyAdapter.plan_problem)."""
-        problem = self.adapter.plan_problem(strategy, self.config)
-        return [problem] if problem else []
 
     def _check(self, what: str, ctx: ParallelContext) -> None:
         if ctx.tp_size > 1 or ctx.sp_size > 1 or ctx.vocab_sp:

@@ -49,6 +49,8 @@ from galva_models.adapters.parallel import (
     renamer,
     tp_group,
 )
+from galva_schema import ModelConstraints
+from galva_schema.constraints import uniform_constraints
 
 _BERT_NAMES = renamer(
     {
@@ -264,7 +266,7 @@ class BertParallelizer(SingleRankParallelizer):
     """Layers: Megatron tp (+SP) or Ulysses, bidirectional. Embedding and MLM head: vocab tp (+SP) or vocab sp."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__(ADAPTER, config)
+        super().__init__("bert", config)
 
     def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
         embeddings = module.embeddings
@@ -313,17 +315,26 @@ def decompose(model: Any) -> LayeredModel:
         layer_types=["bert"] * len(layers),
         parallelizer=BertParallelizer(model.config),
         name="bert",
+        constraints=constraints(model.config),
     )
     layered.tied_weights = tie_pairs(layered)
     check_full_coverage(model, layered)
     return layered
 
 
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """Every form runs; learned positions bound the sequence."""
+    return uniform_constraints(
+        "bert",
+        "bert",
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        max_seq_length=config.max_position_embeddings,
+    )
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    if seq_length > config.max_position_embeddings:
-        raise ValueError(f"seq_length {seq_length} exceeds max_position_embeddings {config.max_position_embeddings}")
-    spec = LayerSpec("bert", config.num_attention_heads, config.num_attention_heads, seq_length, config.hidden_size)
-    return [spec] * config.num_hidden_layers
+    return [LayerSpec("bert", seq_length, config.hidden_size)] * config.num_hidden_layers
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -336,9 +347,8 @@ ADAPTER = FamilyAdapter(
     task=Task.MASKED_LM,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
-    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
-    learned_positions=True,
     ffn_size_field="intermediate_size",
 )

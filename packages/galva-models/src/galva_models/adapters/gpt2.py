@@ -38,6 +38,8 @@ from galva_models.adapters.parallel import (
 from galva_models.adapters.parallel import (
     tp_group as _tp_group,
 )
+from galva_schema import ModelConstraints, ParallelForm
+from galva_schema.constraints import uniform_constraints
 
 
 class GPT2Embedding(nn.Module):
@@ -90,17 +92,6 @@ class GPT2Parallelizer:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-
-    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
-        c = self.config
-        if not any(layer.tp > 1 for layer in strategy.layers):
-            return []
-        if not c.scale_attn_weights or c.scale_attn_by_inverse_layer_idx or c.reorder_and_upcast_attn:
-            return ["gpt2: parallel attention supports only the default 1/sqrt(head_dim) attention scaling"]
-        if c.attn_pdrop:
-            return ["attn_pdrop: parallel attention has no attention dropout; set it to 0"]
-        bad = [i for i, layer in enumerate(strategy.layers) if layer.tp > 1 and c.n_head % layer.tp]
-        return [f"layers[{bad[0]}].tp: does not divide the {c.n_head} attention heads"] if bad else []
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -167,15 +158,29 @@ def decompose(model: Any) -> LayeredModel:
         layer_types=["gpt2"] * len(t.h),
         parallelizer=GPT2Parallelizer(model.config),
         name="gpt2",
+        constraints=constraints(model.config),
     )
     layered.tied_weights = tie_pairs(layered)
     check_full_coverage(model, layered)
     return layered
 
 
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """Every form runs; the parallel attention has neither attention dropout nor GPT-2's optional score scalings."""
+    reasons = []
+    if not config.scale_attn_weights or config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn:
+        reasons.append("parallel attention supports only the default 1/sqrt(head_dim) attention scaling")
+    if config.attn_pdrop:
+        reasons.append("attn_pdrop: parallel attention has no attention dropout; set it to 0")
+    reason = "; ".join(reasons)
+    unsupported = {ParallelForm.TP: reason, ParallelForm.ULYSSES: reason} if reasons else {}
+    return uniform_constraints(
+        "gpt2", "gpt2", config.n_layer, config.n_head, unsupported=unsupported, max_seq_length=config.n_positions
+    )
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    spec = LayerSpec("gpt2", config.n_head, config.n_head, seq_length, config.n_embd)
-    return [spec] * config.n_layer
+    return [LayerSpec("gpt2", seq_length, config.n_embd)] * config.n_layer
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -188,9 +193,8 @@ ADAPTER = FamilyAdapter(
     task=Task.CAUSAL_LM,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
-    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
-    learned_positions=True,
     ffn_size_field="n_inner",
 )

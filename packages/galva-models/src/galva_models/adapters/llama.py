@@ -29,6 +29,8 @@ from galva_models.adapters.base import (
 )
 from galva_models.adapters.parallel import HFRotary, PreNormLayer, layer_norm_form, renamer
 from galva_models.adapters.parallel import tp_group as _tp_group
+from galva_schema import ModelConstraints, ParallelForm
+from galva_schema.constraints import uniform_constraints
 
 
 class TokenEmbedding(nn.Module):
@@ -82,19 +84,6 @@ class LlamaParallelizer:
         self.config = config
         modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
         self._apply_rotary = modeling.apply_rotary_pos_emb
-
-    def plan_problems(self, strategy: Any, seq_len: int | None) -> list[str]:
-        heads = self.config.num_attention_heads
-        kv = getattr(self.config, "num_key_value_heads", None) or heads
-        out = []
-        for i, layer in enumerate(strategy.layers):
-            if layer.tp > 1 and heads % layer.tp:
-                out.append(f"layers[{i}].tp: {layer.tp} does not divide the {heads} attention heads")
-            elif layer.tp > 1 and not layer.ulysses and kv % layer.tp and layer.tp % kv:
-                out.append(f"layers[{i}].tp: {layer.tp} and the {kv} key/value heads do not divide one another")
-        if getattr(self.config, "attention_dropout", 0.0) and any(layer.tp > 1 for layer in strategy.layers):
-            out.append("attention_dropout: parallel attention has no dropout; set it to 0")
-        return out[:1]
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -182,20 +171,31 @@ def decompose(model: Any) -> LayeredModel:
         layer_types=[family] * len(layers),
         parallelizer=LlamaParallelizer(model.config),
         name=family,
+        constraints=constraints(model.config),
     )
     layered.tied_weights = tie_pairs(layered)
     check_full_coverage(model, layered)
     return layered
 
 
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """GQA heads; every form runs, except that the parallel attention has no attention dropout."""
+    unsupported = {}
+    if getattr(config, "attention_dropout", 0.0):
+        reason = "attention_dropout: parallel attention has no dropout; set it to 0"
+        unsupported = {ParallelForm.TP: reason, ParallelForm.ULYSSES: reason}
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    family = config.model_type
+    return uniform_constraints(family, family, config.num_hidden_layers, heads, kv, unsupported=unsupported)
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and seq_length > window:
         # The adapters run full causal attention; a window shorter than the sequence would change the model.
         raise ValueError(f"seq_length {seq_length} exceeds the model's sliding_window {window} (not supported)")
-    spec = LayerSpec(config.model_type, config.num_attention_heads, kv, seq_length, config.hidden_size)
-    return [spec] * config.num_hidden_layers
+    return [LayerSpec(config.model_type, seq_length, config.hidden_size)] * config.num_hidden_layers
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -210,9 +210,9 @@ ADAPTER = FamilyAdapter(
     task=Task.CAUSAL_LM,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
-    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses", "vocab_tp", "vocab_sp"}),
     ffn_size_field="intermediate_size",
     kv_heads_field="num_key_value_heads",
 )

@@ -11,7 +11,7 @@ Galva modules:
 Parallel layer forms (:class:`SwinParallelBlock`): Megatron tp, optionally Megatron-SP (tokens of the flattened
 grid sharded at the boundaries), and Ulysses. Windows need the whole grid, so the attention gathers it (all-gather
 under Megatron-SP, all-to-all of q/k/v under Ulysses), and a stage's patch merging gathers the grid, interleaves and
-re-shards the merged tokens. A sequence-sharding degree must divide every grid it meets (:func:`plan_problem`).
+re-shards the merged tokens. A sequence-sharding degree must divide every grid it meets (:func:`constraints`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from galva_models.adapters.base import (
     Task,
     check_full_coverage,
     first_output,
+    no_vocab_parallel,
 )
 from galva_models.adapters.parallel import linear_from, tp_group
 from galva_models.adapters.vit import ClassifierHead
+from galva_schema import LayerTypeConstraints, ModelConstraints
 
 
 class SwinEmbedding(nn.Module):
@@ -339,7 +341,7 @@ class SwinParallelizer(SingleRankParallelizer):
     window attention over the whole patch grid (:class:`SwinParallelBlock`). Embedding and head at degree 1."""
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__(ADAPTER, config)
+        super().__init__("swin", config)
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -370,41 +372,39 @@ def decompose(model: Any) -> LayeredModel:
         layer_types=types,
         parallelizer=SwinParallelizer(model.config),
         name="swin",
+        constraints=constraints(model.config),
     )
     check_full_coverage(model, layered)
     return layered
 
 
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """One layer type per stage, each on its own patch grid; a stage's last block also outputs the merged grid
+    (the next stage's), which a sequence split must divide too. Embedding and head have degree 1 only."""
+    grids = [g[0] * g[1] for g in _grids(config)]
+    types = []
+    for index, (depth, heads) in enumerate(zip(config.depths, config.num_heads)):
+        if depth == 0:
+            continue
+        merged = grids[index + 1] if index + 1 < len(grids) else None  # every stage but the last merges patches
+        types.append(
+            LayerTypeConstraints(
+                name=f"swin_stage{index}",
+                num_layers=depth,
+                num_heads=heads,
+                seq_length=grids[index],
+                output_seq_length=merged,
+            )
+        )
+    return ModelConstraints(model_name="swin", layer_types=tuple(types), vocab_unsupported=no_vocab_parallel("swin"))
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
     """``seq_length`` is ignored: each stage's sequence is its patch grid. Specs describe each layer's input."""
     out: list[LayerSpec] = []
-    for index, (depth, heads, grid) in enumerate(zip(config.depths, config.num_heads, _grids(config))):
-        dim = config.embed_dim * 2**index
-        out += [LayerSpec(f"swin_stage{index}", heads, heads, grid[0] * grid[1], dim)] * depth
+    for index, (depth, grid) in enumerate(zip(config.depths, _grids(config))):
+        out += [LayerSpec(f"swin_stage{index}", grid[0] * grid[1], config.embed_dim * 2**index)] * depth
     return out
-
-
-def plan_problem(strategy: Any, config: Any) -> str | None:
-    """A tp / Ulysses degree that does not divide a layer's heads, or a sequence-sharding degree (Megatron-SP,
-    Ulysses) that does not divide the tokens of a layer's grid or of the merged grid its patch merging outputs."""
-    if config is None:
-        return None
-    specs = layer_specs(config, 0)
-    for index, (layer, spec) in enumerate(zip(strategy.layers, specs)):
-        if layer.tp == 1:
-            continue
-        name = f"layer {index} ({spec.layer_type})"
-        kind = "Ulysses degree" if layer.ulysses else "tp"
-        if spec.num_heads % layer.tp:
-            return f"swin: {name}: {kind} {layer.tp} does not divide its {spec.num_heads} attention heads"
-        if not (layer.ulysses or strategy.megatron_sp):
-            continue
-        kind = "Ulysses degree" if layer.ulysses else "Megatron-SP degree"
-        after = specs[index + 1] if index + 1 < len(specs) and specs[index + 1].layer_type != spec.layer_type else None
-        for tokens, where in ((spec.seq_length, "input"), (after.seq_length if after else 0, "merged output")):
-            if tokens % layer.tp:
-                return f"swin: {name}: {kind} {layer.tp} does not divide the {tokens} tokens of its {where} grid"
-    return None
 
 
 ADAPTER = FamilyAdapter(
@@ -413,10 +413,9 @@ ADAPTER = FamilyAdapter(
     task=Task.IMAGE_CLASSIFICATION,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=None,  # four stage depths: edit them in a --model-config
-    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses"}),
-    plan_check=plan_problem,
     per_stage_sizes=True,  # embed_dim doubles and num_heads is a list, stage by stage
     head_dim_from_hidden=False,
 )

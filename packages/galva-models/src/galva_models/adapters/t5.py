@@ -14,8 +14,9 @@ computes it itself (:class:`RelativeBias`) from the stack's one ``relative_atten
 parameter of the stack's first layer only (inside its Hugging Face block); the other layers hold an *unregistered*
 reference, so autograd sums every layer's contribution into that one parameter and the optimizer (and the
 data-parallel reduction of the first layer's unit) sees it once. This is exact as long as each stack's layers sit
-on one pipeline stage with one tp layout and the table is not sharded by ZeRO-3; :func:`plan_problem` refuses
-other plans (a general fix needs galva-hp to tie parameters between layers).
+on one pipeline stage with one tp layout and the table is not sharded by ZeRO-3. :func:`constraints` declares this,
+so galva-schema's ``plan_problems`` refuses other plans (a general fix needs galva-hp to tie parameters between
+layers).
 
 Tensor parallelism (:class:`T5Parallelizer`): Megatron column-parallel q / k / v over heads and row-parallel o in
 self- and cross-attention (:class:`T5TPAttention`, T5's unscaled scores plus the additive position bias), the FFN
@@ -50,6 +51,7 @@ from galva_models.adapters.base import (
     tie_pairs,
 )
 from galva_models.adapters.parallel import tp_group
+from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm, SharedParameter
 
 
 class T5Embedding(nn.Module):
@@ -321,7 +323,7 @@ class T5Parallelizer(SingleRankParallelizer):
     """
 
     def __init__(self, config: Any) -> None:
-        super().__init__(ADAPTER, config)
+        super().__init__("t5", config)
         self._shards: weakref.WeakKeyDictionary[RelativeBias, tuple[ProcessGroup, RelativeBias]] = (
             weakref.WeakKeyDictionary()
         )
@@ -354,8 +356,9 @@ def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
     return T5ForConditionalGeneration._from_config(config, attn_implementation=attn_implementation)
 
 
-def decompose(model: Any, encoder_seq_length: int | None = None) -> LayeredModel:
-    """``T5ForConditionalGeneration`` -> LayeredModel; ``encoder_seq_length`` fixes where the decoder part starts."""
+def decompose(model: Any, encoder_seq_length: int | None = None, decoder_seq_length: int | None = None) -> LayeredModel:
+    """``T5ForConditionalGeneration`` -> LayeredModel; ``encoder_seq_length`` fixes where the decoder part starts
+    (``decoder_seq_length``, default the same, only completes the boundary length in the constraints)."""
     if encoder_seq_length is None:
         raise ValueError("t5: decompose needs encoder_seq_length (the split of [encoder ; decoder] positions)")
     enc, dec = model.encoder, model.decoder
@@ -377,46 +380,54 @@ def decompose(model: Any, encoder_seq_length: int | None = None) -> LayeredModel
         layer_types=["t5_encoder"] * n_enc + ["t5_decoder"] * len(dec.block),
         parallelizer=T5Parallelizer(model.config),
         name="t5",
+        constraints=constraints(model.config, encoder_seq_length, decoder_seq_length),
     )
     layered.tied_weights = tie_pairs(layered)
     check_full_coverage(model, layered)
     return layered
 
 
+def _num_decoder_layers(config: Any) -> int:
+    return config.num_decoder_layers if config.num_decoder_layers is not None else config.num_layers
+
+
+_NO_SEQUENCE_SPLIT = "a sequence slice of [encoder ; decoder] would cut across the two streams"
+_NO_VOCAB_SPLIT = "t5 has no vocabulary-parallel embedding and head (the decoder part alone is scored)"
+
+
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """tp only (heads split, the relative-position table too); each stack's layers share that table, so they stay
+    on one stage with one tp layout and without ZeRO-3. The boundary sequence is ``S_enc + S_dec`` when known."""
+    total = seq_length + (decoder_seq_length or seq_length) if seq_length else None
+    unsupported = {
+        ParallelForm.MEGATRON_SP: _NO_SEQUENCE_SPLIT,
+        ParallelForm.ULYSSES: _NO_SEQUENCE_SPLIT,
+        ParallelForm.ZERO3: "it would shard the relative-position table the stack's layers share; use ddp or zero2",
+    }
+    n_enc, n_dec = config.num_layers, _num_decoder_layers(config)
+    stacks = (("t5_encoder", n_enc), ("t5_decoder", n_dec))
+    return ModelConstraints(
+        model_name="t5",
+        layer_types=tuple(
+            LayerTypeConstraints(
+                name=name, num_layers=n, num_heads=config.num_heads, seq_length=total, unsupported=unsupported
+            )
+            for name, n in stacks
+        ),
+        vocab_unsupported={ParallelForm.VOCAB_TP: _NO_VOCAB_SPLIT, ParallelForm.VOCAB_SP: _NO_VOCAB_SPLIT},
+        shared_parameters=(
+            SharedParameter(name="encoder relative-position table", layers=(0, n_enc - 1)),
+            SharedParameter(name="decoder relative-position table", layers=(n_enc, n_enc + n_dec - 1)),
+        ),
+    )
+
+
 def layer_specs(config: Any, seq_length: int, decoder_seq_length: int | None = None) -> list[LayerSpec]:
     """Boundary sequence is ``S_enc + S_dec`` for both layer types (see the module docstring)."""
     total = seq_length + (decoder_seq_length or seq_length)
-    n_dec = config.num_decoder_layers if config.num_decoder_layers is not None else config.num_layers
-    enc = LayerSpec("t5_encoder", config.num_heads, config.num_heads, total, config.d_model)
-    dec = LayerSpec("t5_decoder", config.num_heads, config.num_heads, total, config.d_model)
-    return [enc] * config.num_layers + [dec] * n_dec
-
-
-def plan_problem(strategy: Any, config: Any) -> str | None:
-    """Plans under which the shared relative-position tables stay exact (see the module docstring)."""
-    if any(strategy.layer_dp_type(i).value == "zero3" for i in range(strategy.num_layers)):
-        return "t5: ZeRO-3 would shard the relative-position tables the layers share; use ddp or zero2"
-    heads = getattr(config, "num_heads", None)
-    tps = sorted({layer.tp for layer in strategy.layers})
-    if heads and any(heads % tp for tp in tps):
-        return f"t5: tp {next(tp for tp in tps if heads % tp)} does not divide the {heads} attention heads"
-    stages, n_enc = strategy.layer_stages, config.num_layers
-    for stack, part, layers in (
-        ("encoder", stages[:n_enc], strategy.layers[:n_enc]),
-        ("decoder", stages[n_enc:], strategy.layers[n_enc:]),
-    ):
-        if len(set(part)) > 1:
-            return (
-                f"t5: the {stack} layers span pipeline stages {sorted(set(part))}; they share one relative-position "
-                f"table, so keep each stack on one stage (e.g. --pp 2 splits encoder and decoder)"
-            )
-        forms = sorted({(layer.tp, layer.tp_consecutive or layer.tp == 1) for layer in layers})
-        if len(forms) > 1:
-            return (
-                f"t5: the {stack} layers use different tp layouts (tp, consecutive) {forms}; they share one "
-                f"relative-position table split by heads, so give every layer of a stack the same tp layout"
-            )
-    return None
+    enc = LayerSpec("t5_encoder", total, config.d_model)
+    dec = LayerSpec("t5_decoder", total, config.d_model)
+    return [enc] * config.num_layers + [dec] * _num_decoder_layers(config)
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -432,10 +443,9 @@ ADAPTER = FamilyAdapter(
     task=Task.SEQ2SEQ_LM,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
-    parallel_forms=frozenset({"tp"}),
-    plan_check=plan_problem,
     ffn_size_field="d_ff",
     head_dim_from_hidden=False,  # d_kv sets the head size
 )

@@ -22,9 +22,11 @@ from galva_models.adapters.base import (
     Task,
     check_full_coverage,
     first_output,
+    no_vocab_parallel,
     token_loss_sum,
 )
 from galva_models.adapters.parallel import PreNormLayer, encoder_attention_form, layer_norm_form, mlp_form, renamer
+from galva_schema import LayerTypeConstraints, ModelConstraints
 
 _VIT_NAMES = renamer(
     {
@@ -75,7 +77,7 @@ class ViTParallelizer(SingleRankParallelizer):
     vocabulary to split; a sequence-split embedding is an open item)."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__(ADAPTER, config)
+        super().__init__("vit", config)
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -110,16 +112,31 @@ def decompose(model: Any) -> LayeredModel:
         layer_types=["vit"] * len(layers),
         parallelizer=ViTParallelizer(model.config),
         name="vit",
+        constraints=constraints(model.config),
     )
     check_full_coverage(model, layered)
     return layered
 
 
+def _tokens(config: Any) -> int:
+    """A ViT's sequence: the CLS token and one token per patch."""
+    return 1 + (config.image_size // config.patch_size) ** 2
+
+
+def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
+    """Every layer form runs on the image's tokens; the patch embedding and classifier have degree 1 only."""
+    layers = LayerTypeConstraints(
+        name="vit",
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        seq_length=_tokens(config),
+    )
+    return ModelConstraints(model_name="vit", layer_types=(layers,), vocab_unsupported=no_vocab_parallel("vit"))
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    """``seq_length`` is ignored: a ViT's sequence is 1 + (image_size / patch_size)**2."""
-    seq = 1 + (config.image_size // config.patch_size) ** 2
-    spec = LayerSpec("vit", config.num_attention_heads, config.num_attention_heads, seq, config.hidden_size)
-    return [spec] * config.num_hidden_layers
+    """``seq_length`` is ignored: the image fixes the sequence."""
+    return [LayerSpec("vit", _tokens(config), config.hidden_size)] * config.num_hidden_layers
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -132,8 +149,8 @@ ADAPTER = FamilyAdapter(
     task=Task.IMAGE_CLASSIFICATION,
     build_model=build_model,
     decompose=decompose,
+    constraints=constraints,
     layer_specs=layer_specs,
     set_num_layers=set_num_layers,
-    parallel_forms=frozenset({"tp", "megatron_sp", "ulysses"}),
     ffn_size_field="intermediate_size",
 )

@@ -19,7 +19,7 @@ from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli import model_source, plan_source
 from galva_models.cli.arguments import CHECKPOINT_FLAGS, build_parser
 from galva_models.cli.errors import ConfigError
-from galva_schema import Strategy
+from galva_schema import ModelConstraints, Strategy, plan_problems
 
 __all__ = ["ConfigError", "OptimArgs", "TrainConfig", "build_parser", "parse_train_config"]
 
@@ -41,12 +41,14 @@ class OptimArgs:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything galva-train needs, validated. ``model_config`` is a transformers config (overrides applied)."""
+    """Everything galva-train needs, validated. ``model_config`` is a transformers config (overrides applied);
+    ``constraints`` what plans it can run (``strategy`` passed them); ``layer_specs`` its boundary shapes."""
 
     model_name: str
     model_config: Any
     adapter: FamilyAdapter
     layer_specs: list[LayerSpec]
+    constraints: ModelConstraints
     strategy: Strategy
     seq_length: int
     decoder_seq_length: int | None
@@ -92,17 +94,19 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     model_source.apply_overrides(config, adapter, args)
     seq, decoder_seq = model_source.seq_lengths(config, adapter, args)
     specs = model_source.layer_specs(config, adapter, seq, decoder_seq)
-    strategy = plan_source.strategy(args, world_size, len(specs))
-    problem = adapter.plan_problem(strategy, config)
-    if problem:
-        raise ConfigError(problem)
-    plan_source.check_plan_against_model(strategy, specs, name)
+    constraints = adapter.constraints(config, seq or None, decoder_seq).model_copy(update={"model_name": name})
+    strategy = plan_source.strategy(args, world_size, constraints.num_layers)
+    # the one check of a plan against a model: galva-hp's build asks the same function
+    problems = plan_problems(strategy, constraints, world_size=world_size, seq_len=seq or None)
+    if problems:
+        raise ConfigError(f"{plan_source.plan_label(args, name)}: " + "; ".join(problems))
     _check_run_options(args, adapter, config, name)
     return TrainConfig(
         model_name=name,
         model_config=config,
         adapter=adapter,
         layer_specs=specs,
+        constraints=constraints,
         strategy=strategy,
         seq_length=seq,
         decoder_seq_length=decoder_seq,

@@ -1,7 +1,7 @@
 """Which model galva-train trains: a preset, a config directory or a checkpoint, then the size overrides.
 
-Every family-specific fact (which field ``--ffn-hidden-size`` sets, whether positions are a learned table, ...)
-comes from the family's :class:`~galva_models.adapters.base.FamilyAdapter`; nothing here names a family.
+Every family-specific fact (which field ``--ffn-hidden-size`` sets, whether sizes differ per stage, ...) comes
+from the family's :class:`~galva_models.adapters.base.FamilyAdapter`; nothing here names a family.
 """
 
 from __future__ import annotations
@@ -98,9 +98,6 @@ def seq_lengths(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -
     for flag, length in (("--seq-length", seq), ("--decoder-seq-length", args.decoder_seq_length)):
         if length is not None and length < 2:
             raise ConfigError(f"{flag} must be >= 2, got {length}")
-    limit = getattr(config, "max_position_embeddings", None) if adapter.learned_positions else None
-    if limit is not None and seq > limit:
-        raise ConfigError(f"--seq-length {seq} exceeds the model's {limit} learned positions")
     return seq, (args.decoder_seq_length or seq) if seq2seq else None
 
 

@@ -7,7 +7,6 @@ A plan flag given next to a plan file is refused rather than silently ignored or
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from galva_models.cli.errors import ConfigError
 from galva_schema import SchemaError, Strategy
@@ -20,15 +19,21 @@ PLAN_FLAGS = (
 """Flags that describe a plan; a plan file describes all of it."""
 
 
+def plan_label(args: argparse.Namespace, model_name: str) -> str:
+    """What a plan problem is prefixed with: the plan file, or the model for a plan given by flags."""
+    return str(args.strategy or args.galvatron_config or model_name)
+
+
 def strategy(args: argparse.Namespace, world_size: int, num_layers: int) -> Strategy:
-    """The run's Strategy from whichever of the three sources the flags name."""
+    """The run's Strategy from whichever of the three sources the flags name (not yet checked against the model:
+    that is :func:`galva_schema.plan_problems`)."""
     precision = _precision(args)
     if precision == "fp16":
         raise ConfigError("--fp16: fp16 needs loss scaling, which Galva does not do; use --bf16 or --fp32")
     if args.galvatron_config is not None:
         return _galvatron_strategy(args, world_size, num_layers, precision or "bf16")
     if args.strategy is not None:
-        return _file_strategy(args, world_size, num_layers, precision)
+        return _file_strategy(args, precision)
     return _global_strategy(args, world_size, num_layers, precision or "bf16")
 
 
@@ -45,18 +50,15 @@ def _refuse_plan_flags(args: argparse.Namespace, source: str, allowed: tuple[str
         raise ConfigError(f"{flag}: the plan comes from {source}; drop the global flag")
 
 
-def _file_strategy(args: argparse.Namespace, world_size: int, num_layers: int, precision: str | None) -> Strategy:
-    """A galva-schema strategy file; only the precision may be changed by a flag."""
+def _file_strategy(args: argparse.Namespace, precision: str | None) -> Strategy:
+    """A galva-schema strategy file; only the precision may be changed by a flag. Whether it fits the model and
+    the run is :func:`galva_schema.plan_problems`' question, asked by the caller."""
     src = args.strategy
     _refuse_plan_flags(args, f"--strategy {src}")
     try:
         plan = Strategy.load(src)
     except SchemaError as err:
         raise ConfigError(str(err)) from None
-    if plan.world_size != world_size:
-        raise ConfigError(f"{src}: world_size: the strategy has {plan.world_size} ranks, the run has {world_size}")
-    if plan.num_layers != num_layers:
-        raise ConfigError(f"{src}: layers: the strategy has {plan.num_layers} layers, the model has {num_layers}")
     if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
         raise ConfigError(f"--global-batch-size {args.global_batch_size} differs from {src}'s {plan.global_batch_size}")
     if precision is not None:
@@ -159,33 +161,3 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         raise ConfigError(str(from_validation_error(err, "global flags"))) from None
     except (SchemaError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
-
-
-def check_plan_against_model(plan: Strategy, specs: list[Any], name: str) -> None:
-    """Head and sequence divisibility, layer by layer; one line naming the first failing layers."""
-    problems: dict[str, list[int]] = {}
-    for index, (layer, spec) in enumerate(zip(plan.layers, specs)):
-        degree = layer.tp
-        what = "Ulysses degree" if layer.ulysses else "tp"
-        msg = None
-        if degree > 1 and spec.num_heads % degree:
-            msg = f"{what} {degree} does not divide the {spec.num_heads} attention heads of {spec.layer_type} layers"
-        elif degree > 1 and not layer.ulysses and spec.num_kv_heads % degree and degree % spec.num_kv_heads:
-            # galva-hp splits K/V heads when tp divides them and replicates one per rank when they divide tp;
-            # Ulysses repeats K/V heads as needed, so only the query heads matter there
-            msg = (
-                f"tp {degree} and the {spec.num_kv_heads} key/value heads of {spec.layer_type} layers do not divide "
-                "one another"
-            )
-        elif degree > 1 and (layer.ulysses or plan.megatron_sp) and spec.seq_length % degree:
-            kind = "Ulysses" if layer.ulysses else "Megatron-SP"
-            msg = f"{kind} degree {degree} does not divide the sequence of {spec.seq_length} tokens"
-        if msg:
-            problems.setdefault(msg, []).append(index)
-    if problems:
-        from galva_schema.errors import format_indices
-
-        msg, indices = next(iter(problems.items()))
-        raise ConfigError(f"{name}: layers[{format_indices(indices)}]: {msg}")
-    if plan.vocab.sp and specs and specs[0].seq_length % plan.vocab.tp:
-        raise ConfigError(f"vocab.sp: degree {plan.vocab.tp} does not divide the sequence of {specs[0].seq_length}")

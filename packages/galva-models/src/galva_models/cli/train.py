@@ -96,7 +96,9 @@ def build_model(cfg: TrainConfig) -> Any:
             model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
     else:
         model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
-    options = {"encoder_seq_length": cfg.seq_length} if cfg.task.value == "seq2seq_lm" else {}
+    options: dict[str, Any] = {}
+    if cfg.decoder_seq_length is not None:  # an encoder-decoder: where the [encoder ; decoder] boundary splits
+        options = {"encoder_seq_length": cfg.seq_length, "decoder_seq_length": cfg.decoder_seq_length}
     return model, cfg.adapter.decompose(model, **options)
 
 
