@@ -1,0 +1,159 @@
+"""Which Hugging Face checkpoint tensors belong to which Galva module, for a config (used by galva-ckpt).
+
+A Galva checkpoint stores one file per module of the :class:`~galva_hp.model.LayeredModel` (``embedding``,
+``layers.0`` ... ``layers.N-1``, ``head``) holding full tensors under the names Hugging Face writes to disk. This
+module answers, from the config alone, which on-disk names each module holds, their full shapes, which on-disk
+names are tied aliases of another (stored once), and which Galva parameter each name is.
+
+Everything is found on the meta device (no memory, no initialisation): the family adapter builds and decomposes
+the model, :func:`~galva_models.adapters.base.parameter_name_map` gives each Galva parameter's in-memory Hugging
+Face name, and transformers' own save-time conversion turns in-memory names into on-disk names (they differ for
+ViT and Swin in transformers 5), so the names are exactly what ``save_pretrained`` writes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from galva_hp.model import LayeredModel
+from galva_models.adapters.base import parameter_name_map
+from galva_models.adapters.registry import adapter_for
+
+__all__ = ["CheckpointNames", "ModuleNames", "checkpoint_names", "checkpoint_names_from_dict", "config_from_dict"]
+
+
+@dataclass(frozen=True)
+class ModuleNames:
+    """One Galva module's tensors as a Hugging Face checkpoint stores them."""
+
+    name: str
+    """Galva module name: ``embedding``, ``layers.<i>`` or ``head``."""
+    shapes: dict[str, tuple[int, ...]]
+    """On-disk Hugging Face name -> full (unsharded) shape, in the model's order. Tied aliases are not listed."""
+    galva_names: dict[str, str]
+    """Galva parameter name (``layers.3.block.attn.c_attn.weight``) -> on-disk Hugging Face name (possibly a name
+    another module stores, for a tied weight)."""
+
+
+@dataclass(frozen=True)
+class CheckpointNames:
+    """Every module of a model with its on-disk tensor names, in Galva order."""
+
+    family: str
+    """galva-models adapter name (``llama`` also for mistral and qwen2)."""
+    model_type: str
+    """Hugging Face ``model_type`` of the config."""
+    modules: tuple[ModuleNames, ...]
+    tied: dict[str, str]
+    """On-disk name Hugging Face does not store (a tied alias) -> the stored name it equals."""
+
+
+def config_from_dict(config_dict: dict[str, Any]) -> Any:
+    """A transformers config from a ``config.json`` dict; ``ValueError`` for an unknown or missing ``model_type``."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ValueError(f"config has no known model_type (got {model_type!r})")
+    return CONFIG_MAPPING[model_type].from_dict(dict(config_dict))
+
+
+def checkpoint_names_from_dict(config_dict: dict[str, Any]) -> CheckpointNames:
+    """:func:`checkpoint_names` for a ``config.json`` dict."""
+    return checkpoint_names(config_from_dict(config_dict))
+
+
+def checkpoint_names(config: Any) -> CheckpointNames:
+    """The module-by-module on-disk tensor names of ``config``'s model (see the module docstring).
+
+    Raises ``ValueError`` for a ``model_type`` no adapter handles.
+    """
+    adapter = adapter_for(config)
+    with torch.device("meta"):
+        hf_model = adapter.build_model(config, attn_implementation="sdpa")
+    # an encoder-decoder needs a boundary position to decompose; it changes no parameter
+    wants_boundary = "encoder_seq_length" in inspect.signature(adapter.decompose).parameters
+    options = {"encoder_seq_length": 1} if wants_boundary else {}
+    layered = adapter.decompose(hf_model, **options)
+    stored, tied_memory = _stored_and_tied(hf_model)
+    to_disk = _disk_names(hf_model, stored)
+    galva_to_memory = parameter_name_map(hf_model, layered)
+    held_by = _module_of_each_name(hf_model, layered, galva_to_memory)
+
+    modules: list[ModuleNames] = []
+    for module_name in _module_names(layered):
+        shapes = {
+            to_disk[memory]: tuple(tensor.shape)
+            for memory, tensor in stored.items()
+            if held_by.get(memory) == module_name
+        }
+        galva = {
+            galva_name: to_disk[tied_memory.get(memory, memory)]
+            for galva_name, memory in galva_to_memory.items()
+            if galva_name == module_name or galva_name.startswith(module_name + ".")
+        }
+        modules.append(ModuleNames(module_name, shapes, galva))
+    unplaced = sorted(to_disk[m] for m in stored if m not in held_by)
+    if unplaced:
+        raise ValueError(f"{adapter.name}: tensors in no Galva module: {', '.join(unplaced[:5])}")
+    tied = {_disk_name(hf_model, alias): to_disk[target] for alias, target in tied_memory.items()}
+    return CheckpointNames(adapter.name, str(config.model_type), tuple(modules), tied)
+
+
+def _module_names(layered: LayeredModel) -> list[str]:
+    return ["embedding", *(f"layers.{i}" for i in range(len(layered.layers))), "head"]
+
+
+def _stored_and_tied(hf_model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """In-memory names ``save_pretrained`` stores (with their meta tensors), and tied alias -> stored name."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = hf_model.state_dict()  # persistent buffers included, non-persistent ones not (as on disk)
+    for name, param in hf_model.named_parameters(remove_duplicate=False):
+        state.setdefault(name, param)  # tied aliases, so that transformers picks which one to keep
+    kept = remove_tied_weights_from_state_dict(dict(state), hf_model)
+    owner = {id(_tensor_of(hf_model, name)): name for name in kept}
+    tied = {name: owner[id(_tensor_of(hf_model, name))] for name in state if name not in kept}
+    return dict(kept), tied
+
+
+def _tensor_of(hf_model: Any, name: str) -> Any:
+    return hf_model.get_parameter_or_buffer(name)
+
+
+def _disk_names(hf_model: Any, stored: dict[str, torch.Tensor]) -> dict[str, str]:
+    """In-memory name -> on-disk name, for the names transformers renames on save (one to one)."""
+    return {name: _disk_name(hf_model, name) for name in stored}
+
+
+def _disk_name(hf_model: Any, memory_name: str) -> str:
+    from transformers.core_model_loading import revert_weight_conversion
+
+    reverted = revert_weight_conversion(hf_model, {memory_name: torch.empty(0, device="meta")})
+    if len(reverted) != 1:  # a many-to-one conversion: not a pure renaming, which no adapter family uses yet
+        raise ValueError(f"{memory_name}: transformers converts this weight on save; galva-ckpt handles renames only")
+    return next(iter(reverted))
+
+
+def _module_of_each_name(hf_model: nn.Module, layered: LayeredModel, galva_to_memory: dict[str, str]) -> dict[str, str]:
+    """In-memory Hugging Face name -> the Galva module that holds it (first holder for a shared tensor)."""
+    out: dict[str, str] = {}
+    for galva_name, memory in galva_to_memory.items():
+        out.setdefault(memory, _module_prefix(galva_name))
+    buffer_names = {id(b): n for n, b in hf_model.named_buffers()}
+    parts = [("embedding", layered.embedding), *((f"layers.{i}", m) for i, m in enumerate(layered.layers))]
+    for module_name, module in [*parts, ("head", layered.head)]:
+        for _, buffer in module.named_buffers():
+            if id(buffer) in buffer_names:
+                out.setdefault(buffer_names[id(buffer)], module_name)
+    return out
+
+
+def _module_prefix(galva_name: str) -> str:
+    head, _, rest = galva_name.partition(".")
+    return f"{head}.{rest.partition('.')[0]}" if head == "layers" else head
