@@ -19,7 +19,7 @@ from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli import model_source, plan_source
 from galva_models.cli.arguments import CHECKPOINT_FLAGS, build_parser
 from galva_models.cli.errors import ConfigError
-from galva_schema import ModelConstraints, Strategy, plan_problems
+from galva_schema import Strategy, plan_problems
 
 __all__ = ["ConfigError", "OptimArgs", "TrainConfig", "build_parser", "parse_train_config"]
 
@@ -41,14 +41,13 @@ class OptimArgs:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything galva-train needs, validated. ``model_config`` is a transformers config (overrides applied);
-    ``constraints`` what plans it can run (``strategy`` passed them); ``layer_specs`` its boundary shapes."""
+    """Everything galva-train needs, validated. ``model_config`` is a transformers config (overrides applied),
+    ``layer_specs`` its boundary shapes (for the FLOP count); ``strategy`` passed the model's constraints."""
 
     model_name: str
     model_config: Any
     adapter: FamilyAdapter
     layer_specs: list[LayerSpec]
-    constraints: ModelConstraints
     strategy: Strategy
     seq_length: int
     decoder_seq_length: int | None
@@ -106,7 +105,6 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         model_config=config,
         adapter=adapter,
         layer_specs=specs,
-        constraints=constraints,
         strategy=strategy,
         seq_length=seq,
         decoder_seq_length=decoder_seq,

@@ -1,4 +1,8 @@
-"""The global-batch contract between galva-models' data sources and galva-hp's runtime."""
+"""The global-batch contract between galva-models' data sources and galva-hp's runtime.
+
+Which rows a rank holds is galva-schema's rule (:func:`galva_schema.sharding.contiguous_block`); :func:`dp_share`
+and :func:`micro_batches` apply it to a :class:`Batch`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from torch import Tensor
+
+from galva_schema.sharding import contiguous_block
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,12 @@ class GlobalBatchSource(Protocol):
 
 
 def dp_share(batch: Batch, dp_rank: int, dp_size: int) -> Batch:
-    """Contiguous rows of ``batch`` for data-parallel rank ``dp_rank`` of ``dp_size``."""
-    if not 0 <= dp_rank < dp_size:
-        raise ValueError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
-    if batch.size % dp_size:
-        raise ValueError(f"a batch of {batch.size} samples cannot be split over data-parallel degree {dp_size}")
-    per = batch.size // dp_size
-    return batch.rows(dp_rank * per, (dp_rank + 1) * per)
+    """Data-parallel rank ``dp_rank`` of ``dp_size``'s rows of ``batch`` (galva-schema's batch-share rule)."""
+    rows = contiguous_block(batch.size, dp_size, dp_rank, parts_name="data-parallel degree")
+    return batch.rows(rows.start, rows.stop)
 
 
 def micro_batches(batch: Batch, count: int) -> list[Batch]:
-    """Split ``batch`` into ``count`` contiguous micro-batches of equal size."""
-    if count <= 0 or batch.size % count:
-        raise ValueError(f"a batch of {batch.size} samples cannot be split into {count} micro-batches")
-    per = batch.size // count
-    return [batch.rows(i * per, (i + 1) * per) for i in range(count)]
+    """``batch`` cut into ``count`` micro-batches (galva-schema's batch-share rule)."""
+    blocks = [contiguous_block(batch.size, count, k, what="batch of") for k in range(max(count, 1))]
+    return [batch.rows(rows.start, rows.stop) for rows in blocks]
