@@ -143,6 +143,7 @@ BAD = [
     ),
     (["--model", "tiny-t5", "--tp", "2", "--ulysses"], 2, "layers[0..1].ulysses: t5_encoder layers cannot run Ulysses"),
     # flags that would otherwise be parsed and do nothing
+    (["--model", "tiny-gpt2", "--sequence-parallel"], 2, "--sequence-parallel splits the sequence of tp layers"),
     (["--model", "tiny-llama", "--save", "ckpt"], 1, "--save: checkpoints arrive with galva-ckpt"),
     (["--model", "tiny-llama", "--load", "ckpt"], 1, "--load: checkpoints arrive with galva-ckpt"),
     (["--model", "tiny-llama", "--save-interval", "100"], 1, "--save-interval: checkpoints arrive with galva-ckpt"),

@@ -129,6 +129,8 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
     if args.recompute_granularity == "selective":
         raise ConfigError("--recompute-granularity selective is not supported; use full (= --checkpoint)")
     vocab_tp = args.vocab_tp or 1
+    if args.sequence_parallel and tp == 1 and vocab_tp == 1:
+        raise ConfigError("--sequence-parallel splits the sequence of tp layers; it needs --tp or --vocab-tp > 1")
     gbs, chunks = _batch(args, world_size, pp, tp, vocab_tp)
     from galva_hp.global_mode import GlobalFlags, strategy_from_flags
 
