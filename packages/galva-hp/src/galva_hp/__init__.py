@@ -10,6 +10,7 @@ for input_ids, labels in batches:           # the same global batch on every ran
 from galva_hp.build import BuildOptions, HybridParallelModel, build, check_plan
 from galva_hp.global_mode import GlobalFlags, strategy_from_flags
 from galva_hp.hooks import StepMetrics, peak_memory_mib, saved_activation_meter
+from galva_hp.labels import IGNORE_INDEX
 from galva_hp.model import LayeredModel, ParallelContext, Parallelizer
 from galva_hp.optim import GalvaOptimizer, OptimConfig, lr_factor, reference_optimizer
 from galva_hp.precision import PrecisionPolicy
@@ -18,6 +19,7 @@ from galva_hp.train import train_step
 __version__ = "0.1.0"
 
 __all__ = [
+    "IGNORE_INDEX",
     "BuildOptions",
     "GalvaOptimizer",
     "GlobalFlags",

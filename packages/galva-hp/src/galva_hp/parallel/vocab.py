@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from galva_hp.labels import IGNORE_INDEX
 from galva_hp.parallel.mappings import (
     all_gather_along_dim,
     copy_to_group,
@@ -51,8 +52,6 @@ __all__ = [
     "vocab_parallel_cross_entropy",
     "vocab_range",
 ]
-
-IGNORE_INDEX = -100
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
@@ -198,8 +197,7 @@ class VocabParallelHead(nn.Module):
         """``norm.*`` and ``lm_head.weight`` (``[V, hidden]``, padding dropped) as in the single-process head, or
         their gradients. Collective over the group."""
         full = {
-            "norm." + name.removeprefix("module."): param_or_grad(p, grads)
-            for name, p in self.norm.named_parameters()
+            "norm." + name.removeprefix("module."): param_or_grad(p, grads) for name, p in self.norm.named_parameters()
         }
         full["lm_head.weight"] = _gather_rows(param_or_grad(self.lm_head.weight, grads), self.group, self.vocab_size)
         if self.lm_head.bias is not None:

@@ -1,0 +1,31 @@
+"""Runtime choices of a build that are not part of the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from galva_hp.deferred_init import InitFn
+
+__all__ = ["BuildOptions"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Runtime choices that are not part of the plan.
+
+    - ``seq_len``: the training sequence length, checked against every sequence-sharding degree at build time.
+    - ``reduce_in_fp32``: reduce gradients in fp32 under bf16 (else in bf16).
+    - ``reduce_every_micro_batch``: reduce gradients after every micro-batch backward instead of once per
+      iteration (less memory for accumulated full gradients, more traffic).
+    - ``init_fn``: initialiser for modules built on the meta device (see :mod:`galva_hp.deferred_init`).
+    - ``measure_activations``: record the bytes autograd saves per layer (``HybridParallelModel.saved_bytes``).
+    - ``device``: where this rank's modules, batches and communication buffers live (``"cpu"`` with gloo,
+      ``"cuda:<local rank>"`` with NCCL).
+    """
+
+    seq_len: int | None = None
+    reduce_in_fp32: bool = True
+    reduce_every_micro_batch: bool = False
+    init_fn: InitFn | None = None
+    measure_activations: bool = False
+    device: str = "cpu"

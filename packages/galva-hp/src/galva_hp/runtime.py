@@ -1,0 +1,248 @@
+"""The runtime model: this rank's stage of a model under a strategy, built by :func:`galva_hp.build.build`.
+
+:class:`HybridParallelModel` runs one iteration's forwards and backwards with
+:meth:`~HybridParallelModel.forward_backward` (the pipeline schedule over micro-batches; gradient reductions as the
+cost model prices them: ddp buckets launched from the last micro-batch's backward, FSDP2 reduce-scatters in it,
+tp-replicated parameters summed once per iteration), and hands the optimizer its parameters with
+:meth:`~HybridParallelModel.param_records`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from galva_comm.groups import ProcessGroupCache
+from galva_comm.layout import RankLayout
+from galva_hp.batch import micro_batch, shard_for
+from galva_hp.data_parallel import DataParallelUnit, DdpUnit, FsdpUnit, ParamRecord, all_reduce_flat, local_tensor
+from galva_hp.grad_buckets import BucketReducer
+from galva_hp.hooks import StepMetrics, saved_activation_meter
+from galva_hp.labels import IGNORE_INDEX
+from galva_hp.model import ParallelContext
+from galva_hp.options import BuildOptions
+from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
+from galva_hp.pipeline import PipelineStage, run_schedule
+from galva_hp.precision import PrecisionPolicy
+from galva_schema import Strategy
+
+__all__ = ["HybridParallelModel"]
+
+
+class HybridParallelModel(nn.Module):
+    """This rank's stage of a model under a strategy: modules, redistributions, data-parallel units, pipeline."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        layout: RankLayout,
+        groups: ProcessGroupCache,
+        rank: int,
+        options: BuildOptions,
+        precision: PrecisionPolicy,
+    ) -> None:
+        super().__init__()
+        self.strategy, self.layout, self.groups, self.rank = strategy, layout, groups, rank
+        self.options, self.precision = options, precision
+        self.stage = layout.stage_of(rank)
+        self.embedding: nn.Module | None = None
+        self.head: nn.Module | None = None
+        self.layers = nn.ModuleDict()
+        self.redistributions = nn.ModuleDict()
+        self.units: list[DataParallelUnit] = []
+        self.reducer: BucketReducer | None = None  # set by build() once every unit exists
+        self.replicated = DeferredGradSums()  # parameters whose gradient is summed over tp once per iteration
+        self._unit_tp: dict[str, int] = {}  # unit name -> tp degree of its module
+        self._tp_partitioned: dict[str, set[str]] = {}  # unit name -> parameter names split over tp
+        self._ties: list[tuple[nn.Parameter | None, nn.Parameter | None, dist.ProcessGroup | None, int]] = []
+        self.saved_bytes: dict[str, int] = {}
+        self.contexts: dict[str, ParallelContext] = {}  # unit name -> the context its module was converted with
+        pipeline = next(p for p in layout.pipelines if rank in p)
+        self.pipe = PipelineStage(
+            stage=self.stage,
+            num_stages=strategy.pp,
+            group=groups.get(pipeline) if len(pipeline) > 1 else None,
+            prev_rank=pipeline[self.stage - 1] if self.stage > 0 else None,
+            next_rank=pipeline[self.stage + 1] if self.stage < strategy.pp - 1 else None,
+            device=torch.device(options.device),
+        )
+
+    # ------------------------------------------------------------------------------------------------ structure
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.strategy.pp - 1
+
+    def layer_indices(self) -> range:
+        return self.strategy.stage_layers(self.stage)
+
+    def param_records(self) -> list[ParamRecord]:
+        """The optimizer's parameters on this rank, with the replication used for the global gradient norm."""
+        records = []
+        skipped = {id(head) for _, head, _, _ in self._ties if head is not None}
+        for unit in self.units:
+            tp = self._unit_tp[unit.name]
+            for name, param in unit.master_parameters():
+                tp_replicas = 1 if name in self._tp_partitioned[unit.name] else tp
+                records.append(
+                    ParamRecord(
+                        name=f"{unit.name}.{name}",
+                        param=param,
+                        replicas=unit.replicas_over_dp() * tp_replicas,
+                        counted=id(param) not in skipped,
+                    )
+                )
+        return records
+
+    def local_state(self) -> dict[str, Tensor]:
+        """fp32 master parameters of this rank, gathered over data parallelism (tp shards stay shards)."""
+        out = {}
+        for record in self.param_records():
+            p = record.param.detach()
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[record.name.replace(".inner.", ".")] = full.clone()
+        return out
+
+    # --------------------------------------------------------------------------------------------------- running
+    def _stage_forward(self, received: Tensor | None, ids: Tensor | None, labels: Tensor | None) -> Any:
+        hidden = received
+        if self.embedding is not None:
+            hidden = self._run("embedding", self.embedding, ids)
+        for index in self.layer_indices():
+            key = str(index)
+            if key in self.redistributions:
+                hidden = self.redistributions[key](hidden)
+            hidden = self._run(f"layers.{index}", self.layers[key], hidden)
+        if self.head is None:
+            return hidden
+        key = str(self.strategy.num_layers)
+        if key in self.redistributions:
+            hidden = self.redistributions[key](hidden)
+        return self._run("head", self.head, hidden, labels)
+
+    def _run(self, name: str, module: nn.Module, *args: Any) -> Any:
+        if not self.options.measure_activations:
+            return module(*args)
+        with saved_activation_meter() as meter:
+            out = module(*args)
+        self.saved_bytes[name] = self.saved_bytes.get(name, 0) + meter.bytes
+        return out
+
+    def forward_backward(self, input_ids: Tensor, labels: Tensor) -> StepMetrics:
+        """One iteration's forwards and backwards on the global batch ``[batch, seq]``; gradients end up reduced.
+
+        Every rank passes the same global batch. Returns the mean token loss over the global batch (the same number
+        on every rank) and the number of tokens.
+        """
+        strategy, n = self.strategy, self.strategy.num_micro_batches
+        if input_ids.shape[0] != strategy.global_batch_size:
+            raise ValueError(
+                f"batch has {input_ids.shape[0]} samples but global_batch_size is {strategy.global_batch_size}"
+            )
+        tokens = int((labels != IGNORE_INDEX).sum())
+        input_ids, labels = input_ids.to(self.options.device), labels.to(self.options.device)
+        first, last = self.layout.vocab_first.activation, self.layout.vocab_last.activation
+        ids_parts = [
+            shard_for(micro_batch(input_ids, k, n), first, self.rank, strategy.vocab.sp) if self.is_first else None
+            for k in range(n)
+        ]
+        label_parts = [
+            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded) if self.is_last else None
+            for k in range(n)
+        ]
+        self.saved_bytes.clear()
+
+        def forward(received: Tensor | None, k: int) -> Any:
+            return self._stage_forward(received, ids_parts[k], label_parts[k])
+
+        def before_backward(k: int, sync: bool) -> None:
+            if sync and self.reducer is not None:
+                self.reducer.arm()  # this backward finishes the gradients: reduce them as they become final
+            for unit in self.units:
+                unit.before_backward(sync)
+
+        def after_backward(k: int, sync: bool) -> None:
+            for unit in self.units:
+                unit.after_backward(sync)
+
+        with defer_param_grad_sums(self.replicated):
+            outputs = run_schedule(
+                self.pipe,
+                strategy.pipeline_schedule,
+                n,
+                forward,
+                loss_of=lambda out: out[0] / max(tokens, 1),
+                before_backward=before_backward,
+                after_backward=after_backward,
+            )
+        self.finish_gradients()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.options.device)
+        for loss_sum, count in outputs:
+            totals[0] += float(loss_sum.detach())
+            totals[1] += float(count)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(totals)
+        return StepMetrics(loss=float(totals[0]) / max(float(totals[1]), 1.0), tokens=tokens)
+
+    def finish_gradients(self) -> None:
+        """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
+        tp-replicated parameters over their groups, then add up the tied copies."""
+        if self.reducer is not None:
+            self.reducer.finish()
+        self._sum_replicated_grads()
+        for emb, head, group, _ in self._ties:
+            if emb is not None and head is not None:  # both copies on this rank (pp == 1)
+                ge, gh = _grad_or_zero(emb), _grad_or_zero(head)
+                total = ge + gh
+                ge.copy_(total)
+                gh.copy_(total)
+            else:
+                param = emb if emb is not None else head
+                assert param is not None
+                dist.all_reduce(_grad_or_zero(param), group=group)
+
+    def _sum_replicated_grads(self) -> None:
+        """Once per iteration: sum over its group the gradient of every parameter that forward passed through
+        ``copy_to_group`` (Megatron-SP norms, row-parallel biases, replicated K/V), after the data-parallel reduction
+        (the two sums commute). The gradient lives on the master (ddp) or the local shard (zero2/zero3)."""
+        masters = {id(p): m for u in self.units if isinstance(u, DdpUnit) for p, m in u.grads_to_reduce()}
+        shards = [u for u in self.units if isinstance(u, FsdpUnit)]
+        by_group: dict[int, tuple[dist.ProcessGroup, list[Tensor]]] = {}
+        for param, group in self.replicated.params.values():
+            owner = masters.get(id(param))
+            if owner is None:
+                owner = next((s for u in shards if (s := u.sharded_parameter(param)) is not None), None)
+            if owner is None or owner.grad is None:
+                continue
+            by_group.setdefault(id(group), (group, []))[1].append(local_tensor(owner.grad))
+        for group, grads in by_group.values():
+            all_reduce_flat(grads, group, grads[0].dtype)
+
+    def after_step(self) -> None:
+        """Refresh compute weights from the master weights (bf16 ddp units)."""
+        for unit in self.units:
+            unit.after_step()
+
+    def sync_tied_weights(self) -> None:
+        """Make the head copy of every tied weight equal to the embedding copy."""
+        with torch.no_grad():
+            for emb, head, group, src in self._ties:
+                if emb is not None and head is not None:
+                    local_tensor(head).copy_(local_tensor(emb))
+                else:
+                    param = emb if emb is not None else head
+                    assert param is not None
+                    dist.broadcast(local_tensor(param.data), src=src, group=group)
+        self.after_step()
+
+
+def _grad_or_zero(param: nn.Parameter) -> Tensor:
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    return local_tensor(param.grad)
