@@ -1,0 +1,44 @@
+"""``galva-ckpt info``: what a checkpoint holds, and whether every file matches its checksum."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from galva_ckpt.checkpoint import CheckpointReader
+
+__all__ = ["describe"]
+
+
+def describe(directory: str | Path, verify: bool = True) -> str:
+    """A human-readable summary; with ``verify`` every file is checked first (CheckpointError on a mismatch)."""
+    reader = CheckpointReader(directory)
+    checked = reader.verify_all() if verify else []
+    m = reader.manifest
+    dtypes: Counter[str] = Counter()
+    for entry in m.modules:
+        for info in entry.tensors.values():
+            dtypes[info.dtype] += 1
+    weight_bytes = sum(m.files[e.file].size for e in m.modules if e.file in m.files)
+    lines = [
+        f"checkpoint   {reader.directory}",
+        f"format       {m.kind} v{m.schema_version}",
+        f"model        {m.model_family} (model_type {m.model_config_dict.get('model_type')!r}), {m.num_layers} layers",
+        f"step         {m.step if m.step is not None else '-'}",
+        f"dtypes       {', '.join(f'{d} x{n}' for d, n in sorted(dtypes.items()))}",
+        f"weights      {len(m.modules)} module files, {sum(len(e.tensors) for e in m.modules)} tensors, "
+        f"{weight_bytes / 2**20:.2f} MiB",
+    ]
+    lines += [f"  {e.name:<12} {len(e.tensors):>4} tensors  {e.file}" for e in m.modules]
+    lines += [f"tied         {alias} -> {target}" for alias, target in m.tied.items()]
+    if m.optimizer is not None:
+        o = m.optimizer
+        lines.append(f"optimizer    {o.kind} step {o.step}, states {', '.join(o.state_names)}, {len(o.modules)} files")
+    else:
+        lines.append("optimizer    -")
+    lines.append(f"scheduler    {m.scheduler if m.scheduler is not None else '-'}")
+    lines.append(f"data         {m.data_position if m.data_position is not None else '-'}")
+    lines.append(f"rng          {m.rng_file or '-'}")
+    lines.append(f"hf files     {', '.join(m.hf_files) if m.hf_files else '-'}")
+    lines.append(f"checksums    {len(checked)} files OK (sha256)" if verify else "checksums    not verified")
+    return "\n".join(lines)
