@@ -200,16 +200,24 @@ def test_redistribution_between_layouts(make_model, tiny_hw):
     cands = [Candidate(1, 1, 4), Candidate(1, 2, 2, True), Candidate(1, 2, 2, False), Candidate(1, 2, 2, True,
                                                                                                  dp_type=ZERO3)]
     r = cost.redistribution(0, cands, 8)
-    gather = 2 * (4 - 2) * S * H * E / 200e9  # tp 1 -> 2: fetch the other 2 samples, forward + backward
+    # What galva_comm's plans move (forward plan, then the reverse plan on the gradient), for the busiest rank.
+    # tp 1 -> 2: each rank fetches the other 2 samples of its group forward; backward the split is local.
+    gather = 2 * S * H * E / 200e9
     assert r[0, 1] == pytest.approx(gather, **EXACT)
-    assert r[1, 0] == 0.0  # dp grows: every rank already holds its samples
-    assert r[1, 2] == pytest.approx(2 * (4 * S * H * E / 2) / 200e9, **EXACT)  # other group layout: half is local
+    # tp 2 -> 1: the split is local forward, but backward the tp 2 layer needs the whole gradient of its group's
+    # 4 samples on both of its ranks (replicated activation): the same 2 samples move.
+    assert r[1, 0] == pytest.approx(gather, **EXACT)
+    # consecutive -> strided groups on 4 ranks: ranks 1 and 2 hold none of the samples they need (4 of the 8), both
+    # ways; at the bandwidth of the wider side, here the source's (consecutive pairs 200 GB/s, strided 50 GB/s)
+    assert r[1, 2] == pytest.approx(2 * 4 * S * H * E / 200e9, **EXACT)
+    assert r[2, 1] == pytest.approx(2 * 4 * S * H * E / 50e9, **EXACT)
     assert r[1, 3] == 0.0  # same layout, only the dp type differs
     penalty = cost.switch_penalties(0, cands)
     assert penalty[1, 3] == pytest.approx(1e-9) and penalty[1, 1] == 0.0
     sp_cost = CostModel(tiny_hw, make_model(megatron_sp=True), CostSettings(megatron_sp=True))
     r = sp_cost.redistribution(0, cands, 8)
-    assert r[1, 0] == pytest.approx(2 * (2 * S * H * E / 2) / 200e9, **EXACT)  # gather the other sequence half
+    # Megatron-SP tp 2 -> 1: the busiest rank fetches 1/8 of the micro-batch forward and 1/8 backward
+    assert r[1, 0] == pytest.approx(2 * (2 * S * H * E / 2) / 200e9, **EXACT)
 
 
 # ------------------------------------------------------------------------------------------------ vocabulary

@@ -68,7 +68,10 @@ def brute_force_pp1(cost: CostModel, space, batch: int, usable: float, allow_sp:
             fits = mem + v.memory_mib + cost.settings.context_mib <= usable
             if not fits.any():
                 continue
-            total = c * (u + v.micro_batch_s) + np.maximum(e + v.exposed_sync_s, 0.0)
+            # re-sharding from the embedding into the first layer and from the last layer into the head
+            into, out = cost.vocab_boundaries(option, allowed, micro)
+            edges = into[combos[:, 0]] + out[combos[:, -1]]
+            total = c * (u + edges + v.micro_batch_s) + np.maximum(e + v.exposed_sync_s, 0.0)
             time = float(total[fits].min())
             if best is None or time / batch < best[0]:
                 best = (time / batch, time)

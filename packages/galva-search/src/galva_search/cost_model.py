@@ -28,6 +28,12 @@ from galva_schema import (
 )
 from galva_search.collectives import MIB, Collectives
 from galva_search.space import Candidate
+from galva_search.transitions import (
+    redistribution_per_sample,
+    switch_penalty,
+    vocab_boundaries_per_sample,
+    vocab_layout,
+)
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
@@ -137,6 +143,7 @@ class CostModel:
         self.model_source = model_source
         self.world_size = hardware.cluster.world_size
         self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
+        self._vocab_boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, np.ndarray]] = {}
 
     # ----------------------------------------------------------------------------------------------- helpers
     def _error(self, message: str) -> SchemaError:
@@ -212,17 +219,23 @@ class CostModel:
                 sharded = c.tp > 1 and (c.ulysses or s.megatron_sp)
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / (c.tp if sharded else 1)
         comm_groups = [
-            (op, size, consecutive, np.array([m[0] for m in members]), np.array([m[1] for m in members]),
-             np.array([m[2] for m in members]))
+            (
+                op,
+                size,
+                consecutive,
+                np.array([m[0] for m in members]),
+                np.array([m[1] for m in members]),
+                np.array([m[2] for m in members]),
+            )
             for (op, size, consecutive), members in groups.items()
         ]
-        zero3 = np.array([self.dp_type(c) is ZERO3 for c in candidates])
+        zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
         params_mib = layer.parameter_mib / tp_degree
         total_state_bytes = sum(s.state_bytes)
         states = np.empty((2, n))
         for accumulating in (0, 1):
             for i, c in enumerate(candidates):
-                frac = self.state_fraction(self.dp_type(c), c.shard_degree, bool(accumulating))
+                frac = self.state_fraction(c.dp_type, c.shard_degree, bool(accumulating))
                 states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
         static = _LayerStatic(
             tp=np.array([c.tp for c in candidates], dtype=float),
@@ -234,8 +247,10 @@ class CostModel:
             comm_groups=comm_groups,
             states=states,
             activation_per_sample=self.activation_per_sample(type_index, candidates),
-            redistribution_per_sample=self._redistribution(type_index, candidates, 1.0),
-            penalty=self.switch_penalty(candidates),
+            redistribution_per_sample=redistribution_per_sample(
+                comm, candidates, self.world_size // pp, s.megatron_sp, layer.seq_length * layer.hidden_size * e
+            ),
+            penalty=switch_penalty(candidates, s.switch_penalty_s),
         )
         self._static_cache[key] = static
         return static
@@ -279,14 +294,37 @@ class CostModel:
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
         """``[S][S]`` seconds per micro-batch to move activations (forward) and their gradients (backward) from a
-        layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``."""
+        layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``
+        (:mod:`galva_search.transitions`: what galva_comm's redistribution plans move)."""
         return self._static(type_index, tuple(candidates)).redistribution_per_sample * micro_batch
 
     def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
+        """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""
         return self._static(type_index, tuple(candidates)).penalty
 
-    def dp_type(self, candidate: Candidate) -> DataParallelType:
-        return candidate.dp_type
+    def vocab_boundaries(
+        self, option: VocabOption, candidates: Sequence[Candidate], micro_batch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per micro-batch to re-shard from the embedding into the first layer, and from the last layer into
+        the head, per candidate of that layer (zero where the layouts agree)."""
+        candidates = tuple(candidates)
+        key = (option, candidates)
+        hit = self._vocab_boundary_cache.get(key)
+        if hit is None:
+            pp = candidates[0].pp if candidates else 1
+            first, last = self.model.layer_types[0], self.model.layer_types[-1]
+            e = self.settings.element_bytes
+            hit = vocab_boundaries_per_sample(
+                self.comm,
+                candidates,
+                self.world_size // pp,
+                self.settings.megatron_sp,
+                vocab_layout(option.tp, option.sp, self.settings.megatron_sp),
+                first.seq_length * first.hidden_size * e,
+                last.seq_length * last.hidden_size * e,
+            )
+            self._vocab_boundary_cache[key] = hit
+        return hit[0] * micro_batch, hit[1] * micro_batch
 
     def dp_group_consecutive(self, c: Candidate) -> bool:
         """Layout of the group that syncs gradients: the whole stage (consecutive) for tp 1 and Ulysses layers;
@@ -294,52 +332,6 @@ class CostModel:
         if c.ulysses or c.tp == 1:
             return True
         return not c.consecutive
-
-    # ----------------------------------------------------------------------------------------------- transitions
-    def _redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: float) -> np.ndarray:
-        layer = self.model.layer_types[type_index]
-        s = self.settings
-        n = len(candidates)
-        e = s.element_bytes
-        h = layer.hidden_size
-        seq = float(layer.seq_length)
-        stage_ranks = self.world_size // (candidates[0].pp if candidates else 1)
-        local = np.array([micro_batch / c.dp for c in candidates])
-        sharded = np.array([c.tp > 1 and (c.ulysses or s.megatron_sp) for c in candidates])
-        tp = np.array([c.tp for c in candidates])
-        seq_local = np.where(sharded, seq / tp, seq)
-        needed = local * seq_local * h * e  # bytes the receiving layer holds per rank
-        # orientation of the model-parallel group: 0 neutral (tp 1 or whole stage), 1 consecutive, 2 strided
-        orient = np.array([0 if c.tp in (1, stage_ranks) else (1 if c.consecutive else 2) for c in candidates])
-        out = np.zeros((n, n))
-        bw_cache: dict[tuple[int, bool], float] = {}
-        for i, ci in enumerate(candidates):
-            for j, cj in enumerate(candidates):
-                if ci.tp == cj.tp and ci.ulysses == cj.ulysses and orient[i] == orient[j]:
-                    continue  # same activation layout
-                nested = orient[i] == 0 or orient[j] == 0 or orient[i] == orient[j]
-                big = max(ci.tp, cj.tp)
-                if nested:
-                    held = min(local[i], local[j]) * min(seq_local[i], seq_local[j]) * h * e
-                else:
-                    held = needed[j] / big
-                missing = needed[j] - held
-                if missing <= 0:
-                    continue
-                wide = ci if ci.tp >= cj.tp else cj
-                key = (big, wide.consecutive)
-                if key not in bw_cache:
-                    bw_cache[key] = self.comm.bus_bandwidth_gb_per_s(big, wide.consecutive)
-                out[i, j] = 2.0 * missing / (bw_cache[key] * 1e9)  # forward activations + backward gradients
-        return out
-
-    def switch_penalty(self, candidates: Sequence[Candidate]) -> np.ndarray:
-        """``[S][S]`` additive tie-breaker: a tiny cost per change of dp type or checkpointing between layers, so
-        that among plans of equal cost the one with fewest switches wins."""
-        dpt = np.array([self.dp_type(c) is ZERO3 for c in candidates])
-        ckpt = np.array([c.checkpoint for c in candidates])
-        changes = (dpt[:, None] != dpt[None, :]).astype(float) + (ckpt[:, None] != ckpt[None, :])
-        return changes * self.settings.switch_penalty_s
 
     # ----------------------------------------------------------------------------------------------- vocabulary
     def vocab_options(

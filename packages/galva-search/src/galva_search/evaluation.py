@@ -25,31 +25,41 @@ class PlanCost:
 
 
 def plan_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
-    """Cost of ``task`` when stage ``s`` runs its layers under ``task.tables.candidates[choices[s][i]]``."""
+    """Cost of ``task`` when stage ``s`` runs its layers under ``task.tables.candidates[choices[s][i]]``.
+
+    Every re-sharding the runtime does is priced where it happens: between neighbours of a stage, from the
+    embedding into the first layer, from the last layer into the head, and on the receiving stage after a p2p
+    (which carries the sending layer's layout both ways, so the backward p2p is sized by that layer too).
+    """
     c = task.micro_batches
     tables = task.tables
     in_flight = cost.in_flight(task.pp, c)
+    from_embedding, to_head = cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
     u_list, e_list, mem_list = [], [], []
+    prev: tuple[int, int] | None = None  # (type, candidate) of the layer before, on this stage or the previous one
     for stage, (types, choice) in enumerate(zip(layers.stage_types(task.division), choices)):
         vt = task.vocab_terms[stage]
         u, e = vt.micro_batch_s, vt.exposed_sync_s
         mem = vt.memory_mib + cost.settings.context_mib
-        prev = None
         for pos, (t, s) in enumerate(zip(types, choice)):
             terms = tables.terms[t]
             u += float(terms.micro_batch_s[s])
             e += float(terms.exposed_sync_s[s])
             mem += float(terms.memory_mib(in_flight[stage])[s])
-            if prev is not None:
-                u += float(tables.redistribution[t][prev, s])
-            if pos == 0 and stage > 0:
-                u += float(terms.p2p_s[s])  # backward gradient sent to the previous stage
+            if prev is None:
+                u += float(from_embedding[s])
+            else:
+                u += float(tables.redistribution[t][prev[1], s])
+            if pos == 0 and prev is not None:
+                u += float(tables.terms[prev[0]].p2p_s[prev[1]])  # backward gradient sent to the previous stage
             if pos == len(types) - 1 and stage < task.pp - 1:
                 u += float(terms.p2p_s[s])  # forward activation sent to the next stage
-            prev = s
+            prev = (t, s)
         u_list.append(u)
         e_list.append(e)
         mem_list.append(mem)
+    if prev is not None:
+        u_list[-1] += float(to_head[prev[1]])
     return PlanCost(iteration_time(u_list, e_list, c), mem_list, u_list)
 
 

@@ -42,12 +42,15 @@ class StageSolver:
         in_flight = self.cost.in_flight(pp, c)[stage]
         first_recv = stage > 0
         last_send = stage < pp - 1
-        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, first_recv, last_send)
+        # the first stage receives from the embedding, the last one sends to the head: their layouts matter there
+        vocab = (task.vocab.tp, task.vocab.sp) if not (first_recv and last_send) else None
+        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, first_recv, last_send, vocab)
         hit = self._problems.get(key)
         if hit is not None:
             return key, hit
         tables = task.tables
         L, S = len(types), len(tables.candidates)
+        from_embedding, to_head = self.cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
         intra = np.empty((L, S))
         memory = np.empty((L, S))
         inter = np.zeros((L, S, S))
@@ -58,6 +61,10 @@ class StageSolver:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous stage
             if pos == L - 1 and last_send:
                 row = row + c * terms.p2p_s  # forward activation sent to the next stage
+            if pos == 0 and not first_recv:
+                row = row + c * from_embedding  # re-shard the embedding's output into this layer's layout
+            if pos == L - 1 and not last_send:
+                row = row + c * to_head  # re-shard this layer's output into the head's layout
             allowed = tables.allowed_at_end[t] if ends[pos] else tables.allowed[t]
             intra[pos] = np.where(allowed, row, np.inf)  # +inf: a form the model cannot run
             memory[pos] = terms.memory_mib(in_flight)

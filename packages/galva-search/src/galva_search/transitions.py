@@ -1,0 +1,147 @@
+"""Moving activations between layers of different layouts (docs/cost-model.md §5), priced as the runtime moves them.
+
+The runtime re-shards a boundary activation with :func:`galva_comm.layout.redistribution_plan` (one all-to-all of
+uneven cells inside each connected group) forward, and the reverse plan on its gradient backward. The cost of a
+transition is therefore the share of the micro-batch that the busiest rank sends or receives in the two plans,
+asked of :func:`galva_comm.layout.busiest_rank_fraction` once per (stage size, source layout, target layout) and
+memoised for the process, at the bus bandwidth of groups of the larger model-parallel degree with the layout of
+the wider side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from functools import cache
+
+import numpy as np
+
+from galva_comm.layout import ShardLayout, _lcm
+from galva_schema import DataParallelType
+from galva_schema.sharding import sequence_shards
+from galva_search.collectives import GB, Collectives
+from galva_search.space import Candidate
+
+Layout = tuple[int, bool, bool]
+"""A boundary activation's layout on a stage: (model-parallel degree, consecutive group, sequence split)."""
+
+
+def candidate_layout(candidate: Candidate, stage_ranks: int, megatron_sp: bool) -> Layout:
+    """The layout of a layer's boundary activation under ``candidate`` (as galva_comm.layout.RankLayout builds it)."""
+    tp = candidate.tp
+    split = sequence_shards(tp, ulysses=candidate.ulysses, megatron_sp=megatron_sp) > 1
+    return tp, candidate.consecutive or tp in (1, stage_ranks), split
+
+
+def vocab_layout(tp: int, sp: bool, megatron_sp: bool) -> Layout:
+    """The layout of the vocabulary layers' boundary activation (their groups are always consecutive)."""
+    return tp, True, sequence_shards(tp, ulysses=sp, megatron_sp=megatron_sp) > 1
+
+
+def exchange_share(stage_ranks: int, source: Layout, target: Layout) -> float:
+    """Share of one micro-batch's boundary activation that the busiest rank sends or receives when a layer of
+    layout ``source`` feeds one of layout ``target``: the forward plan plus the backward (reverse) plan."""
+    if source == target:
+        return 0.0
+    return _one_way(stage_ranks, source, target) + _one_way(stage_ranks, target, source)
+
+
+@cache
+def _one_way(stage_ranks: int, source: Layout, target: Layout) -> float:
+    """galva_comm's answer for one plan, memoised for the process (a pair's forward is another pair's backward)."""
+    ranks = tuple(range(stage_ranks))
+    return float(busiest_rank_fraction(ShardLayout(ranks, *source), ShardLayout(ranks, *target)))
+
+
+def transfer_seconds(
+    comm: Collectives, stage_ranks: int, source: Layout, target: Layout, activation_bytes: float
+) -> float:
+    """Seconds to re-shard a micro-batch whose whole boundary activation is ``activation_bytes``, both ways."""
+    share = exchange_share(stage_ranks, source, target)
+    if share == 0.0:
+        return 0.0
+    wide = source if source[0] >= target[0] else target
+    return share * activation_bytes / (comm.bus_bandwidth_gb_per_s(wide[0], wide[1]) * GB)
+
+
+def redistribution_per_sample(
+    comm: Collectives, candidates: Sequence[Candidate], stage_ranks: int, megatron_sp: bool, sample_bytes: float
+) -> np.ndarray:
+    """``[S][S]`` seconds per sample of the micro-batch from candidate ``i`` to candidate ``j`` (``sample_bytes``:
+    one sample's boundary activation, ``seq * hidden * element bytes``)."""
+    layouts = [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates]
+    distinct = list(dict.fromkeys(layouts))  # a dozen layouts for a hundred candidates
+    small = np.array([[transfer_seconds(comm, stage_ranks, a, b, sample_bytes) for b in distinct] for a in distinct])
+    index = np.array([distinct.index(lay) for lay in layouts], dtype=int)
+    return small[np.ix_(index, index)] if len(index) else np.zeros((0, 0))
+
+
+def vocab_boundaries_per_sample(
+    comm: Collectives,
+    candidates: Sequence[Candidate],
+    stage_ranks: int,
+    megatron_sp: bool,
+    vocab: Layout,
+    first_sample_bytes: float,
+    last_sample_bytes: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per sample from the embedding into the first layer, and from the last layer into the head, per
+    candidate of that layer."""
+    layouts = [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates]
+    into = np.array([transfer_seconds(comm, stage_ranks, vocab, lay, first_sample_bytes) for lay in layouts])
+    out = np.array([transfer_seconds(comm, stage_ranks, lay, vocab, last_sample_bytes) for lay in layouts])
+    return into, out
+
+
+def switch_penalty(candidates: Sequence[Candidate], penalty_s: float) -> np.ndarray:
+    """``[S][S]`` additive tie-breaker: ``penalty_s`` per change of ZeRO-3 or of checkpointing between neighbours,
+    so that among plans of equal cost the one with fewest switches (contiguous runs) wins."""
+    zero3 = np.array([c.dp_type is DataParallelType.ZERO3 for c in candidates])
+    ckpt = np.array([c.checkpoint for c in candidates])
+    changes = (zero3[:, None] != zero3[None, :]).astype(float) + (ckpt[:, None] != ckpt[None, :])
+    return changes * penalty_s
+
+
+# TEMPORARY (moves to galva_comm.layout once the lead's edit of that file is done)
+
+
+def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
+    """``redistribution_plan(source, target).busiest_rank_fraction()`` without building the plan.
+
+    Same cells and the same choice of source rank for each remote cell (the rule of ``_nearest``, which depends on
+    the source shard only, so the cells of one source shard are counted together); the holders of a shard follow
+    from the layout's arithmetic instead of a scan of every rank. A planner asks it for every pair of layouts.
+    """
+    if sorted(source.ranks) != sorted(target.ranks):
+        raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
+    batch_cells = _lcm(source.dp, target.dp)
+    seq_cells = _lcm(source.seq_parts, target.seq_parts)
+    sb, ss = batch_cells // source.dp, seq_cells // source.seq_parts  # cells per source shard, per axis
+    tb, ts = batch_cells // target.dp, seq_cells // target.seq_parts  # cells per target shard, per axis
+    sent: dict[int, int] = {}
+    received: dict[int, int] = {}
+    for dst in target.ranks:
+        batch_part, seq_part = target.shard(dst)
+        mp_dst = source.coords(dst)[0]
+        b0, s0 = batch_part * tb, seq_part * ts  # first cell dst needs
+        for bp in range(b0 // sb, (b0 + tb - 1) // sb + 1):  # source shards overlapping what dst needs
+            rows = min(b0 + tb, (bp + 1) * sb) - max(b0, bp * sb)
+            for sp in range(s0 // ss, (s0 + ts - 1) // ss + 1):
+                cols = min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss)
+                have = _holders(source, bp, sp)
+                if any(r == dst for _, r in have):
+                    continue
+                pool = [r for m, r in have if m == mp_dst] or [r for _, r in have]
+                src = min(pool, key=lambda r: (abs(r - dst), r))
+                sent[src] = sent.get(src, 0) + rows * cols
+                received[dst] = received.get(dst, 0) + rows * cols
+    return Fraction(max([0, *sent.values(), *received.values()]), batch_cells * seq_cells)
+
+
+def _holders(layout: ShardLayout, batch_part: int, seq_part: int) -> list[tuple[int, int]]:
+    """``(model-parallel index, rank)`` of the ranks holding shard ``(batch_part, seq_part)`` of ``layout``: every
+    model-parallel rank of that data-parallel index when the sequence is not split (the inverse of ``coords``)."""
+    mp_indices = [seq_part] if layout.seq_sharded else range(layout.degree)
+    if layout.consecutive:
+        return [(m, layout.ranks[batch_part * layout.degree + m]) for m in mp_indices]
+    return [(m, layout.ranks[m * layout.dp + batch_part]) for m in mp_indices]
