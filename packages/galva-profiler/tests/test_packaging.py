@@ -1,18 +1,24 @@
-"""galva-profiler is installable on its own with the dependencies its later capability needs."""
+"""galva-profiler declares what it imports: the core for hardware profiling, an extra for model profiling."""
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import re
+import shutil
 
 import galva_profiler
 
-EXPECTED = {"galva-schema", "galva-comm", "torch", "numpy"}  # what the later capability needs
 DIST = "galva-profiler"
+CORE = {"galva-schema", "galva-comm", "torch", "numpy"}
+MODEL_EXTRA = {"galva-hp", "galva-models"}
 
 
-def _requirement_names() -> set[str]:
-    return {re.split(r"[ <>=!~;\[]", r, maxsplit=1)[0].lower() for r in metadata.requires(DIST) or []}
+def _requirements() -> list[str]:
+    return metadata.requires(DIST) or []
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[ <>=!~;\[]", requirement, maxsplit=1)[0].lower()
 
 
 def test_version_matches_the_metadata() -> None:
@@ -20,4 +26,13 @@ def test_version_matches_the_metadata() -> None:
 
 
 def test_declared_dependencies() -> None:
-    assert _requirement_names() == EXPECTED
+    core = {_name(r) for r in _requirements() if "extra ==" not in r}
+    extra = {_name(r) for r in _requirements() if 'extra == "model"' in r}
+    assert core == CORE
+    assert extra == MODEL_EXTRA
+
+
+def test_console_script_is_installed() -> None:
+    scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
+    assert scripts["galva-profile"] == "galva_profiler.cli:main"
+    assert shutil.which("galva-profile") is not None

@@ -1,0 +1,132 @@
+"""Activation bytes a module keeps for backward, measured with saved-tensor hooks (exact on CPU).
+
+galva-hp's :func:`~galva_hp.hooks.saved_activation_meter` counts every distinct storage autograd saves during a
+forward pass, parameters excluded. A layer is measured at batch 1 and 2; the difference is the bytes *per sample*
+(what the cost model multiplies by the local batch), the rest is a per-call constant (e.g. rotary tables) that is
+reported but not in the profile.
+
+Per tensor-parallel degree ``t`` the layer's parallel form is built by the adapter's parallelizer in a real gloo
+group of ``t`` forked ranks (:func:`galva_comm.testing.run_distributed`) and measured on each rank: Megatron tp
+(input ``[b, s, h]``), Megatron-SP and Ulysses (input ``[b, s/t, h]``), and each of them checkpointed (galva-hp's
+``Checkpointed``: only the input is kept). The largest rank's bytes are kept. Forking shares the materialised layer
+with the children, so nothing is built twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+MODES = ("tp", "megatron_sp", "ulysses")
+
+
+def saved_bytes(run: Callable[[], Any]) -> int:
+    """Bytes autograd saves while ``run()`` executes (distinct storages, parameters excluded)."""
+    from galva_hp.hooks import saved_activation_meter
+
+    with saved_activation_meter() as meter:
+        out = run()
+    del out
+    return meter.bytes
+
+
+def per_sample(run_at: Callable[[int], Any]) -> tuple[int, int]:
+    """``(bytes per sample, constant bytes)`` from measurements at batch 1 and 2."""
+    one, two = saved_bytes(lambda: run_at(1)), saved_bytes(lambda: run_at(2))
+    return two - one, 2 * one - two
+
+
+@dataclass
+class LayerActivations:
+    """Per-sample activation bytes of one layer type at one sequence length, per mode and degree."""
+
+    bytes_per_sample: dict[str, dict[int, int]] = field(default_factory=dict)  # mode -> degree -> bytes
+    checkpoint_bytes_per_sample: dict[str, dict[int, int]] = field(default_factory=dict)
+    constant_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def add(self, mode: str, degree: int, kept: tuple[int, int], checkpointed: tuple[int, int]) -> None:
+        self.bytes_per_sample.setdefault(mode, {})[degree] = kept[0]
+        self.constant_bytes.setdefault(mode, {})[degree] = kept[1]
+        self.checkpoint_bytes_per_sample.setdefault(mode, {})[degree] = checkpointed[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bytes_per_sample": self.bytes_per_sample,
+            "checkpoint_bytes_per_sample": self.checkpoint_bytes_per_sample,
+            "constant_bytes": self.constant_bytes,
+        }
+
+
+def _measure(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(kept, checkpointed) per-sample measurements of ``module`` on ``[b, seq, hidden]`` inputs."""
+    from galva_hp.activation_checkpoint import Checkpointed
+
+    def call(target: nn.Module) -> Callable[[int], Tensor]:
+        return lambda b: target(torch.randn(b, seq, hidden, dtype=dtype, requires_grad=True))
+
+    return per_sample(call(module)), per_sample(call(Checkpointed(module)))
+
+
+def _rank_worker(
+    rank: int, world_size: int, module: nn.Module, layer_type: str, parallelizer: Any, modes: list[str], seq: int,
+    hidden: int, dtype: torch.dtype,
+) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:  # fmt: skip
+    """Every mode at this degree, on one rank of a ``world_size``-rank gloo group."""
+    import torch.distributed as dist
+
+    from galva_hp.model import ParallelContext
+
+    group = dist.group.WORLD
+    out = {}
+    for mode in modes:
+        if mode == "ulysses":
+            ctx = ParallelContext(sp_group=group)
+        else:
+            ctx = ParallelContext(tp_group=group, megatron_sp=mode == "megatron_sp")
+        local_seq = seq if mode == "tp" else seq // world_size
+        parallel = parallelizer.layer(module, layer_type, ctx)
+        out[mode] = _measure(parallel, local_seq, hidden, dtype)
+    return out
+
+
+def preload_parallel_forms() -> None:
+    """Import galva-hp's parallel building blocks once in this process, so forked ranks do not each import them."""
+    import importlib
+
+    for name in ("tensor_parallel", "ulysses", "vocab"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"galva_hp.parallel.{name}")
+
+
+def measure_layer(
+    module: nn.Module,
+    layer_type: str,
+    parallelizer: Any,
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    degrees: dict[str, list[int]],
+    timeout_s: float = 300.0,
+) -> LayerActivations:
+    """Activations of ``module`` at degree 1 and, per mode, at each degree in ``degrees[mode]`` (forked ranks)."""
+    from galva_comm.testing import run_distributed
+
+    preload_parallel_forms()
+    result = LayerActivations()
+    kept, checkpointed = _measure(module, seq, hidden, dtype)
+    for mode in MODES:
+        result.add(mode, 1, kept, checkpointed)
+    for degree in sorted({d for mode in MODES for d in degrees.get(mode, []) if d > 1}):
+        modes = [mode for mode in MODES if degree in degrees.get(mode, [])]
+        ranks = run_distributed(
+            _rank_worker, degree, module, layer_type, parallelizer, modes, seq, hidden, dtype, timeout=timeout_s
+        )
+        for mode in modes:
+            worst = max((r[mode] for r in ranks), key=lambda m: m[0][0])  # ranks may differ: keep the largest
+            result.add(mode, degree, worst[0], worst[1])
+    return result

@@ -1,0 +1,110 @@
+"""The ``galva-profile`` command: ``hardware`` (under torchrun) and ``model`` (one process).
+
+Exit status: 0 profile written; 2 bad input, reported as one line ``galva-profile: error: ...`` before anything is
+measured or written. Every file is written atomically, after all measurements, so a failed run leaves nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from galva_profiler.errors import ProfileError
+
+PROG = "galva-profile"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are the command's one-line errors (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _int_list(text: str) -> list[int]:
+    values = _float_list(text)
+    if any(v != int(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return [int(v) for v in values]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Measure the hardware and the model for galva-search.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    hw = sub.add_parser("hardware", help="collective bandwidths and times, p2p, overlap (run under torchrun)")
+    hw.add_argument("--output", "-o", default="hardware_profile.json", help="HardwareProfile JSON to write")
+    hw.add_argument("--galvatron-dir", metavar="DIR", help="also write the reference system's hardware files here")
+    hw.add_argument("--report", metavar="PATH", help="write every measurement and fit (with residuals) as JSON")
+    hw.add_argument("--quick", action="store_true", help="a minute-scale sweep: small messages, few repetitions")
+    hw.add_argument("--sizes-mib", type=_float_list, help="message sizes of the time sweep, MiB, e.g. 1,4,16,64")
+    hw.add_argument("--bandwidth-mib", type=float, help="message size for the all-reduce bus bandwidth, MiB")
+    hw.add_argument("--p2p-mib", type=float, help="message size for the p2p bandwidth, MiB")
+    hw.add_argument("--max-group-size", type=int, help="cut the sweep at this group size (a big cluster)")
+    hw.add_argument("--max-pp", type=int, help="largest pipeline degree whose p2p bandwidth is measured")
+    hw.add_argument("--warmup", type=int, help="untimed runs before each measurement")
+    hw.add_argument("--repetitions", type=int, help="timed runs per measurement (the median is kept)")
+    hw.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl with GPUs, gloo without")
+    hw.add_argument("--timeout", type=float, default=600.0, help="seconds any collective may take (default 600)")
+    hw.add_argument("--device-memory-mib", type=float, help="device memory recorded in the profile (default: GPU's)")
+    hw.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="launch torchrun with this many ranks on this machine (when not already run by torchrun)",
+    )
+    hw.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    from galva_profiler.model_cli import add_model_arguments
+
+    add_model_arguments(sub.add_parser("model", help="per-layer time and memory of a galva-models model"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "hardware":
+            from galva_profiler.hardware_cli import run_hardware
+
+            if args.nproc_per_node is not None and "RANK" not in os.environ:
+                return _launch(args, list(sys.argv[1:] if argv is None else argv))
+            return run_hardware(args)
+        from galva_profiler.model_cli import run_model
+
+        return run_model(args)
+    except ProfileError as err:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Check the input, then run this command under torchrun with ``--nproc-per-node`` ranks on this machine."""
+    from galva_profiler.hardware_cli import check_hardware_args
+
+    if args.nproc_per_node < 2:
+        raise ProfileError(f"--nproc-per-node {args.nproc_per_node}: a sweep needs at least 2 ranks")
+    check_hardware_args(args)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc_per_node)]
+    command += ["-m", "galva_profiler.cli", *argv]
+    env = dict(os.environ, TORCHELASTIC_ERROR_FILE=os.devnull, LOGLEVEL="ERROR")
+    return subprocess.call(command, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

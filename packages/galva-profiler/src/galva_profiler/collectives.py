@@ -1,0 +1,112 @@
+"""Timing one collective in every group of a layout at once, as training runs them (all groups busy together).
+
+Each rank times its own group's collective (warm-up, repetitions, median, a barrier of the group before each
+repetition so that the ranks start together); the result is the slowest rank's median, known to every rank.
+Message sizes are bytes *per rank*: the buffer an all-reduce or all-to-all works on, the gathered output of an
+all-gather, the input of a reduce-scatter — the sizes galva-search's cost model prices.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from galva_comm.groups import ProcessGroupCache
+from galva_comm.layout import Group
+from galva_profiler.distributed import World, max_over_ranks
+from galva_profiler.timing import Repeats, median_ms
+
+MIB = 2**20
+
+
+class Collective(str, Enum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+
+
+def group_of(groups: list[Group], rank: int) -> Group:
+    """The group among ``groups`` that holds ``rank``."""
+    for group in groups:
+        if rank in group:
+            return group
+    raise ValueError(f"rank {rank} is in none of the groups {groups}")
+
+
+def _elements(message_bytes: int, n: int) -> int:
+    """fp32 elements of a buffer of about ``message_bytes``, rounded to a multiple of ``n`` (shards must be equal)."""
+    return max(n, (message_bytes // 4) // n * n)
+
+
+def _operation(kind: Collective, numel: int, pg: dist.ProcessGroup, n: int, device: torch.device) -> Callable[[], None]:
+    buf = torch.ones(numel, dtype=torch.float32, device=device)
+    if kind is Collective.ALL_REDUCE:
+        return lambda: dist.all_reduce(buf, group=pg)
+    if kind is Collective.ALL_GATHER:
+        shard = torch.ones(numel // n, dtype=torch.float32, device=device)
+
+        def gather() -> None:
+            with warnings.catch_warnings():  # *_into_tensor is deprecated in favour of *_single in newest torch
+                warnings.simplefilter("ignore", FutureWarning)
+                dist.all_gather_into_tensor(buf, shard, group=pg)
+
+        return gather
+    if kind is Collective.REDUCE_SCATTER:
+        out = torch.empty(numel // n, dtype=torch.float32, device=device)
+
+        def scatter() -> None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                dist.reduce_scatter_tensor(out, buf, group=pg)
+
+        return scatter
+    out = torch.empty_like(buf)
+    return lambda: dist.all_to_all_single(out, buf, group=pg)
+
+
+def time_collective(
+    kind: Collective,
+    groups: list[Group],
+    message_bytes: int,
+    world: World,
+    cache: ProcessGroupCache,
+    repeats: Repeats,
+) -> float:
+    """ms per ``kind`` of ``message_bytes`` per rank, run in all ``groups`` at once; the max over all ranks."""
+    group = group_of(groups, world.rank)
+    pg = cache.get(group)
+    n = len(group)
+    run = _operation(kind, _elements(message_bytes, n), pg, n, world.device)
+    ms = median_ms(run, repeats, world.device, before=lambda: dist.barrier(group=pg))
+    return max_over_ranks(ms, world.device)
+
+
+def bus_bandwidth_gb_per_s(message_bytes: int, n: int, ms: float) -> float:
+    """nccl-tests' all-reduce bus bandwidth: ``2(n-1)/n * bytes / time``, in 1e9 bytes per second."""
+    return 2 * (n - 1) / n * message_bytes / (ms * 1e-3) / 1e9
+
+
+def time_p2p(pipelines: list[Group], message_bytes: int, world: World, repeats: Repeats) -> float:
+    """ms to send ``message_bytes`` between the two middle stages of every pipeline at once; max over ranks.
+
+    Stage ``pp/2 - 1`` sends to stage ``pp/2`` (the reference's choice: the boundary every pipeline has). Ranks
+    outside that pair only join the barrier, so they time ~0 and the max is the pair's time.
+    """
+    pipeline = group_of(pipelines, world.rank)
+    middle = len(pipeline) // 2
+    sender, receiver = pipeline[middle - 1], pipeline[middle]
+    buf = torch.ones(_elements(message_bytes, 1), dtype=torch.float32, device=world.device)
+
+    def transfer() -> None:
+        if world.rank == sender:
+            dist.send(buf, dst=receiver)
+        elif world.rank == receiver:
+            dist.recv(buf, src=sender)
+
+    ms = median_ms(transfer, repeats, world.device, before=dist.barrier)
+    return max_over_ranks(ms, world.device)

@@ -1,0 +1,237 @@
+"""The hardware sweep: what is measured, in which order, and the HardwareProfile built from it.
+
+The sweep is planned first (:func:`plan_sweep`, pure: the same list on every rank, so every rank runs the same
+collectives in the same order, and the progress bar knows its length), then run step by step (:func:`run_sweep`).
+
+Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``max_group_size``):
+
+* all-reduce bus bandwidth at ``bandwidth_mib``, groups of consecutive ranks and groups strided by ``W/n``
+  (galva_comm.layout's two layouts; the world-sized group has one layout);
+* all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups; an
+  alpha-beta line fitted per group size with its residuals;
+* p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups);
+* the overlap slowdown of compute and communication (:mod:`galva_profiler.overlap`).
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from galva_comm.groups import ProcessGroupCache
+from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
+from galva_profiler.collectives import MIB, Collective, bus_bandwidth_gb_per_s, time_collective, time_p2p
+from galva_profiler.distributed import World
+from galva_profiler.fitting import Fit, alpha_beta
+from galva_profiler.overlap import OverlapResult, measure_overlap
+from galva_profiler.progress import Progress
+from galva_profiler.timing import Repeats
+from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, HardwareProfile, P2PBandwidth
+
+TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Sizes, counts and limits of a sweep (the command's flags)."""
+
+    message_mib: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    bandwidth_mib: float = 64.0
+    p2p_mib: float = 64.0
+    max_group_size: int | None = None
+    max_pp: int | None = None
+    repeats: Repeats = field(default_factory=Repeats)
+    overlap_mib: float = 16.0
+    overlap_matmul: int = 1024
+    overlap_calls: int = 4
+    timed: tuple[Collective, ...] = TIMED
+
+    def __post_init__(self) -> None:
+        if len(self.message_mib) < 2 or sorted(set(self.message_mib)) != list(self.message_mib):
+            raise ValueError("message sizes must be at least 2 distinct ascending values (an alpha-beta fit needs 2)")
+        if min(self.message_mib) <= 0 or self.bandwidth_mib <= 0 or self.p2p_mib <= 0 or self.overlap_mib <= 0:
+            raise ValueError("message sizes must be positive")
+
+
+QUICK = SweepOptions(
+    message_mib=(0.25, 0.5, 1, 2, 4),
+    bandwidth_mib=4.0,
+    p2p_mib=4.0,
+    repeats=Repeats(warmup=1, repetitions=3),
+    overlap_mib=4.0,
+    overlap_matmul=256,
+    overlap_calls=2,
+)
+"""A minute-scale sweep (``--quick``): small messages, few repetitions."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measurement: a bandwidth, a timed collective at one size, a p2p degree, or the overlap test."""
+
+    kind: str  # "bandwidth" | "time" | "p2p" | "overlap"
+    group_size: int = 0
+    consecutive: bool = True
+    collective: Collective = Collective.ALL_REDUCE
+    message_mib: float = 0.0
+
+    def describe(self) -> str:
+        if self.kind == "bandwidth":
+            layout = "consecutive" if self.consecutive else "strided"
+            return f"all_reduce bandwidth n={self.group_size} {layout}"
+        if self.kind == "time":
+            return f"{self.collective.value} n={self.group_size} {self.message_mib:g} MiB"
+        if self.kind == "p2p":
+            return f"p2p pp={self.group_size}"
+        return "compute/communication overlap"
+
+
+def group_sizes(world_size: int, limit: int | None = None) -> list[int]:
+    """Powers of two from 2 up to ``min(world_size, limit)`` that divide the world size."""
+    top = min(world_size, limit or world_size)
+    sizes, n = [], 2
+    while n <= top:
+        if world_size % n == 0:
+            sizes.append(n)
+        n *= 2
+    return sizes
+
+
+def layout_groups(world_size: int, n: int, consecutive: bool) -> list[Group]:
+    """Groups of ``n`` ranks covering the world: consecutive blocks, or ranks strided by ``W/n``."""
+    return model_parallel_groups(tuple(range(world_size)), n, consecutive)
+
+
+def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
+    """Every measurement of the sweep, in the order all ranks run them."""
+    sizes = group_sizes(world_size, options.max_group_size)
+    steps = [
+        Step("bandwidth", n, consecutive)
+        for n in sizes
+        for consecutive in ((True, False) if n < world_size else (True,))
+    ]
+    steps += [
+        Step("time", n, True, collective, mib)
+        for collective in options.timed
+        for n in sizes
+        for mib in options.message_mib
+    ]
+    steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
+    steps.append(Step("overlap"))
+    return steps
+
+
+def sweep_groups(world_size: int, steps: list[Step]) -> list[Group]:
+    """Every process group the sweep uses, in a fixed order (they are created up front, collectively)."""
+    groups: list[Group] = []
+    for step in steps:
+        if step.kind in ("bandwidth", "time"):
+            groups += layout_groups(world_size, step.group_size, step.consecutive)
+    return groups
+
+
+@dataclass
+class SweepResult:
+    """Everything measured: the raw tables (all four collectives), the fits and the overlap test."""
+
+    world_size: int
+    bandwidth: dict[tuple[int, bool], float] = field(default_factory=dict)
+    times: dict[tuple[Collective, int], dict[float, float]] = field(default_factory=dict)
+    p2p: dict[int, float] = field(default_factory=dict)
+    overlap: OverlapResult | None = None
+
+    def fit(self, collective: Collective, n: int) -> Fit:
+        points = sorted(self.times[(collective, n)].items())
+        return alpha_beta([m for m, _ in points], [t for _, t in points])
+
+    def report(self) -> dict[str, Any]:
+        """JSON-ready: every measurement and every fit with its residuals."""
+        return {
+            "world_size": self.world_size,
+            "allreduce_bus_bandwidth_gb_per_s": [
+                {"group_size": n, "consecutive": c, "value": v} for (n, c), v in sorted(self.bandwidth.items())
+            ],
+            "collective_time_ms": [
+                {
+                    "collective": kind.value,
+                    "group_size": n,
+                    "message_mib": sorted(table),
+                    "time_ms": [table[m] for m in sorted(table)],
+                    "alpha_beta_fit": {"ms_per_mib": fit.coefficients[0], "latency_ms": fit.coefficients[1]}
+                    | fit.to_dict(),
+                }
+                for (kind, n), table in sorted(self.times.items(), key=lambda item: (item[0][0].value, item[0][1]))
+                for fit in [self.fit(kind, n)]
+            ],
+            "p2p_bandwidth_gb_per_s": {str(pp): v for pp, v in sorted(self.p2p.items())},
+            "overlap": self.overlap.to_dict() if self.overlap else None,
+        }
+
+
+def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: Progress) -> SweepResult:
+    """Run ``steps`` on every rank (collective); every rank returns the same result."""
+    cache = ProcessGroupCache(backend=world.backend)
+    cache.create(sweep_groups(world.size, steps))
+    result = SweepResult(world.size)
+    for step in steps:
+        if step.kind == "bandwidth":
+            groups = layout_groups(world.size, step.group_size, step.consecutive)
+            message = int(options.bandwidth_mib * MIB)
+            ms = time_collective(Collective.ALL_REDUCE, groups, message, world, cache, options.repeats)
+            result.bandwidth[(step.group_size, step.consecutive)] = bus_bandwidth_gb_per_s(message, step.group_size, ms)
+        elif step.kind == "time":
+            groups = layout_groups(world.size, step.group_size, True)
+            ms = time_collective(step.collective, groups, int(step.message_mib * MIB), world, cache, options.repeats)
+            result.times.setdefault((step.collective, step.group_size), {})[step.message_mib] = ms
+        elif step.kind == "p2p":
+            message = int(options.p2p_mib * MIB)
+            ms = time_p2p(pipeline_groups(world.size, step.group_size), message, world, options.repeats)
+            result.p2p[step.group_size] = message / (ms * 1e-3) / 1e9
+        else:
+            result.overlap = measure_overlap(
+                world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats
+            )
+        progress.step(step.describe())
+    return result
+
+
+def device_name(world: World) -> str:
+    if world.device.type == "cuda":
+        return torch.cuda.get_device_name(world.device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def hardware_profile(result: SweepResult, world: World, device_memory_mib: float | None = None) -> HardwareProfile:
+    """The validated HardwareProfile of a sweep (raises pydantic/SchemaError if the sweep broke a rule)."""
+    cluster = ClusterSpec(
+        num_nodes=world.num_nodes,
+        gpus_per_node=world.size // world.num_nodes,
+        device_memory_mib=device_memory_mib,
+        device_name=device_name(world),
+    )
+
+    def table(kind: Collective) -> tuple[CollectiveTimes, ...]:
+        entries = []
+        for (collective, n), points in sorted(result.times.items(), key=lambda item: -item[0][1]):
+            if collective is kind:
+                sizes = sorted(points)
+                entries.append(
+                    CollectiveTimes(group_size=n, message_mib=tuple(sizes), time_ms=tuple(points[m] for m in sizes))
+                )
+        return tuple(entries)
+
+    return HardwareProfile(
+        cluster=cluster,
+        backend=world.backend,
+        allreduce=tuple(
+            AllreduceBandwidth(group_size=n, consecutive=c, bus_bandwidth_gb_per_s=bw)
+            for (n, c), bw in sorted(result.bandwidth.items(), key=lambda item: (-item[0][0], not item[0][1]))
+        ),
+        p2p=tuple(P2PBandwidth(pp=pp, bandwidth_gb_per_s=bw) for pp, bw in sorted(result.p2p.items())),
+        allreduce_time=table(Collective.ALL_REDUCE),
+        all_to_all_time=table(Collective.ALL_TO_ALL),
+        overlap_slowdown=result.overlap.slowdown if result.overlap else 1.0,
+    )

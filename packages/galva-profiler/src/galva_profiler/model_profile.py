@@ -1,0 +1,282 @@
+"""The model sweep: per layer type and sequence length, time over batch sizes and activations per degree; then the
+vocabulary modules; then one validated :class:`galva_schema.ModelProfile` per sequence length.
+
+Time forms (``forward_time`` of the profile; every form's fit and residuals are in the report either way):
+
+* ``static``: ms per sample at the largest profiled batch;
+* ``batch``: the least-squares line ``slope * b + intercept`` through the forward ms at every profiled batch;
+* ``sequence``: the quadratic ``a s^2 + b s + c`` through the ms per sample (largest batch) at every profiled length
+  (3 lengths or more).
+
+Backward time is measured the same way and reported (with its ratio to forward, which is galva-search's
+``--backward-coefficient``); the profile format has no backward field, the search models backward from forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from galva_profiler.activation_memory import LayerActivations, measure_layer
+from galva_profiler.errors import ProfileError
+from galva_profiler.fitting import Fit, alpha_beta, quadratic
+from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes
+from galva_profiler.model_source import MetaModel
+from galva_profiler.progress import Progress
+from galva_profiler.timing import Repeats
+from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
+from galva_schema import (
+    BatchTime,
+    LayerTypeProfile,
+    ModelProfile,
+    Precision,
+    SequenceTime,
+    StaticTime,
+    VocabMemory,
+    VocabProfile,
+)
+
+TimeForm = Literal["static", "batch", "sequence"]
+DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class ModelSweepOptions:
+    seq_lengths: tuple[int, ...]
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    max_tp: int = 8
+    precision: Precision = Precision.FP32
+    megatron_sp: bool = False
+    time_form: TimeForm = "batch"
+    repeats: Repeats = field(default_factory=lambda: Repeats(warmup=2, repetitions=5))
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.time_form == "batch" and len(set(self.batch_sizes)) < 2:
+            raise ProfileError("--time-form batch needs 2 or more --batch-sizes")
+        if self.time_form == "sequence" and len(set(self.seq_lengths)) < 3:
+            raise ProfileError("--time-form sequence needs 3 or more --seq-lengths (a quadratic fit)")
+
+
+@dataclass
+class LayerMeasurement:
+    name: str
+    first_index: int
+    num_layers: int
+    hidden: int
+    parameter_bytes: int
+    times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
+    activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
+
+
+@dataclass
+class ModelSweep:
+    """Everything measured for one model."""
+
+    model: MetaModel
+    options: ModelSweepOptions
+    layers: list[LayerMeasurement]
+    vocab: dict[int, VocabMeasurement]  # seq -> measurement
+    degrees: dict[str, list[int]]
+    vocab_degrees: list[int]
+
+    def batch_fit(self, times: dict[int, PassTimes], backward: bool = False) -> Fit:
+        batches = sorted(times)
+        return alpha_beta(batches, [times[b].backward_ms if backward else times[b].forward_ms for b in batches])
+
+    def sequence_fit(self, per_seq: dict[int, dict[int, PassTimes]]) -> Fit | None:
+        if len(per_seq) < 3:
+            return None
+        seqs = sorted(per_seq)
+        return quadratic(seqs, [_ms_per_sample(per_seq[s]) for s in seqs])
+
+
+def _ms_per_sample(times: dict[int, PassTimes]) -> float:
+    largest = max(times)
+    return times[largest].forward_ms / largest
+
+
+def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> tuple[dict[str, list[int]], list[int]]:
+    """Degrees per mode (tp, megatron_sp, ulysses) every layer type can run, and the vocabulary tp degrees.
+
+    A degree is kept when the model's constraints allow the form and the heads split (galva-schema's rule) and,
+    for the sequence-splitting forms, when it divides every profiled sequence length.
+    """
+    from galva_schema import ParallelForm
+    from galva_schema.constraints import supported_degrees
+
+    constraints = model.constraints(seq_lengths[0])
+    candidates = [d for d in (2**i for i in range(8)) if d <= max_tp]
+    out: dict[str, list[int]] = {}
+    for mode, form, ulysses in (
+        ("tp", ParallelForm.TP, False),
+        ("megatron_sp", ParallelForm.MEGATRON_SP, False),
+        ("ulysses", ParallelForm.ULYSSES, True),
+    ):
+        kept = candidates
+        for layer_type in constraints.layer_types:
+            if form in layer_type.unsupported or (
+                form is ParallelForm.MEGATRON_SP and ParallelForm.TP in layer_type.unsupported
+            ):
+                kept = [1]
+            kept = [d for d in kept if d in supported_degrees(layer_type, kept, ulysses)]
+        if mode != "tp":
+            kept = [d for d in kept if all(s % d == 0 for s in seq_lengths)]
+        out[mode] = kept
+    vocab = [1] if ParallelForm.VOCAB_TP in constraints.vocab_unsupported else candidates
+    return out, vocab
+
+
+def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabled: bool = True) -> ModelSweep:
+    """Measure every layer type (its first layer only), then the vocabulary modules."""
+    dtype = DTYPES[options.precision]
+    degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
+    runs = model.layer_runs()
+    seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
+    total = len(seqs) * (len(runs) * (len(batches) + 1) + 1)
+    progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
+    specs = _specs(model, seqs[0])
+    layers: list[LayerMeasurement] = []
+    for kind, first, count in runs:
+        module = model.layer(first, dtype).train()
+        hidden = specs[first].hidden_size
+        parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
+        layers.append(LayerMeasurement(kind, first, count, hidden, parameter_bytes))
+    for seq in seqs:
+        specs = _specs(model, seq)
+        for measurement in layers:
+            module = model.layer(measurement.first_index, dtype)
+            layer_seq = specs[measurement.first_index].seq_length
+            for batch in batches:
+                run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
+                measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)
+                progress.step(f"{measurement.name} seq {seq} batch {batch}")
+            measurement.activations[seq] = measure_layer(
+                module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
+                degrees, options.timeout_s,
+            )  # fmt: skip
+            progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
+    model.embedding(dtype).train()
+    model.head(dtype).train()
+    tie(model.layered)
+    vocab = {}
+    vocab_size = int(model.config.vocab_size)
+    for seq in seqs:
+        vocab[seq] = measure_vocab(
+            model.layered, seq, layers[0].hidden, vocab_size, dtype, batches, vocab_degrees, options.megatron_sp,
+            options.repeats, options.timeout_s,
+        )  # fmt: skip
+        progress.step(f"vocabulary seq {seq}")
+    return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+def _specs(model: MetaModel, seq: int) -> list[Any]:
+    try:
+        return list(model.adapter.layer_specs(model.config, seq))
+    except ValueError as err:
+        raise ProfileError(f"{model.name}: {err}") from None
+
+
+def _forward_time(sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], seq: int) -> Any:
+    form = sweep.options.time_form
+    if form == "static":
+        largest = max(per_seq[seq])
+        return StaticTime(ms_per_sample=per_seq[seq][largest].forward_ms / largest, batch_size=largest)
+    if form == "batch":
+        slope, intercept = sweep.batch_fit(per_seq[seq]).coefficients
+        return BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept)
+    fit = sweep.sequence_fit(per_seq)
+    assert fit is not None  # ModelSweepOptions refuses the sequence form with fewer than 3 lengths
+    a, b, c = fit.coefficients
+    return SequenceTime(coefficients=(a, b, c))
+
+
+def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
+    """One validated ModelProfile per profiled sequence length."""
+    options = sweep.options
+    act_mode = "megatron_sp" if options.megatron_sp else "tp"
+    profiles = {}
+    for seq in sorted(set(options.seq_lengths)):
+        layer_types = []
+        for m in sweep.layers:
+            acts = m.activations[seq]
+            layer_types.append(
+                LayerTypeProfile(
+                    name=m.name,
+                    num_layers=m.num_layers,
+                    hidden_size=m.hidden,
+                    seq_length=seq,
+                    forward_time=_forward_time(sweep, m.times, seq),
+                    parameter_mib=m.parameter_bytes / MIB,
+                    activation_mib_per_sample={d: b / MIB for d, b in acts.bytes_per_sample[act_mode].items()},
+                    checkpoint_activation_mib_per_sample=acts.checkpoint_bytes_per_sample["tp"][1] / MIB,
+                )
+            )
+        vocab = sweep.vocab[seq]
+        memory = {
+            position: VocabMemory(
+                model_states_mib=vocab.model_states_mib[position],
+                activation_mib_per_sample=vocab.activation_mib_per_sample[position],
+            )
+            for position in POSITIONS
+        }
+        constraints = sweep.model.constraints(seq)
+        profiles[seq] = ModelProfile(
+            model_name=sweep.model.name,
+            precision=options.precision,
+            megatron_sp=options.megatron_sp,
+            layer_types=tuple(layer_types),
+            vocab=VocabProfile(
+                vocab_size=int(sweep.model.config.vocab_size),
+                forward_time=_forward_time(sweep, {s: v.times for s, v in sweep.vocab.items()}, seq),
+                memory_pp_off=memory["pp_off"],
+                memory_pp_first=memory["pp_first"],
+                memory_pp_last=memory["pp_last"],
+            ),
+            constraints=constraints,
+        )
+    return profiles
+
+
+def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
+    """JSON-ready: every time with its fits and residuals, backward/forward ratios, every activation measurement."""
+    layers = []
+    for m in sweep.layers:
+        per_seq = {}
+        for seq, times in m.times.items():
+            fwd, bwd = sweep.batch_fit(times), sweep.batch_fit(times, backward=True)
+            per_seq[seq] = {
+                "forward_ms": {b: t.forward_ms for b, t in times.items()},
+                "backward_ms": {b: t.backward_ms for b, t in times.items()},
+                "forward_batch_fit": fwd.to_dict(),
+                "backward_batch_fit": bwd.to_dict(),
+                "backward_over_forward": _ratio(times),
+                "activations": m.activations[seq].to_dict(),
+            }
+        seq_fit = sweep.sequence_fit(m.times)
+        layers.append(
+            {
+                "name": m.name,
+                "num_layers": m.num_layers,
+                "built_layer_index": m.first_index,
+                "parameter_bytes": m.parameter_bytes,
+                "by_seq_length": per_seq,
+                "sequence_fit": seq_fit.to_dict() if seq_fit else None,
+            }
+        )
+    return {
+        "model": sweep.model.name,
+        "built_modules": list(sweep.model.built),
+        "degrees": sweep.degrees,
+        "vocab_degrees": sweep.vocab_degrees,
+        "layers": layers,
+        "vocab": {seq: v.to_dict() for seq, v in sweep.vocab.items()},
+    }
+
+
+def _ratio(times: dict[int, PassTimes]) -> float:
+    largest = max(times)
+    return times[largest].backward_ms / max(times[largest].forward_ms, 1e-9)

@@ -1,0 +1,106 @@
+"""How much compute and communication slow each other down when they run at the same time (measured).
+
+Three timings on every rank: a matmul loop alone, a chain of all-reduces on the whole world alone, and both together
+(the all-reduces issued with ``async_op=True`` first, then the matmul loop on the calling thread; on GPUs the
+collectives run on their own stream, on gloo in gloo's own threads). The loop is sized so that both take about the
+same time alone, which is where they interfere most. Each side's slowdown is its time together over its time alone;
+the profile's ``overlap_slowdown`` is the larger of the two (at least 1), as the reference defines it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from galva_profiler.distributed import World, max_over_ranks, synchronize
+from galva_profiler.timing import Repeats, median_ms
+
+
+@dataclass(frozen=True)
+class OverlapResult:
+    compute_ms: float
+    comm_ms: float
+    compute_overlapped_ms: float
+    comm_overlapped_ms: float
+
+    @property
+    def compute_slowdown(self) -> float:
+        return self.compute_overlapped_ms / self.compute_ms
+
+    @property
+    def comm_slowdown(self) -> float:
+        return self.comm_overlapped_ms / self.comm_ms
+
+    @property
+    def slowdown(self) -> float:
+        """What the profile stores: the larger slowdown, never below 1 (overlap cannot make either faster)."""
+        return max(1.0, self.compute_slowdown, self.comm_slowdown)
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "compute_ms": self.compute_ms,
+            "comm_ms": self.comm_ms,
+            "compute_overlapped_ms": self.compute_overlapped_ms,
+            "comm_overlapped_ms": self.comm_overlapped_ms,
+            "compute_slowdown": self.compute_slowdown,
+            "comm_slowdown": self.comm_slowdown,
+            "overlap_slowdown": self.slowdown,
+        }
+
+
+def measure_overlap(
+    world: World, message_bytes: int, matmul_size: int, comm_calls: int, repeats: Repeats
+) -> OverlapResult:
+    """Time compute alone, communication alone and both overlapped; every value is the max over ranks."""
+    device = world.device
+    a = torch.randn(matmul_size, matmul_size, device=device)
+    b = torch.randn(matmul_size, matmul_size, device=device)
+    buf = torch.ones(max(1, message_bytes // 4), dtype=torch.float32, device=device)
+
+    one_matmul = median_ms(lambda: torch.mm(a, b), repeats, device)
+    comm_ms = max_over_ranks(
+        median_ms(lambda: [dist.all_reduce(buf) for _ in range(comm_calls)], repeats, device, before=dist.barrier),
+        device,
+    )
+    # as many matmuls as fit in the communication time, agreed so that every rank runs the same loop
+    iterations = int(max_over_ranks(max(1.0, round(comm_ms / max(one_matmul, 1e-6))), device))
+
+    def compute() -> None:
+        for _ in range(iterations):
+            torch.mm(a, b)
+
+    compute_ms = max_over_ranks(median_ms(compute, repeats, device, before=dist.barrier), device)
+
+    together_compute, together_comm = [], []
+    for index in range(repeats.warmup + repeats.repetitions):
+        dist.barrier()
+        synchronize(device)
+        finished: list[float] = []
+        start = time.perf_counter()
+        works = [dist.all_reduce(buf, async_op=True) for _ in range(comm_calls)]
+        # the callback runs when the last all-reduce completes, wherever the compute loop is by then
+        stamped = works[-1].get_future().then(lambda _, stamps=finished: stamps.append(time.perf_counter()))
+        compute()
+        synchronize(device)
+        compute_done = time.perf_counter()
+        for work in works:
+            work.wait()
+        stamped.wait()  # the callback has run: ``finished`` holds the completion time
+        comm_done = finished[0]
+        if index >= repeats.warmup:
+            together_compute.append((compute_done - start) * 1e3)
+            together_comm.append((comm_done - start) * 1e3)
+    return OverlapResult(
+        compute_ms=compute_ms,
+        comm_ms=comm_ms,
+        compute_overlapped_ms=max_over_ranks(_median(together_compute), device),
+        comm_overlapped_ms=max_over_ranks(_median(together_comm), device),
+    )
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]

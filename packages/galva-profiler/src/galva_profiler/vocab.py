@@ -1,0 +1,148 @@
+"""Embedding, final norm, head and loss: time (tp 1) and memory per vocabulary tp degree and pipeline position.
+
+Positions follow the profile: ``pp_off`` (all vocabulary modules on one stage), ``pp_first`` (the embedding, on the
+first stage) and ``pp_last`` (norm, head and loss, on the last stage). Model states are the parameter elements a
+rank holds in the module's vocabulary-parallel form (built in a gloo group of ``k`` forked ranks, as for layers)
+times 16 bytes (parameter, gradient and Adam states: fp32 4+4+8, or mixed precision 2+2+12); tied embedding and
+head weights count once when both sit on one stage. Activations are saved-tensor bytes per local sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from galva_profiler.activation_memory import saved_bytes
+from galva_profiler.layer_timing import PassTimes, time_passes
+from galva_profiler.timing import Repeats
+
+STATE_BYTES_PER_PARAMETER = 16
+POSITIONS = ("pp_off", "pp_first", "pp_last")
+MIB = 2**20
+
+
+def tie(layered: Any) -> None:
+    """Make tied head weights the embedding's tensors again (materialising each module gave each its own copy)."""
+    for emb_name, head_name in layered.tied_weights:
+        source = layered.embedding.get_parameter(emb_name.removeprefix("embedding."))
+        owner_path, _, attr = head_name.removeprefix("head.").rpartition(".")
+        owner = layered.head.get_submodule(owner_path) if owner_path else layered.head
+        setattr(owner, attr, source)
+
+
+@dataclass
+class VocabMeasurement:
+    """Per degree and position: MiB of model states and MiB of activations per local sample."""
+
+    times: dict[int, PassTimes] = field(default_factory=dict)  # batch -> times of embedding + head + loss
+    model_states_mib: dict[str, dict[int, float]] = field(default_factory=dict)
+    activation_mib_per_sample: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "forward_ms": {b: t.forward_ms for b, t in self.times.items()},
+            "backward_ms": {b: t.backward_ms for b, t in self.times.items()},
+            "model_states_mib": self.model_states_mib,
+            "activation_mib_per_sample": self.activation_mib_per_sample,
+        }
+
+
+def _inputs(batch: int, seq: int, vocab: int) -> tuple[Tensor, Tensor]:
+    return torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
+
+
+def _unique_elements(*modules: nn.Module) -> int:
+    seen: dict[int, int] = {}
+    for module in modules:
+        for p in module.parameters():
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def _position_bytes(
+    embedding: nn.Module, head: nn.Module, seq: int, local_seq: int, hidden: int, vocab: int, dtype: torch.dtype,
+    rank_offset: int,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """``{position: (parameter elements, activation bytes per sample)}`` for one rank's modules."""
+
+    def embed_at(b: int) -> Tensor:
+        ids, _ = _inputs(b, seq, vocab)
+        return embedding(ids)
+
+    def head_at(b: int) -> Any:
+        hidden_in = torch.randn(b, local_seq, hidden, dtype=dtype, requires_grad=True)
+        _, labels = _inputs(b, seq, vocab)
+        return head(hidden_in, labels[:, rank_offset : rank_offset + local_seq])
+
+    def both_at(b: int) -> Any:
+        ids, labels = _inputs(b, seq, vocab)
+        return head(embedding(ids), labels[:, rank_offset : rank_offset + local_seq])
+
+    def slope(run: Any) -> int:
+        return saved_bytes(lambda: run(2)) - saved_bytes(lambda: run(1))
+
+    return {
+        "pp_off": (_unique_elements(embedding, head), slope(both_at)),
+        "pp_first": (_unique_elements(embedding), slope(embed_at)),
+        "pp_last": (_unique_elements(head), slope(head_at)),
+    }
+
+
+def _rank_worker(
+    rank: int, world_size: int, layered: Any, seq: int, hidden: int, vocab: int, dtype: torch.dtype, megatron_sp: bool
+) -> dict[str, tuple[int, int]]:
+    import torch.distributed as dist
+
+    from galva_hp.model import ParallelContext
+
+    ctx = ParallelContext(tp_group=dist.group.WORLD, megatron_sp=megatron_sp)
+    embedding = layered.parallelizer.embedding(layered.embedding, ctx)
+    head = layered.parallelizer.head(layered.head, ctx)
+    local_seq = seq // world_size if megatron_sp else seq
+    offset = rank * local_seq if megatron_sp else 0
+    return _position_bytes(embedding, head, seq, local_seq, hidden, vocab, dtype, offset)
+
+
+def measure_vocab(
+    layered: Any,
+    seq: int,
+    hidden: int,
+    vocab: int,
+    dtype: torch.dtype,
+    batches: list[int],
+    degrees: list[int],
+    megatron_sp: bool,
+    repeats: Repeats,
+    timeout_s: float = 300.0,
+) -> VocabMeasurement:
+    """Time at tp 1 over ``batches``; memory at degree 1 and each of ``degrees`` (forked ranks)."""
+    from galva_comm.testing import run_distributed
+
+    result = VocabMeasurement()
+    for batch in batches:
+        ids, labels = _inputs(batch, seq, vocab)
+
+        def forward(ids: Tensor = ids, labels: Tensor = labels) -> Tensor:
+            loss_sum, _ = layered.head(layered.embedding(ids), labels)
+            return loss_sum
+
+        result.times[batch] = time_passes(forward, repeats)
+    per_degree = {1: _position_bytes(layered.embedding, layered.head, seq, seq, hidden, vocab, dtype, 0)}
+    for degree in degrees:
+        if degree > 1:
+            ranks = run_distributed(
+                _rank_worker, degree, layered, seq, hidden, vocab, dtype, megatron_sp, timeout=timeout_s
+            )
+            per_degree[degree] = {
+                position: (max(r[position][0] for r in ranks), max(r[position][1] for r in ranks))
+                for position in POSITIONS
+            }
+    for position in POSITIONS:
+        result.model_states_mib[position] = {
+            k: v[position][0] * STATE_BYTES_PER_PARAMETER / MIB for k, v in per_degree.items()
+        }
+        result.activation_mib_per_sample[position] = {k: v[position][1] / MIB for k, v in per_degree.items()}
+    return result
