@@ -44,40 +44,40 @@ def _check_group(members: list[int], tag: str) -> None:
 
     where = f"{tag} rank {dist.get_rank()}"
 
-    y, gx = run(lambda x: M.copy_to_group(x, group), shared)
+    y, gx = run(lambda x: M.differentiable_copy_to_group(x, group), shared)
     assert_rel_close(y, shared, TOL, f"copy_to fwd {where}")
     assert_rel_close(gx, sum(grad_of(r, SHAPE) for r in range(n)), TOL, f"copy_to bwd {where}")
 
-    y, gx = run(lambda x: M.reduce_from_group(x, group), xs[me])
+    y, gx = run(lambda x: M.differentiable_reduce_from_group(x, group), xs[me])
     assert_rel_close(y, sum(xs), TOL, f"reduce_from fwd {where}")
     assert_rel_close(gx, grad_of(me, SHAPE), TOL, f"reduce_from bwd {where}")
 
     for dim in (0, 1, -1):
         full_shape = list(SHAPE)
         full_shape[dim] *= n
-        y, gx = run(lambda x, d=dim: M.gather_along_dim(x, d, group), xs[me])
+        y, gx = run(lambda x, d=dim: M.differentiable_all_gather(x, d, group), xs[me])
         assert_rel_close(y, torch.cat(xs, dim), TOL, f"gather dim {dim} fwd {where}")
         summed = sum(grad_of(r, full_shape) for r in range(n))
         assert_rel_close(gx, summed.chunk(n, dim)[me], TOL, f"gather dim {dim} bwd {where}")
 
         small_shape = list(SHAPE)
         small_shape[dim] //= n
-        y, gx = run(lambda x, d=dim: M.reduce_scatter_along(x, d, group), xs[me])
+        y, gx = run(lambda x, d=dim: M.differentiable_reduce_scatter(x, d, group), xs[me])
         assert_rel_close(y, sum(xs).chunk(n, dim)[me], TOL, f"reduce_scatter dim {dim} fwd {where}")
         gathered = torch.cat([grad_of(r, small_shape) for r in range(n)], dim)
         assert_rel_close(gx, gathered, TOL, f"reduce_scatter dim {dim} bwd {where}")
 
-        y, gx = run(lambda x, d=dim: M.split_along_dim(x, d, group), shared)
+        y, gx = run(lambda x, d=dim: M.differentiable_split(x, d, group), shared)
         assert_rel_close(y, shared.chunk(n, dim)[me], TOL, f"split dim {dim} fwd {where}")
         assert_rel_close(gx, gathered, TOL, f"split dim {dim} bwd {where}")
 
     for scatter_dim, gather_dim in ((2, 1), (1, 2), (0, 3), (3, 0)):
-        y, gx = run(lambda x, s=scatter_dim, g=gather_dim: M.all_to_all(x, s, g, group), xs[me])
+        y, gx = run(lambda x, s=scatter_dim, g=gather_dim: M.differentiable_all_to_all(x, s, g, group), xs[me])
         expected = torch.cat([xs[j].chunk(n, scatter_dim)[me] for j in range(n)], gather_dim)
-        assert_rel_close(y, expected, TOL, f"all_to_all {scatter_dim}->{gather_dim} fwd {where}")
+        assert_rel_close(y, expected, TOL, f"differentiable_all_to_all {scatter_dim}->{gather_dim} fwd {where}")
         out_shape = expected.shape
         expected_grad = torch.cat([grad_of(r, out_shape).chunk(n, gather_dim)[me] for r in range(n)], scatter_dim)
-        assert_rel_close(gx, expected_grad, TOL, f"all_to_all {scatter_dim}->{gather_dim} bwd {where}")
+        assert_rel_close(gx, expected_grad, TOL, f"differentiable_all_to_all {scatter_dim}->{gather_dim} bwd {where}")
 
 
 def _mappings_on_world(rank: int, world_size: int) -> bool:
@@ -101,19 +101,19 @@ def test_mappings_match_single_process_maths(world_size: int) -> None:
 def test_mappings_are_identity_without_a_group() -> None:
     x = torch.randn(2, 4, 3, requires_grad=True)
     for fn in (
-        lambda t: M.copy_to_group(t, None),
-        lambda t: M.reduce_from_group(t, None),
-        lambda t: M.gather_along_dim(t, 1, None),
-        lambda t: M.reduce_scatter_along(t, 1, None),
-        lambda t: M.split_along_dim(t, 1, None),
-        lambda t: M.all_to_all(t, 1, 2, None),
+        lambda t: M.differentiable_copy_to_group(t, None),
+        lambda t: M.differentiable_reduce_from_group(t, None),
+        lambda t: M.differentiable_all_gather(t, 1, None),
+        lambda t: M.differentiable_reduce_scatter(t, 1, None),
+        lambda t: M.differentiable_split(t, 1, None),
+        lambda t: M.differentiable_all_to_all(t, 1, 2, None),
     ):
         assert fn(x) is x
 
 
 def _indivisible(rank: int, world_size: int) -> str:
     try:
-        M.split_along_dim(torch.zeros(2, 3), 1, dist.group.WORLD)
+        M.differentiable_split(torch.zeros(2, 3), 1, dist.group.WORLD)
     except ValueError as err:
         return str(err)
     return "no error"

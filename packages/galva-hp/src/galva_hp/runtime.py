@@ -209,8 +209,9 @@ class HybridParallelModel(nn.Module):
 
     def _sum_replicated_grads(self) -> None:
         """Once per iteration: sum over its group the gradient of every parameter that forward passed through
-        ``copy_to_group`` (Megatron-SP norms, row-parallel biases, replicated K/V), after the data-parallel reduction
-        (the two sums commute). The gradient lives on the master (ddp) or the local shard (zero2/zero3)."""
+        ``differentiable_copy_to_group`` (Megatron-SP norms, row-parallel biases, replicated K/V), after the
+        data-parallel reduction (the two sums commute). The gradient lives on the master (ddp) or the local shard
+        (zero2/zero3)."""
         masters = {id(p): m for u in self.units if isinstance(u, DdpUnit) for p, m in u.grads_to_reduce()}
         shards = [u for u in self.units if isinstance(u, FsdpUnit)]
         by_group: dict[int, tuple[dist.ProcessGroup, list[Tensor]]] = {}

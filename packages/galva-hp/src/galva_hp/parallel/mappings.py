@@ -1,4 +1,4 @@
-"""Autograd-aware collectives with an explicit process group, correct on gloo (CPU) and NCCL alike.
+"""Collectives with an explicit process group, correct on gloo (CPU) and NCCL alike: plain ones and autograd ones.
 
 Megatron's own sequence-parallel and gather paths allocate buffers on ``torch.cuda.current_device()`` and fail on
 CPU, and ``torch.distributed.nn.functional.all_gather`` breaks in gloo subgroups that do not contain rank 0, so
@@ -9,21 +9,26 @@ Gloo accepts only the "concatenated along dim 0" layout for ``all_gather_into_te
 ``reduce_scatter_tensor``: a collective along another dim moves that dim to the front, makes the tensor contiguous,
 runs, and moves it back.
 
-=====================  ==========================  ==========================
-function               forward                     backward
-=====================  ==========================  ==========================
-copy_to_group          identity                    all-reduce (sum)
-reduce_from_group      all-reduce (sum)            identity
-gather_along_dim       all-gather along ``dim``    reduce-scatter along ``dim``
-reduce_scatter_along   reduce-scatter along dim    all-gather along ``dim``
-split_along_dim        keep this rank's chunk      all-gather along ``dim``
-all_to_all             scatter one dim, gather     the inverse all-to-all
-                       another
-=====================  ==========================  ==========================
+Names say which is which: the ``differentiable_*`` functions are autograd functions (forward and backward below);
+``all_reduce_sum``, ``all_gather_along_dim``, ``reduce_scatter_along_dim``, ``chunk_along_dim`` and
+``all_to_all_along`` are plain collectives on tensors, outside autograd.
 
-``copy_to_group`` applied to a *parameter* inside ``forward`` makes autograd sum that parameter's gradient over
-the group: this is how parameters replicated over a tensor-parallel group but used on a sequence shard (Megatron-SP
-norms, row-parallel biases, position embeddings) get their full gradient without any hook in the runtime.
+================================  ==========================  ==========================
+autograd function                 forward                     backward
+================================  ==========================  ==========================
+differentiable_copy_to_group      identity                    all-reduce (sum)
+differentiable_reduce_from_group  all-reduce (sum)            identity
+differentiable_all_gather         all-gather along ``dim``    reduce-scatter along ``dim``
+differentiable_reduce_scatter     reduce-scatter along dim    all-gather along ``dim``
+differentiable_split              keep this rank's chunk      all-gather along ``dim``
+differentiable_all_to_all         scatter one dim, gather     the inverse all-to-all
+                                  another
+================================  ==========================  ==========================
+
+``differentiable_copy_to_group`` applied to a *parameter* inside ``forward`` makes autograd sum that parameter's
+gradient over the group: this is how parameters replicated over a tensor-parallel group but used on a sequence
+shard (Megatron-SP norms, row-parallel biases, position embeddings) get their full gradient. Under
+:func:`defer_param_grad_sums` (the runtime's iterations) that sum is left to the runtime, once per iteration.
 """
 
 from __future__ import annotations
@@ -40,17 +45,17 @@ from torch.distributed import ProcessGroup
 __all__ = [
     "all_gather_along_dim",
     "all_reduce_sum",
-    "all_to_all",
     "all_to_all_along",
     "chunk_along_dim",
-    "copy_to_group",
-    "gather_along_dim",
+    "differentiable_all_gather",
+    "differentiable_all_to_all",
+    "differentiable_copy_to_group",
+    "differentiable_reduce_from_group",
+    "differentiable_reduce_scatter",
+    "differentiable_split",
     "group_rank",
     "group_size",
-    "reduce_from_group",
-    "reduce_scatter_along",
     "reduce_scatter_along_dim",
-    "split_along_dim",
 ]
 
 # the *_single names are the non-deprecated spellings in recent torch; older torch only has the *_tensor ones
@@ -135,7 +140,7 @@ def all_to_all_along(x: Tensor, scatter_dim: int, gather_dim: int, group: Proces
 
 # ------------------------------------------------------------------- replicated parameters: deferred gradient sums
 class DeferredGradSums:
-    """Parameters whose gradient :func:`copy_to_group` left as a per-rank partial sum while this was active.
+    """Parameters whose gradient :func:`differentiable_copy_to_group` left as a per-rank partial sum.
 
     Summing a replicated parameter's gradient inside autograd costs one all-reduce per micro-batch; the runtime
     (:meth:`galva_hp.build.HybridParallelModel.forward_backward`) runs its forwards under
@@ -152,8 +157,8 @@ _ACTIVE: DeferredGradSums | None = None
 
 @contextmanager
 def defer_param_grad_sums(record: DeferredGradSums) -> Iterator[DeferredGradSums]:
-    """While active, ``copy_to_group(param, group)`` on an ``nn.Parameter`` records it in ``record`` and its
-    backward leaves the gradient unsummed (activations are summed as always)."""
+    """While active, ``differentiable_copy_to_group(param, group)`` on an ``nn.Parameter`` records it in ``record``
+    and its backward leaves the gradient unsummed (activations are summed as always)."""
     global _ACTIVE
     previous, _ACTIVE = _ACTIVE, record
     try:
@@ -243,17 +248,17 @@ def _trivial(group: ProcessGroup | None) -> bool:
     return group_size(group) == 1
 
 
-def copy_to_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
+def differentiable_copy_to_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
     """Forward identity, backward all-reduce (sum) of the gradient over ``group``."""
     return x if _trivial(group) else _CopyToGroup.apply(x, group)
 
 
-def reduce_from_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
+def differentiable_reduce_from_group(x: Tensor, group: ProcessGroup | None) -> Tensor:
     """Forward all-reduce (sum) over ``group``, backward identity."""
     return x if _trivial(group) else _ReduceFromGroup.apply(x, group)
 
 
-def gather_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+def differentiable_all_gather(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward all-gather along ``dim``; backward reduce-scatter (sum) along ``dim``.
 
     The backward sums because the consumer (a column-parallel linear) leaves a partial gradient on every rank.
@@ -261,17 +266,17 @@ def gather_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     return x if _trivial(group) else _GatherAlongDim.apply(x, dim, group)
 
 
-def reduce_scatter_along(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+def differentiable_reduce_scatter(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward reduce-scatter (sum) along ``dim``; backward all-gather along ``dim``."""
     return x if _trivial(group) else _ReduceScatterAlongDim.apply(x, dim, group)
 
 
-def split_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+def differentiable_split(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward: keep this rank's ``1/n`` chunk along ``dim``; backward all-gather along ``dim``."""
     return x if _trivial(group) else _SplitAlongDim.apply(x, dim, group)
 
 
-def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
+def differentiable_all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward :func:`all_to_all_along`; backward the inverse all-to-all (scatter ``gather_dim``, gather
     ``scatter_dim``)."""
     return x if _trivial(group) else _AllToAll.apply(x, scatter_dim, gather_dim, group)

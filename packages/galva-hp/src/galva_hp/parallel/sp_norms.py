@@ -1,7 +1,7 @@
 """Norms (and any module) whose replicated parameters are applied to a sequence shard under Megatron-SP.
 
-Their parameters pass through ``copy_to_group`` inside ``forward``, so their gradient is summed over the tp group:
-by autograd in every backward when a block is used on its own, or once per iteration by the runtime
+Their parameters pass through ``differentiable_copy_to_group`` inside ``forward``, so their gradient is summed over
+the tp group: by autograd in every backward when a block is used on its own, or once per iteration by the runtime
 (:func:`galva_hp.parallel.mappings.defer_param_grad_sums`). They are tagged ``param.galva_sequence_parallel = True``
 for information only (do **not** reduce them again over tp).
 """
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.mappings import (
-    copy_to_group,
+    differentiable_copy_to_group,
     group_size,
 )
 from galva_hp.parallel.tp_regions import mark_sequence_parallel
@@ -35,8 +35,8 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
             mark_sequence_parallel(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = None if self.weight is None else copy_to_group(self.weight, self.group)
-        bias = None if self.bias is None else copy_to_group(self.bias, self.group)
+        weight = None if self.weight is None else differentiable_copy_to_group(self.weight, self.group)
+        bias = None if self.bias is None else differentiable_copy_to_group(self.bias, self.group)
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
@@ -51,7 +51,7 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
             mark_sequence_parallel(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = None if self.weight is None else copy_to_group(self.weight, self.group)
+        weight = None if self.weight is None else differentiable_copy_to_group(self.weight, self.group)
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
@@ -66,7 +66,7 @@ class GradSummedModule(nn.Module):
             mark_sequence_parallel(p)
 
     def forward(self, *args: Tensor) -> Tensor:
-        params = {name: copy_to_group(p, self.group) for name, p in self.module.named_parameters()}
+        params = {name: differentiable_copy_to_group(p, self.group) for name, p in self.module.named_parameters()}
         return torch.func.functional_call(self.module, params, args)
 
 

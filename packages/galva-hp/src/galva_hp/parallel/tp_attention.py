@@ -17,7 +17,7 @@ from galva_hp.parallel.attention import Rotary, attention
 from galva_hp.parallel.gather_state import param_or_grad
 from galva_hp.parallel.mappings import (
     all_gather_along_dim,
-    copy_to_group,
+    differentiable_copy_to_group,
     group_rank,
     group_size,
 )
@@ -146,8 +146,8 @@ class TensorParallelAttention(nn.Module):
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         else:
             rows = self._kv_rows.to(x.device)
-            kv_w = copy_to_group(self.kv_weight, self.group)[rows]
-            kv_b = None if self.kv_bias is None else copy_to_group(self.kv_bias, self.group)[rows]
+            kv_w = differentiable_copy_to_group(self.kv_weight, self.group)[rows]
+            kv_b = None if self.kv_bias is None else differentiable_copy_to_group(self.kv_bias, self.group)[rows]
             q = qkv
             k, v = F.linear(x, kv_w, kv_b).split([d, d], dim=-1)
         q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)

@@ -3,7 +3,8 @@
 A tensor-parallel block turns a replicated (or, with Megatron-SP, sequence-sharded) input into a result of the same
 layout:
 
-- plain tp: ``copy_to_group`` on entry (backward all-reduce of the partial input gradient), all-reduce on exit;
+- plain tp: ``differentiable_copy_to_group`` on entry (backward all-reduce of the partial input gradient), all-reduce
+  on exit;
 - Megatron-SP: all-gather along the sequence on entry (backward reduce-scatter), reduce-scatter along the sequence
   on exit (backward all-gather).
 
@@ -24,11 +25,11 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.mappings import (
-    copy_to_group,
-    gather_along_dim,
+    differentiable_all_gather,
+    differentiable_copy_to_group,
+    differentiable_reduce_from_group,
+    differentiable_reduce_scatter,
     group_size,
-    reduce_from_group,
-    reduce_scatter_along,
 )
 
 __all__ = [
@@ -135,21 +136,21 @@ def _load_shard(
 def enter_tp_region(x: Tensor, group: ProcessGroup | None, sequence_parallel: bool) -> Tensor:
     """Input of the column-parallel matmuls: the full sequence on every tp rank, with the right backward."""
     if sequence_parallel:
-        return gather_along_dim(x, SEQ_DIM, group)
-    return copy_to_group(x, group)
+        return differentiable_all_gather(x, SEQ_DIM, group)
+    return differentiable_copy_to_group(x, group)
 
 
 def row_output(row: RowParallelLinear, x: Tensor, sequence_parallel: bool) -> Tensor:
     if not sequence_parallel:
         return row(x)[0]  # megatron's own all-reduce path works on gloo
-    out = reduce_scatter_along(F.linear(x, row.weight), SEQ_DIM, row.tp_group)
+    out = differentiable_reduce_scatter(F.linear(x, row.weight), SEQ_DIM, row.tp_group)
     if row.bias is not None:
-        out = out + copy_to_group(row.bias, row.tp_group)
+        out = out + differentiable_copy_to_group(row.bias, row.tp_group)
     return out
 
 
 def exit_tp_region(partial: Tensor, group: ProcessGroup | None, sequence_parallel: bool) -> Tensor:
     """Sum of the per-rank partial results: all-reduced, or reduce-scattered along the sequence with Megatron-SP."""
     if sequence_parallel:
-        return reduce_scatter_along(partial, SEQ_DIM, group)
-    return reduce_from_group(partial, group)
+        return differentiable_reduce_scatter(partial, SEQ_DIM, group)
+    return differentiable_reduce_from_group(partial, group)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.attention import Rotary, attention
-from galva_hp.parallel.mappings import all_to_all, group_size
+from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
 
@@ -77,9 +77,9 @@ class UlyssesAttention(nn.Module):
         if self.kv_repeat > 1:
             k = k.repeat_interleave(self.kv_repeat, dim=_HEADS)
             v = v.repeat_interleave(self.kv_repeat, dim=_HEADS)
-        q, k, v = (all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
+        q, k, v = (differentiable_all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         out = attention(q, k, v, causal=self.causal)  # [b, s, heads/sp, d]
-        out = all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
+        out = differentiable_all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

@@ -11,8 +11,8 @@ tokens *this rank is responsible for*; every token is owned by exactly one rank 
 Megatron-SP: the rank that holds its sequence slice; otherwise token ``i`` of the flattened ``[b, s]`` is owned by
 tp rank ``i % tp``). Summing both over all ranks of the last stage gives the global sum and count, and
 back-propagating ``loss_sum / global_count`` on every rank gives exactly the single-process gradient: the per-token
-loss goes through ``copy_to_group`` before the ownership mask, so each rank's cross-entropy backward sees the
-gradient of every token. Labels equal to ``ignore_index`` (-100) count neither in the sum nor in the count.
+loss goes through ``differentiable_copy_to_group`` before the ownership mask, so each rank's cross-entropy backward
+sees the gradient of every token. Labels equal to ``IGNORE_INDEX`` (-100) count neither in the sum nor in the count.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from torch.distributed import ProcessGroup
 from galva_hp.labels import IGNORE_INDEX
 from galva_hp.parallel.mappings import (
     all_gather_along_dim,
-    copy_to_group,
+    differentiable_copy_to_group,
+    differentiable_reduce_from_group,
+    differentiable_reduce_scatter,
     group_rank,
     group_size,
-    reduce_from_group,
-    reduce_scatter_along,
 )
 from galva_hp.parallel.tensor_parallel import (
     SEQ_DIM,
@@ -107,8 +107,8 @@ class VocabParallelEmbedding(nn.Module):
         local_ids = (input_ids - self.start).masked_fill(outside, 0)
         out = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
-            return reduce_scatter_along(out, SEQ_DIM, self.group)
-        return reduce_from_group(out, self.group)
+            return differentiable_reduce_scatter(out, SEQ_DIM, self.group)
+        return differentiable_reduce_from_group(out, self.group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -209,7 +209,7 @@ class VocabParallelHead(nn.Module):
         full_labels = all_gather_along_dim(labels, SEQ_DIM, self.group) if self.sequence_parallel else labels
         logits = self.lm_head(hidden)[0]
         per_token = vocab_parallel_cross_entropy(logits, full_labels, self.group, self.start, self.end)
-        per_token = copy_to_group(per_token, self.group)
+        per_token = differentiable_copy_to_group(per_token, self.group)
         owned = self._owned(full_labels) & (full_labels != IGNORE_INDEX)
         return (per_token * owned).sum(), owned.sum()
 

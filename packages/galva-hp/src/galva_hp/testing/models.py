@@ -33,7 +33,7 @@ from torch.distributed import ProcessGroup
 
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_hp.parallel.attention import RotaryEmbedding, causal_attention
-from galva_hp.parallel.mappings import copy_to_group, group_rank
+from galva_hp.parallel.mappings import differentiable_copy_to_group, group_rank
 from galva_hp.parallel.tensor_parallel import TensorParallelAttention, TensorParallelMLP, sequence_parallel_norm
 from galva_hp.parallel.ulysses import UlyssesAttention
 from galva_hp.parallel.vocab import IGNORE_INDEX, VocabParallelEmbedding, VocabParallelHead, token_loss_sum
@@ -79,7 +79,7 @@ class TinyEmbedding(nn.Module):
         local = hidden.shape[1]
         start = group_rank(self.seq_group) * local
         positions = torch.arange(start, start + local, device=input_ids.device)
-        return hidden + F.embedding(positions, copy_to_group(self.wpe.weight, self.position_grad_group))
+        return hidden + F.embedding(positions, differentiable_copy_to_group(self.wpe.weight, self.position_grad_group))
 
 
 class TinyAttention(nn.Module):
