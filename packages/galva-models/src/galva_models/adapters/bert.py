@@ -177,7 +177,7 @@ class BertParallelEmbedding(nn.Module):
         self.offset_group, self.sum_grads = offset_group, sum_grads
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import copy_to_group, group_rank
+        from galva_hp.parallel.mappings import differentiable_copy_to_group, group_rank
 
         e: Any = self.embeddings
         words = e.word_embeddings(input_ids)
@@ -187,8 +187,8 @@ class BertParallelEmbedding(nn.Module):
         pos_table, type_table = e.position_embeddings.weight, e.token_type_embeddings.weight
         if self.sum_grads:
             pos_table, type_table = (
-                copy_to_group(pos_table, self.offset_group),
-                copy_to_group(type_table, self.offset_group),
+                differentiable_copy_to_group(pos_table, self.offset_group),
+                differentiable_copy_to_group(type_table, self.offset_group),
             )
         types = torch.zeros((b, local), dtype=torch.long, device=words.device)
         hidden = words + F.embedding(types, type_table)  # Hugging Face's order of additions
@@ -239,7 +239,7 @@ class BertVocabParallelHead(nn.Module):
         return full
 
     def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        from galva_hp.parallel.mappings import all_gather_along_dim, copy_to_group
+        from galva_hp.parallel.mappings import all_gather_along_dim, differentiable_copy_to_group
         from galva_hp.parallel.tensor_parallel import enter_tp_region
         from galva_hp.parallel.vocab import vocab_parallel_cross_entropy
 
@@ -249,7 +249,7 @@ class BertVocabParallelHead(nn.Module):
         if self.sequence_parallel:
             labels = all_gather_along_dim(labels, 1, self.group)
         logits = preds.decoder(hidden)[0] + preds.bias
-        per_token = copy_to_group(
+        per_token = differentiable_copy_to_group(
             vocab_parallel_cross_entropy(logits, labels, self.group, self.start, self.end), self.group
         )
         if self.sequence_parallel:  # this rank's sequence slice

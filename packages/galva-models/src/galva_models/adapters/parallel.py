@@ -141,7 +141,7 @@ class SequenceOffsetEmbedding(nn.Module):
         self.sum_position_grad = sum_position_grad
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import copy_to_group, group_rank
+        from galva_hp.parallel.mappings import differentiable_copy_to_group, group_rank
 
         hidden = self.wte(input_ids)
         local = hidden.shape[1]
@@ -149,7 +149,7 @@ class SequenceOffsetEmbedding(nn.Module):
         pos = torch.arange(offset, offset + local, device=input_ids.device)
         table = self.wpe.weight
         if self.sum_position_grad and self.offset_group is not None:
-            table = copy_to_group(table, self.offset_group)  # backward: sum the slices' gradients
+            table = differentiable_copy_to_group(table, self.offset_group)  # backward: sum the slices' gradients
         return self.drop(hidden + nn.functional.embedding(pos, table).unsqueeze(0))
 
 

@@ -218,7 +218,7 @@ class SwinWindowAttention(nn.Module):
         return out.transpose(1, 2).reshape(windows, n, -1)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import copy_to_group
+        from galva_hp.parallel.mappings import differentiable_copy_to_group
         from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
 
         if self.ulysses:
@@ -230,10 +230,12 @@ class SwinWindowAttention(nn.Module):
         out = nn.functional.linear(self.windows.merge(out, batch), self.o_proj.weight)
         out = exit_tp_region(out, self.group, self.sequence_parallel)
         # under Megatron-SP the bias meets a sequence shard: its gradient is summed over the tp group
-        return out + (copy_to_group(self.o_proj.bias, self.group) if self.sequence_parallel else self.o_proj.bias)
+        return out + (
+            differentiable_copy_to_group(self.o_proj.bias, self.group) if self.sequence_parallel else self.o_proj.bias
+        )
 
     def _ulysses(self, hidden: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import all_to_all
+        from galva_hp.parallel.mappings import differentiable_all_to_all
 
         batch, local = hidden.shape[:2]
         width = self.local_heads * self.head_dim
@@ -241,12 +243,12 @@ class SwinWindowAttention(nn.Module):
         qkv = []
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             t = nn.functional.linear(hidden, proj.weight).view(batch, local, self.heads, self.head_dim)
-            t = all_to_all(t, 2, 1, self.group).reshape(batch, -1, width)  # [b, H*W, local heads * d]
+            t = differentiable_all_to_all(t, 2, 1, self.group).reshape(batch, -1, width)  # [b, H*W, local heads * d]
             t = self.windows.split(t)
             qkv.append(t if proj.bias is None else t + proj.bias[heads])
         bias = self.relative_position_bias()[:, self.rank * self.local_heads : (self.rank + 1) * self.local_heads]
         out = self.windows.merge(self._attend(qkv[0], qkv[1], qkv[2], bias, self.windows.mask(hidden)), batch)
-        out = all_to_all(out.view(batch, -1, self.local_heads, self.head_dim), 1, 2, self.group)
+        out = differentiable_all_to_all(out.view(batch, -1, self.local_heads, self.head_dim), 1, 2, self.group)
         return self.o_proj(out.reshape(batch, local, self.heads * self.head_dim))
 
 
@@ -267,14 +269,16 @@ class SwinPatchMergingShard(nn.Module):
         self.grid, self.group, self.sum_grads = grid, group, sum_grads
 
     def forward(self, hidden: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import copy_to_group, split_along_dim
+        from galva_hp.parallel.mappings import differentiable_copy_to_group, differentiable_split
 
         full = _GatherReplicated.apply(hidden, 1, self.group)
         (height, width), (batch, _, channels) = self.grid, full.shape
         grid = self._pad(self, full.view(batch, height, width, channels), height, width)
         merged = torch.cat([grid[:, row::2, col::2, :] for col in range(2) for row in range(2)], dim=-1)
-        merged = split_along_dim(merged.reshape(batch, -1, 4 * channels), 1, self.group)
-        weight = copy_to_group(self.reduction.weight, self.group) if self.sum_grads else self.reduction.weight
+        merged = differentiable_split(merged.reshape(batch, -1, 4 * channels), 1, self.group)
+        weight = (
+            differentiable_copy_to_group(self.reduction.weight, self.group) if self.sum_grads else self.reduction.weight
+        )
         return nn.functional.linear(self.norm(merged), weight, self.reduction.bias)
 
 
