@@ -1,6 +1,6 @@
 """What a plan costs: iteration time, memory and micro-batch time per stage (docs/cost-model.md §7).
 
-:func:`plan_cost` scores a task whose stages have chosen their candidates; the search uses it for every solved task
+:func:`task_cost` scores a task whose stages have chosen their candidates; the search uses it for every solved task
 and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so both score a plan the same way.
 """
 
@@ -24,7 +24,7 @@ class PlanCost:
     stage_time_s: list[float]  # seconds per micro-batch
 
 
-def plan_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
+def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
     """Cost of ``task`` when stage ``s`` runs its layers under ``task.tables.candidates[choices[s][i]]``.
 
     Every re-sharding the runtime does is priced where it happens: between neighbours of a stage, from the
@@ -104,7 +104,7 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
     task = Task(strategy.global_batch_size, c, pp, tuple(strategy.pp_division), vocab, tables, vocab_terms)
     layers = LayerSequence([lt.num_layers for lt in cost.model.layer_types])
     choices = [[index[per_layer[i]] for i in strategy.stage_layers(stage)] for stage in range(pp)]
-    got = plan_cost(cost, layers, task, choices)
+    got = task_cost(cost, layers, task, choices)
     return Evaluation(
         got.iteration_time_s,
         strategy.global_batch_size / got.iteration_time_s,

@@ -2,7 +2,7 @@
 
 Every combination is a task (:mod:`galva_search.tasks`) with a cheap lower bound on its time and a cheap memory
 test; tasks are solved best-bound first in waves through the stage DPs (:mod:`galva_search.stages`), scored by
-:func:`galva_search.evaluation.plan_cost`, and the search stops as soon as no remaining task can beat the best plan
+:func:`galva_search.evaluation.task_cost`, and the search stops as soon as no remaining task can beat the best plan
 found. The best pipelined plan's partition is then refined (:mod:`galva_search.refine`) and written as a
 :class:`galva_schema.Strategy` (:mod:`galva_search.convert`).
 
@@ -19,7 +19,7 @@ from galva_schema import SchemaError
 from galva_search import dp as dp_core
 from galva_search.convert import to_strategy
 from galva_search.cost_model import CostModel
-from galva_search.evaluation import Evaluation, PlanCost, evaluate_strategy, plan_cost
+from galva_search.evaluation import Evaluation, PlanCost, evaluate_strategy, task_cost
 from galva_search.options import (
     GIB,
     NoFeasibleStrategy,
@@ -80,10 +80,10 @@ class _Planner:
         self.solver = StageSolver(self.tasks, options.threads, self.counts)
 
     def score(self, task: Task, solutions: Sequence[dp_core.StageSolution]) -> PlanCost:
-        return plan_cost(self.cost, self.tasks.layers, task, [sol.choice for sol in solutions])
+        return task_cost(self.cost, self.tasks.layers, task, [sol.choice for sol in solutions])
 
     def _uniform_time(self, task: Task, choices: list[tuple[int, ...]]) -> float:
-        return plan_cost(self.cost, self.tasks.layers, task, choices).iteration_time_s
+        return task_cost(self.cost, self.tasks.layers, task, choices).iteration_time_s
 
     def run(self) -> SearchResult:
         start = time.perf_counter()

@@ -33,10 +33,6 @@ class Candidate:
     checkpoint: bool = False
 
     @property
-    def world_size(self) -> int:
-        return self.pp * self.tp * self.dp
-
-    @property
     def tp_degree(self) -> int:
         """Megatron tensor-parallel degree (1 for Ulysses layers)."""
         return 1 if self.ulysses else self.tp
