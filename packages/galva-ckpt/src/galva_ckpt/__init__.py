@@ -8,10 +8,24 @@
 - :mod:`galva_ckpt.convert`: ``hf_to_galva`` and ``galva_to_hf``; :mod:`galva_ckpt.cli`: the ``galva-ckpt`` command.
 """
 
-from galva_ckpt.checkpoint import CheckpointReader, CheckpointWriter
+from __future__ import annotations
+
+from typing import Any
+
 from galva_ckpt.errors import CheckpointError
-from galva_ckpt.writing import atomic_directory
 
 __version__ = "0.1.0"
+
+_LAZY = {"CheckpointReader": "checkpoint", "CheckpointWriter": "checkpoint", "atomic_directory": "writing"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import torch-backed parts on first use, so that ``galva-ckpt --help`` starts at once."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"galva_ckpt.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'galva_ckpt' has no attribute {name!r}")
+
 
 __all__ = ["CheckpointError", "CheckpointReader", "CheckpointWriter", "__version__", "atomic_directory"]
