@@ -277,3 +277,19 @@ def test_evaluate_strategy_scores_pipelines_and_rejects_mismatches(hw_1x8, llama
     wrong_layers = Strategy.uniform(world_size=8, num_layers=30, global_batch_size=8)
     with pytest.raises(SchemaError, match="layers: the strategy has 30 layers, the model 32"):
         evaluate_strategy(cost, wrong_layers)
+
+
+def test_stage_boundary_refinement_prices_what_crosses_stages(hw_1x8, llama7b):
+    """A stage's DP cannot see the layer the previous stage ends with; re-solving stages knowing it only improves,
+    and here (Megatron and Ulysses layers mixed in a 4-stage pipeline) it finds a faster plan."""
+    cost = CostModel(hw_1x8, llama7b)
+    common = dict(memory_budget_mib=36e9 / 2**20, batch_sizes=(128,), num_micro_batches=128,
+                  space=SpaceOptions(sp_space="tp+sp"), partitions=("even",))
+    plain = search(cost, SearchOptions(**common, refine_division=False))
+    refined = search(cost, SearchOptions(**common))
+    assert plain.strategy.pp == refined.strategy.pp == 4
+    assert refined.iteration_time_s < plain.iteration_time_s
+    assert refined.counts["refined"] >= 1
+    assert evaluate_strategy(cost, refined.strategy).iteration_time_s == pytest.approx(refined.iteration_time_s,
+                                                                                     rel=1e-12)
+    assert sum(r.status == "best" for r in refined.log) == 1

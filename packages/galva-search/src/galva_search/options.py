@@ -23,7 +23,7 @@ class SearchOptions:
     threads: int = 0  # DP threads, 0 = all cores
     wave_size: int = 16  # tasks solved per solve_many call
     partitions: tuple[str, ...] = ("even", "memory", "time")
-    refine_division: bool = True  # hill-climb the best plan's partition (pp > 1)
+    refine_division: bool = True  # refine the best pipelined plan: its partition, then its stage boundaries
     exhaustive: bool = False  # solve every task whose memory bound fits (no pruning by time bound): tests, debugging
 
     @property

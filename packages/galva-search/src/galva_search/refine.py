@@ -1,8 +1,10 @@
-"""Partition refinement of the best pipelined plan (docs/cost-model.md §9, "Partition refinement").
+"""Refinements of the best pipelined plan (docs/cost-model.md §9, "Partition refinement").
 
-The initial partitions balance the *fastest* strategies; memory pressure (1F1B keeps more micro-batches on early
-stages) makes some stages slower than predicted once their DPs choose under the budget. From the best plan, one layer
-at a time moves from the slowest stage to a neighbour, kept while the iteration gets faster.
+* Partition: the initial partitions balance the *fastest* strategies; memory pressure (1F1B keeps more micro-batches
+  on early stages) makes some stages slower than predicted once their DPs choose under the budget. From the best
+  plan, one layer at a time moves from the slowest stage to a neighbour, kept while the iteration gets faster.
+* Stage boundaries: a stage's DP cannot see the layer the previous stage ends with, so it leaves out the re-sharding
+  after the p2p. Stage by stage, each is re-solved knowing it, kept when the whole plan gets faster.
 """
 
 from __future__ import annotations
@@ -78,3 +80,36 @@ def refine_division(
         if not improved:
             break
     return per_sample, task, sols
+
+
+def refine_boundaries(
+    best: Best,
+    solver: StageSolver,
+    score: Callable[[Task, list[dp_core.StageSolution]], PlanCost],
+    log: list[TaskRecord],
+    counts: dict[str, int],
+) -> Best:
+    """Re-solve stages 1, 2, ... of ``best`` with the exact cost of re-sharding what the previous stage sends; an
+    improvement updates the task's line of the log."""
+    per_sample, task, sols = best
+    for stage in range(1, task.pp):
+        again = solver.solve_after(task, stage, sols[stage - 1].choice[-1])
+        if again is None or again.choice == sols[stage].choice:
+            continue
+        trial = [*sols[:stage], again, *sols[stage + 1 :]]
+        t = score(task, trial).iteration_time_s
+        if t / task.batch_size < per_sample:
+            per_sample, sols = t / task.batch_size, trial
+            counts["refined"] = counts.get("refined", 0) + 1
+            _record_of(task, log).time_s = t  # the same task, now with its better plan
+    return per_sample, task, sols
+
+
+def _record_of(task: Task, log: list[TaskRecord]) -> TaskRecord:
+    """The log line of a solved task (the last one: a refined partition is logged after the task it came from)."""
+    key = (task.batch_size, task.micro_batches, task.pp, task.division, task.vocab.label())
+    for record in reversed(log):
+        same = (record.batch_size, record.micro_batches, record.pp, record.division, record.vocab) == key
+        if same and record.status.startswith("solved"):
+            return record
+    raise AssertionError(f"no log line for the solved task {key}")

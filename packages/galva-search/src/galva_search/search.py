@@ -28,7 +28,7 @@ from galva_search.options import (
     TaskRecord,
     batch_size_range,
 )
-from galva_search.refine import Best, refine_division
+from galva_search.refine import Best, refine_boundaries, refine_division
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate, generate_space
 from galva_search.stages import StageSolver
@@ -159,6 +159,7 @@ class _Planner:
             raise NoFeasibleStrategy(self._infeasible_message())
         if o.fine_grained and o.refine_division and best[1].pp > 1:
             best = refine_division(best, self.tasks, self.solver, self.score, log, self.counts)
+            best = refine_boundaries(best, self.solver, self.score, log, self.counts)
         _, task, best_sols = best
         got = self.score(task, best_sols)
         t = got.iteration_time_s

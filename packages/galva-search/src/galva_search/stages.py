@@ -120,6 +120,18 @@ class StageSolver:
             out.append(per_stage)
         return out
 
+    def solve_after(self, task: Task, stage: int, previous: int) -> dp_core.StageSolution | None:
+        """Stage ``stage`` (> 0) re-solved knowing that the previous stage ends with candidate ``previous``: its first
+        layer then pays the exact re-sharding from that layout and the backward p2p in it (a constant, left out)
+        instead of the p2p in its own layout that :meth:`stage_problem` assumes."""
+        _, (intra, memory, inter) = self.stage_problem(task, stage)
+        t = self.tasks.layers.stage_types(task.division)[stage][0]
+        c = task.micro_batches
+        intra = intra.copy()
+        intra[0] += c * (task.tables.redistribution[t][previous] - task.tables.terms[t].p2p_s)
+        self.counts["dp_problems"] += 1
+        return dp_core.solve_stage(intra, memory, inter, self.tasks.stage_budgets(task)[stage])
+
     def solve_uniform(self, task: Task, time_of: Callable[[Task, list[tuple[int, ...]]], float]) -> Solutions:
         """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
         budgets = self.tasks.stage_budgets(task)
