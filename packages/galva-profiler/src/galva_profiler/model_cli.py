@@ -26,7 +26,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     sweep.add_argument("--precision", choices=[x.value for x in Precision], default="fp32")
     sweep.add_argument("--megatron-sp", action="store_true", help="profile activations with Megatron-SP")
     sweep.add_argument("--time-form", choices=("static", "batch", "sequence"), default="batch")
-    sweep.add_argument("--warmup", type=int, help="untimed passes (default 2; --quick 1)")
+    sweep.add_argument("--warmup", type=int, help="untimed passes (default 2)")
     sweep.add_argument("--repetitions", type=int, help="timed passes, the median is kept (default 5; --quick 3)")
     sweep.add_argument("--quick", action="store_true", help="few batch sizes and repetitions")
     sweep.add_argument("--timeout", type=float, default=300.0, help="seconds the forked tp ranks may take")
@@ -69,7 +69,7 @@ def run_model(args: argparse.Namespace) -> int:
         raise ProfileError(f"--max-tp {args.max_tp}: must be at least 1")
     batches = args.batch_sizes or ([1, 2] if args.quick else [1, 2, 4, 8])
     repeats = Repeats(
-        warmup=args.warmup if args.warmup is not None else (1 if args.quick else 2),
+        warmup=args.warmup if args.warmup is not None else 2,
         repetitions=args.repetitions if args.repetitions is not None else (3 if args.quick else 5),
     )
     options = ModelSweepOptions(

@@ -150,6 +150,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         for measurement in layers:
             module = model.layer(measurement.first_index, dtype)
             layer_seq = specs[measurement.first_index].seq_length
+            # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
+            time_passes(layer_forward(module, batches[-1], layer_seq, measurement.hidden, dtype), Repeats(0, 1))
             for batch in batches:
                 run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
                 measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)

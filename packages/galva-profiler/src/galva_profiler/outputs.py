@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from galva_profiler.errors import ProfileError
@@ -16,9 +17,17 @@ def check_writable_file(path: str | os.PathLike[str], flag: str) -> Path:
         raise ProfileError(f"{flag} {target}: is a directory; give a file name")
     if not parent.is_dir():
         raise ProfileError(f"{flag} {target}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ProfileError(f"{flag} {target}: not writable")
+    _probe(parent, f"{flag} {target}")
     return target
+
+
+def _probe(directory: Path, what: str) -> None:
+    """Create and remove a file in ``directory``: permission bits say nothing for root or on special file systems."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".galva-profile-probe-"):
+            pass
+    except OSError as err:
+        raise ProfileError(f"{what}: not writable ({err.strerror})") from None
 
 
 def check_writable_dir(path: str | os.PathLike[str], flag: str) -> Path:
@@ -29,6 +38,5 @@ def check_writable_dir(path: str | os.PathLike[str], flag: str) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise ProfileError(f"{flag} {target}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ProfileError(f"{flag} {target}: not writable")
+    _probe(existing, f"{flag} {target}")
     return target

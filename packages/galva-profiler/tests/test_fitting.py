@@ -1,0 +1,32 @@
+"""Fits recover known coefficients and report residuals that reflect the points."""
+
+from __future__ import annotations
+
+import pytest
+
+from galva_profiler.fitting import alpha_beta, polyfit, quadratic
+
+
+def test_alpha_beta_recovers_a_line_and_reports_no_residual() -> None:
+    fit = alpha_beta([1, 2, 4, 8], [3.5, 5.0, 8.0, 14.0])  # t = 1.5 x + 2
+    assert fit.coefficients == pytest.approx((1.5, 2.0))
+    assert fit.max_relative_residual == pytest.approx(0.0, abs=1e-12)
+
+
+def test_residuals_show_points_off_the_line() -> None:
+    fit = alpha_beta([1, 2, 3, 4], [1.0, 2.0, 3.0, 8.0])
+    assert fit.residuals[-1] > 0 > fit.residuals[-2]
+    assert fit.max_relative_residual > 0.1
+    assert fit.to_dict()["rms_relative_residual"] == fit.rms_relative_residual
+
+
+def test_quadratic_recovers_a_parabola() -> None:
+    seqs = [128, 256, 512, 1024]
+    fit = quadratic(seqs, [2e-6 * s * s + 0.01 * s + 0.5 for s in seqs])
+    assert fit.coefficients == pytest.approx((2e-6, 0.01, 0.5), rel=1e-6)
+    assert fit(2048) == pytest.approx(2e-6 * 2048**2 + 0.01 * 2048 + 0.5)
+
+
+def test_too_few_points_is_an_error() -> None:
+    with pytest.raises(ValueError, match="needs 3 distinct points"):
+        polyfit([1, 1, 2], [1, 2, 3], 2)

@@ -1,0 +1,89 @@
+"""The hardware sweep: its plan (pure), and a tiny real sweep on forked gloo ranks that every rank agrees on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from galva_comm.testing import run_distributed
+from galva_profiler.collectives import Collective
+from galva_profiler.hardware import (
+    SweepOptions,
+    group_sizes,
+    hardware_profile,
+    layout_groups,
+    plan_sweep,
+    run_sweep,
+)
+from galva_profiler.progress import Progress
+from galva_profiler.timing import Repeats
+from galva_schema import HardwareProfile
+from galva_schema.reference import read_galvatron_hardware, write_galvatron_hardware
+
+TINY = SweepOptions(
+    message_mib=(0.0625, 0.125, 0.25),
+    bandwidth_mib=0.25,
+    p2p_mib=0.25,
+    repeats=Repeats(warmup=1, repetitions=2),
+    overlap_mib=0.25,
+    overlap_matmul=64,
+    overlap_calls=2,
+)
+
+
+def test_group_sizes_are_powers_of_two_up_to_the_limit() -> None:
+    assert group_sizes(8) == [2, 4, 8]
+    assert group_sizes(8, limit=4) == [2, 4]
+    assert group_sizes(12) == [2, 4]  # 8 does not divide 12
+
+
+def test_layouts_are_galva_comm_consecutive_and_strided_groups() -> None:
+    assert layout_groups(8, 2, True) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert layout_groups(8, 2, False) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None:
+    steps = plan_sweep(8, TINY)
+    bandwidth = [(s.group_size, s.consecutive) for s in steps if s.kind == "bandwidth"]
+    assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
+    timed = {(s.collective, s.group_size) for s in steps if s.kind == "time"}
+    assert timed == {(c, n) for c in Collective for n in (2, 4, 8)}
+    assert [s.group_size for s in steps if s.kind == "p2p"] == [2, 4, 8]
+    assert steps[-1].kind == "overlap"
+    cut = plan_sweep(8, SweepOptions(message_mib=(1, 2), max_group_size=2, max_pp=2))
+    assert {s.group_size for s in cut if s.kind != "overlap"} == {2}
+
+
+def _sweep(rank: int, world_size: int) -> dict:
+    import torch
+
+    from galva_profiler.distributed import World
+
+    world = World(rank, world_size, rank, world_size, "gloo", torch.device("cpu"))
+    steps = plan_sweep(world_size, TINY)
+    progress = Progress(len(steps), "test", enabled=False)
+    result = run_sweep(world, steps, TINY, progress)
+    return {"profile": hardware_profile(result, world).to_dict(), "report": result.report(), "done": progress.done}
+
+
+@pytest.mark.distributed
+def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(tmp_path: Path) -> None:
+    results = run_distributed(_sweep, 4, timeout=120)
+    assert all(r["profile"] == results[0]["profile"] for r in results)  # max over ranks, known to all
+    profile = HardwareProfile.from_dict(results[0]["profile"])
+    assert {(e.group_size, e.consecutive) for e in profile.allreduce} == {(2, True), (2, False), (4, True)}
+    assert [e.pp for e in profile.p2p] == [2, 4]
+    assert [e.group_size for e in profile.allreduce_time] == [4, 2]
+    assert [e.message_mib for e in profile.all_to_all_time] == [(0.0625, 0.125, 0.25)] * 2
+    assert profile.overlap_slowdown >= 1.0
+    assert results[0]["done"] == len(plan_sweep(4, TINY))
+    fits = results[0]["report"]["collective_time_ms"]
+    assert {f["collective"] for f in fits} == {c.value for c in Collective}
+    assert all(len(f["alpha_beta_fit"]["residuals"]) == 3 for f in fits)
+    # the reference's files round-trip through galva-schema's converters
+    write_galvatron_hardware(profile, tmp_path)
+    back = read_galvatron_hardware(tmp_path, num_nodes=1, gpus_per_node=4, backend="gloo")
+    assert back.allreduce == profile.allreduce and back.p2p == profile.p2p
+    assert sorted(os.listdir(tmp_path))[0].startswith("allreduce_bandwidth_1nodes_4gpus")

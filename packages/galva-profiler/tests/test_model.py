@@ -1,0 +1,53 @@
+"""Model profiling on real galva-models layers: only a few modules are built, activations are exact saved bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from galva_profiler.model_profile import ModelSweepOptions, model_profiles, run_model_sweep, sweep_report
+from galva_profiler.model_source import MetaModel, load_config
+from galva_profiler.timing import Repeats
+
+SEQ, HIDDEN = 16, 64
+
+
+@pytest.fixture(scope="module")
+def sweep32():  # type: ignore[no-untyped-def]
+    config, _ = load_config("tiny-llama", None)
+    config.num_hidden_layers = 32
+    model = MetaModel.build(config, "tiny-llama-32")
+    options = ModelSweepOptions(
+        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=2, repeats=Repeats(warmup=0, repetitions=1)
+    )
+    return run_model_sweep(model, options, progress_enabled=False)
+
+
+@pytest.mark.distributed
+def test_a_32_layer_profile_builds_one_layer_and_the_vocabulary_modules(sweep32) -> None:  # type: ignore[no-untyped-def]
+    from galva_hp.deferred_init import is_meta
+
+    assert sweep32.model.built == ["layers.0", "embedding", "head"]
+    layers = sweep32.model.layered.layers
+    assert not is_meta(layers[0]) and all(is_meta(layer) for layer in layers[1:])
+
+
+@pytest.mark.distributed
+def test_profile_validates_with_constraints_and_measured_activations(sweep32) -> None:  # type: ignore[no-untyped-def]
+    profile = model_profiles(sweep32)[SEQ]
+    layer = profile.layer_types[0]
+    assert layer.num_layers == 32 and profile.constraints is not None
+    assert profile.constraints.layer_types[0].num_kv_heads == 2
+    assert set(layer.activation_mib_per_sample) == {1, 2}
+    assert layer.activation_mib_per_sample[2] < layer.activation_mib_per_sample[1]
+    # checkpointed, a layer keeps only its fp32 input: exactly seq * hidden * 4 bytes per sample
+    assert layer.checkpoint_activation_mib_per_sample * 2**20 == SEQ * HIDDEN * 4
+    assert layer.parameter_mib * 2**20 == sum(p.numel() for p in sweep32.model.layered.layers[0].parameters()) * 4
+    states = profile.vocab.memory_pp_off.model_states_mib
+    norm_mib = HIDDEN * 16 / 2**20  # the final norm stays whole on every rank; embedding and head are halved
+    assert states[2] == pytest.approx((states[1] - norm_mib) / 2 + norm_mib)
+    acts = sweep32.layers[0].activations[SEQ]
+    assert set(acts.bytes_per_sample) == {"tp", "megatron_sp", "ulysses"}
+    assert acts.bytes_per_sample["ulysses"][2] > 0 and acts.bytes_per_sample["megatron_sp"][2] > 0
+    report = sweep_report(sweep32)
+    fit = report["layers"][0]["by_seq_length"][SEQ]["forward_batch_fit"]
+    assert len(fit["residuals"]) == 2
