@@ -108,9 +108,9 @@ def switch_penalty(candidates: Sequence[Candidate], penalty_s: float) -> np.ndar
 def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
     """``redistribution_plan(source, target).busiest_rank_fraction()`` without building the plan.
 
-    Same cells and the same choice of source rank for each remote cell (the rule of ``_nearest``, which depends on
-    the source shard only, so the cells of one source shard are counted together); the holders of a shard follow
-    from the layout's arithmetic instead of a scan of every rank. A planner asks it for every pair of layouts.
+    Same cells, same sources: a remote cell comes from the rank of the source shard with dst's model-parallel index
+    (the one rank of that shard when the sequence is split), which is what ``_nearest`` picks, so the cells of one
+    source shard are counted together and no rank is scanned. A planner asks it for every pair of layouts.
     """
     if sorted(source.ranks) != sorted(target.ranks):
         raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
@@ -127,21 +127,16 @@ def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
         for bp in range(b0 // sb, (b0 + tb - 1) // sb + 1):  # source shards overlapping what dst needs
             rows = min(b0 + tb, (bp + 1) * sb) - max(b0, bp * sb)
             for sp in range(s0 // ss, (s0 + ts - 1) // ss + 1):
-                cols = min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss)
-                have = _holders(source, bp, sp)
-                if any(r == dst for _, r in have):
-                    continue
-                pool = [r for m, r in have if m == mp_dst] or [r for _, r in have]
-                src = min(pool, key=lambda r: (abs(r - dst), r))
-                sent[src] = sent.get(src, 0) + rows * cols
-                received[dst] = received.get(dst, 0) + rows * cols
+                src = _rank_at(source, sp if source.seq_sharded else mp_dst, bp)
+                if src == dst:
+                    continue  # dst holds these cells itself
+                cells = rows * (min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss))
+                sent[src] = sent.get(src, 0) + cells
+                received[dst] = received.get(dst, 0) + cells
     return Fraction(max([0, *sent.values(), *received.values()]), batch_cells * seq_cells)
 
 
-def _holders(layout: ShardLayout, batch_part: int, seq_part: int) -> list[tuple[int, int]]:
-    """``(model-parallel index, rank)`` of the ranks holding shard ``(batch_part, seq_part)`` of ``layout``: every
-    model-parallel rank of that data-parallel index when the sequence is not split (the inverse of ``coords``)."""
-    mp_indices = [seq_part] if layout.seq_sharded else range(layout.degree)
-    if layout.consecutive:
-        return [(m, layout.ranks[batch_part * layout.degree + m]) for m in mp_indices]
-    return [(m, layout.ranks[m * layout.dp + batch_part]) for m in mp_indices]
+def _rank_at(layout: ShardLayout, mp_index: int, dp_index: int) -> int:
+    """The rank with these coordinates (the inverse of :meth:`ShardLayout.coords`)."""
+    local = dp_index * layout.degree + mp_index if layout.consecutive else mp_index * layout.dp + dp_index
+    return layout.ranks[local]
