@@ -32,7 +32,12 @@ BAD = {
         6,
         "layers[0..3].tp: Ulysses degree 4 does not divide the sequence of 6 tokens",
     ),
-    "megatron-sp vocab": (plan(vocab={"tp": 4}, megatron_sp=True), 4, 6, "vocab.tp: Megatron-SP degree 4 does not divide the sequence of 6 tokens"),
+    "megatron-sp vocab": (
+        plan(vocab={"tp": 4}, megatron_sp=True),
+        4,
+        6,
+        "vocab.tp: Megatron-SP degree 4 does not divide the sequence of 6 tokens",
+    ),
     "world": (plan(world_size=2), 4, SEQ, "world_size: the strategy has 2 ranks but the run has 4"),
 }
 

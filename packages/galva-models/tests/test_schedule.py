@@ -8,8 +8,8 @@ import math
 import pytest
 import torch.distributed as dist
 
+from galva_hp import OptimConfig, lr_factor
 from galva_models.cli.train import main as train_main
-from galva_models.schedule import lr_factor
 
 WARMUP, TOTAL, MIN_RATIO = 2, 6, 0.1
 
@@ -25,13 +25,13 @@ def expected(style: str, step: int) -> float:
 
 @pytest.mark.parametrize("style", ["cosine", "linear", "constant"])
 def test_factors(style):
-    factor = lr_factor(style, WARMUP, TOTAL, MIN_RATIO)
+    factor = lr_factor(OptimConfig(warmup_steps=WARMUP, total_steps=TOTAL, min_lr_ratio=MIN_RATIO, decay_style=style))
     assert [factor(t) for t in range(TOTAL + 2)] == pytest.approx([expected(style, min(t, TOTAL)) for t in range(8)])
 
 
 def test_unknown_style():
     with pytest.raises(ValueError, match="lr decay style 'step' is not one of cosine, linear, constant"):
-        lr_factor("step", WARMUP, TOTAL, MIN_RATIO)
+        OptimConfig(decay_style="step")
 
 
 @pytest.mark.parametrize("style", ["linear", "constant"])

@@ -1,4 +1,4 @@
-"""AdamW with a linear warm-up and cosine decay, and gradient clipping by the true global norm.
+"""AdamW with a linear warm-up and a cosine, linear or constant decay, and gradient clipping by the true global norm.
 
 The global norm counts every distinct gradient element of the model once: each rank adds the squares of its local
 pieces divided by how many ranks hold the same piece (dp replicas of ddp parameters, tp replicas of norms and row
@@ -19,15 +19,16 @@ from torch import nn
 
 from galva_hp.data_parallel import ParamRecord, local_tensor
 
-__all__ = ["GalvaOptimizer", "OptimConfig", "clip_coefficient", "lr_factor", "reference_optimizer"]
+__all__ = ["DECAY_STYLES", "GalvaOptimizer", "OptimConfig", "clip_coefficient", "lr_factor", "reference_optimizer"]
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW hyper-parameters and the learning-rate schedule.
 
-    The learning rate rises linearly over ``warmup_steps`` and then follows a cosine from ``lr`` down to
-    ``lr * min_lr_ratio`` at ``total_steps`` (constant after warm-up when ``total_steps`` is None).
+    The learning rate rises linearly over ``warmup_steps`` (``(step + 1) / warmup_steps``) and then decays from
+    ``lr`` to ``lr * min_lr_ratio`` at ``total_steps`` along ``decay_style`` (Megatron-LM's ``--lr-decay-style``):
+    ``cosine``, ``linear``, or ``constant`` (no decay); it stays constant after warm-up when ``total_steps`` is None.
     ``max_grad_norm`` None disables clipping.
     """
 
@@ -39,6 +40,15 @@ class OptimConfig:
     total_steps: int | None = None
     min_lr_ratio: float = 0.1
     max_grad_norm: float | None = 1.0
+    decay_style: str = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(f"lr decay style {self.decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
+
+
+DECAY_STYLES = ("cosine", "linear", "constant")
+"""Values of :attr:`OptimConfig.decay_style`."""
 
 
 def lr_factor(config: OptimConfig) -> Callable[[int], float]:
@@ -47,12 +57,12 @@ def lr_factor(config: OptimConfig) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < config.warmup_steps:
             return (step + 1) / config.warmup_steps
-        if config.total_steps is None:
+        if config.total_steps is None or config.decay_style == "constant":
             return 1.0
         span = max(1, config.total_steps - config.warmup_steps)
         progress = min(1.0, (step - config.warmup_steps) / span)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+        remaining = 1.0 - progress if config.decay_style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * remaining
 
     return factor
 

@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from galva_hp import IGNORE_INDEX
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_schema import ModelConstraints, ParallelForm
-
-IGNORE_INDEX = -100
 
 
 class Task(str, Enum):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from galva_hp.optim import DECAY_STYLES
 from galva_models.cli.errors import ConfigError
 from galva_models.presets import PRESETS
-from galva_models.schedule import DECAY_STYLES
 
 
 class _Parser(argparse.ArgumentParser):

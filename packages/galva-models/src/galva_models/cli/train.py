@@ -110,7 +110,6 @@ def run(cfg: TrainConfig) -> int:
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
     from galva_models.adapters.base import hf_init_fn
     from galva_models.metrics import MetricsLogger, train_flops_per_token
-    from galva_models.schedule import lr_factor
 
     rank, world = _init_distributed()
     hf_model, layered = build_model(cfg)
@@ -135,11 +134,9 @@ def run(cfg: TrainConfig) -> int:
             total_steps=cfg.train_iters,
             min_lr_ratio=min_lr_ratio,
             max_grad_norm=o.clip_grad,
+            decay_style=o.decay_style,
         ),
     )
-    # galva-hp's optimizer schedules warm-up + cosine only; --lr-decay-style picks the factor (cosine: the same one)
-    factor = lr_factor(o.decay_style, o.warmup_iters, cfg.train_iters, min_lr_ratio)
-    optimizer.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, factor)
     source = make_source(cfg)
     logger = None
     report_records: list[dict[str, Any]] | None = [] if rank == 0 and cfg.report_html else None
