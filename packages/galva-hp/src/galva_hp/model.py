@@ -50,14 +50,6 @@ class ParallelContext:
         return 1 if self.sp_group is None else self.sp_group.size()
 
     @property
-    def tp_rank(self) -> int:
-        return 0 if self.tp_group is None else self.tp_group.rank()
-
-    @property
-    def sp_rank(self) -> int:
-        return 0 if self.sp_group is None else self.sp_group.rank()
-
-    @property
     def seq_sharded(self) -> bool:
         """Whether activations at this module's boundaries hold only a slice of the sequence."""
         degree = max(self.tp_size, self.sp_size)
