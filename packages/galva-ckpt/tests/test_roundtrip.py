@@ -98,3 +98,19 @@ def test_without_side_files_only_config_and_weights(tmp_path: Path, cli, tiny) -
     assert cli("h2g", tmp_path / "hf", tmp_path / "galva").code == 0
     assert cli("g2h", tmp_path / "galva", tmp_path / "back").code == 0
     assert {p.name for p in (tmp_path / "back").iterdir()} == {p.name for p in (tmp_path / "hf").iterdir()}
+
+
+def test_a_tied_alias_saved_anyway_is_dropped(tmp_path: Path, cli, tiny) -> None:
+    """Older writers store lm_head.weight next to wte: h2g keeps one copy, Hugging Face re-ties on load."""
+    from safetensors.torch import save_file
+
+    model = tiny.save(tmp_path / "hf", "tiny-gpt2")
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    assert cli("h2g", tmp_path / "hf", tmp_path / "galva").code == 0
+    stored = [n for m in CheckpointReader(tmp_path / "galva").manifest.modules for n in m.tensors]
+    assert "lm_head.weight" not in stored
+    assert cli("g2h", tmp_path / "galva", tmp_path / "back").code == 0
+    back = type(model).from_pretrained(tmp_path / "back", local_files_only=True)
+    assert torch.equal(back.lm_head.weight, model.lm_head.weight)
