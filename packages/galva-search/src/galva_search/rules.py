@@ -53,7 +53,8 @@ class ModelRules:
 
     @property
     def run_seq_length(self) -> int:
-        """The sequence the vocabulary layers see: the first layer type's profiled sequence length."""
+        """The run's sequence length, as ``plan_problems`` takes it: the first layer type's profiled sequence (a layer
+        type whose tokens differ states them in its constraints' ``seq_length``)."""
         return self.seq_lengths[0]
 
     # ------------------------------------------------------------------------------------------------ layers
@@ -76,7 +77,7 @@ class ModelRules:
             probe_constraints = ModelConstraints(model_name=self.constraints.model_name, layer_types=(one,))
             layer = LayerStrategy(tp=c.tp, ulysses=c.ulysses, dp_type=DataParallelType.ZERO3 if zero3 else None)
             probe = self._probe(layer, VocabStrategy(), ranks=2 * c.tp)
-            problems = plan_problems(probe, probe_constraints, seq_len=self.seq_lengths[type_index])
+            problems = plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)  # as check() asks
             hit = self._layer[key] = not problems
         return hit
 
