@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,15 +55,26 @@ class ParamRecord:
 
 
 class DataParallelUnit(ABC):
-    """One module wrapped for data parallelism on ``group`` (None: a single-rank group)."""
+    """One module wrapped for data parallelism on ``group`` (None: a single-rank group).
+
+    ``reduce_every_micro_batch`` reduces gradients after every micro-batch backward instead of only the last one.
+    """
 
     dp_type: DataParallelType
 
-    def __init__(self, name: str, module: nn.Module, group: dist.ProcessGroup | None, precision: PrecisionPolicy):
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        group: dist.ProcessGroup | None,
+        precision: PrecisionPolicy,
+        reduce_every_micro_batch: bool = False,
+    ):
         self.name = name
         self.module = module
         self.group = group
         self.precision = precision
+        self.reduce_every_micro_batch = reduce_every_micro_batch
 
     @property
     def group_size(self) -> int:
@@ -91,16 +103,9 @@ class DdpUnit(DataParallelUnit):
 
     dp_type = DataParallelType.DDP
 
-    def __init__(
-        self,
-        name: str,
-        module: nn.Module,
-        group: dist.ProcessGroup | None,
-        precision: PrecisionPolicy,
-        reduce_every_micro_batch: bool = False,
-    ):
-        super().__init__(name, module, group, precision)
-        self.reduce_every_micro_batch = reduce_every_micro_batch
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        module, precision = self.module, self.precision
         self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if precision.low_precision:
             # fp32 masters for the optimizer, bf16 compute weights in the module
@@ -162,18 +167,11 @@ class DdpUnit(DataParallelUnit):
 class FsdpUnit(DataParallelUnit):
     """ZeRO-2 / ZeRO-3 through FSDP2 ``fully_shard`` on a mesh built from the sharding group."""
 
-    def __init__(
-        self,
-        name: str,
-        module: nn.Module,
-        group: dist.ProcessGroup | None,
-        precision: PrecisionPolicy,
-        dp_type: DataParallelType,
-        reduce_every_micro_batch: bool = False,
-    ):
-        super().__init__(name, module, group, precision)
+    def __init__(self, dp_type: DataParallelType, *args: Any, **kwargs: Any):
+        """``dp_type`` (zero2 or zero3), then :class:`DataParallelUnit`'s arguments."""
+        super().__init__(*args, **kwargs)
         self.dp_type = dp_type
-        self.reduce_every_micro_batch = reduce_every_micro_batch
+        name, module, group, precision = self.name, self.module, self.group, self.precision
         if group is None:
             raise ValueError(f"{name}: {dp_type.value} needs a sharding group of more than one rank")
         device_type = next((p.device.type for p in module.parameters()), "cpu")
@@ -224,7 +222,7 @@ def wrap(
     """
     if dp_type is DataParallelType.DDP or group is None or group.size() == 1:
         return DdpUnit(name, module, group, precision, reduce_every_micro_batch)
-    return FsdpUnit(name, module, group, precision, dp_type, reduce_every_micro_batch)
+    return FsdpUnit(dp_type, name, module, group, precision, reduce_every_micro_batch)
 
 
 def all_reduce_flat(grads: Sequence[torch.Tensor], group: dist.ProcessGroup | None, dtype: torch.dtype) -> None:

@@ -29,10 +29,8 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
 
     def __init__(self, norm: nn.LayerNorm, group: ProcessGroup) -> None:
         super().__init__(norm.normalized_shape, norm.eps, norm.elementwise_affine, norm.bias is not None)
-        _copy_params_from(self, norm)
+        _adopt(self, norm)
         self.group = group
-        for p in self.parameters():
-            mark_sequence_parallel(p)
 
     def forward(self, x: Tensor) -> Tensor:
         weight = None if self.weight is None else differentiable_copy_to_group(self.weight, self.group)
@@ -45,10 +43,8 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
 
     def __init__(self, norm: nn.RMSNorm, group: ProcessGroup) -> None:
         super().__init__(norm.normalized_shape, norm.eps, norm.elementwise_affine)
-        _copy_params_from(self, norm)
+        _adopt(self, norm)
         self.group = group
-        for p in self.parameters():
-            mark_sequence_parallel(p)
 
     def forward(self, x: Tensor) -> Tensor:
         weight = None if self.weight is None else differentiable_copy_to_group(self.weight, self.group)
@@ -70,12 +66,14 @@ class GradSummedModule(nn.Module):
         return torch.func.functional_call(self.module, params, args)
 
 
-def _copy_params_from(new: nn.Module, old: nn.Module) -> None:
-    """Same values, dtype and device as ``old`` (a freshly built norm is fp32 on CPU)."""
+def _adopt(new: nn.Module, old: nn.Module) -> None:
+    """Give ``new`` the values, dtype and device of ``old`` (a new norm is fp32 on CPU); tag its parameters."""
     like = next(old.parameters(), None)
     if like is not None:
         new.to(device=like.device, dtype=like.dtype)
     new.load_state_dict(old.state_dict())
+    for p in new.parameters():
+        mark_sequence_parallel(p)
 
 
 def sequence_parallel_norm(norm: nn.Module, group: ProcessGroup | None) -> nn.Module:
