@@ -1,8 +1,12 @@
 """Named model configurations, built in code (nothing is downloaded): ``galva-train --model PRESET``.
 
 Sizes follow the published models. The ``tiny-*`` presets are a few-thousand-parameter versions of each family
-for tests and smoke runs on CPU; they have
-no dropout, so a run is deterministic and a parallel plan can be compared with one process step by step.
+for tests and smoke runs on CPU; they have no dropout, so a run is deterministic and a parallel plan can be compared
+with one process step by step.
+
+Each family has one function: its positional arguments are the sizes (in the order the comment above the family's
+presets gives), its defaults the published models' common values, and other keywords go to the transformers config
+as they are. A preset is one call.
 """
 
 from __future__ import annotations
@@ -11,215 +15,97 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _gpt2(n_embd: int, n_layer: int, n_head: int, **kw: Any) -> Any:
+def _gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int = 1024, vocab_size: int = 50257, **kw: Any) -> Any:
     from transformers import GPT2Config
 
-    fields = dict(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=1024, vocab_size=50257)
-    return GPT2Config(**{**fields, **kw})
+    return GPT2Config(
+        n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=n_positions, vocab_size=vocab_size, **kw
+    )
 
 
-def _llama(kind: str, **kw: Any) -> Any:
+def _sizes(hidden: int, layers: int, heads: int, ffn: int) -> dict[str, Any]:
+    """The size fields of Llama-family, BERT and ViT configs."""
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn)
+
+
+def _llama(
+    kind: str, hidden: int, layers: int, heads: int, ffn: int, kv_heads: int, vocab: int, positions: int, **kw: Any
+) -> Any:
+    """``kind``: llama, mistral or qwen2. Mistral presets have no sliding window (the adapters run full attention)."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind]
-    return cls(**kw)
+    if kind == "mistral":
+        kw = {"sliding_window": None, **kw}
+    sizes = _sizes(hidden, layers, heads, ffn)
+    return cls(**sizes, num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=positions, **kw)
 
 
-def _bert(**kw: Any) -> Any:
+def _tiny_llama(kind: str) -> Any:
+    return _llama(kind, 64, 4, 4, 128, 2, 128, 256, tie_word_embeddings=False)
+
+
+def _bert(hidden: int, layers: int, heads: int, ffn: int, vocab: int = 30522, **kw: Any) -> Any:
     from transformers import BertConfig
 
-    return BertConfig(**kw)
+    return BertConfig(**_sizes(hidden, layers, heads, ffn), vocab_size=vocab, **kw)
 
 
-def _t5(**kw: Any) -> Any:
-    from transformers import T5Config
-
-    return T5Config(**kw)
-
-
-def _vit(**kw: Any) -> Any:
+def _vit(hidden: int, layers: int, heads: int, ffn: int, patch_size: int, image_size: int = 224, **kw: Any) -> Any:
     from transformers import ViTConfig
 
-    return ViTConfig(**kw)
+    return ViTConfig(**_sizes(hidden, layers, heads, ffn), patch_size=patch_size, image_size=image_size, **kw)
 
 
-def _swin(**kw: Any) -> Any:
+def _t5(d_model: int, d_ff: int, d_kv: int, num_heads: int, num_layers: int, vocab_size: int = 32128, **kw: Any) -> Any:
+    """Encoder and decoder have ``num_layers`` layers each."""
+    from transformers import T5Config
+
+    sizes: dict[str, Any] = dict(d_model=d_model, d_ff=d_ff, d_kv=d_kv, num_heads=num_heads, num_layers=num_layers)
+    return T5Config(**sizes, num_decoder_layers=num_layers, vocab_size=vocab_size, **kw)
+
+
+def _swin(embed_dim: int, depths: list[int], num_heads: list[int], window_size: int, **kw: Any) -> Any:
     from transformers import SwinConfig
 
-    return SwinConfig(**kw)
-
-
-def _tiny_llama(kind: str) -> Callable[[], Any]:
-    def build() -> Any:
-        extra: dict[str, Any] = {"sliding_window": None} if kind == "mistral" else {}
-        return _llama(
-            kind,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=256,
-            tie_word_embeddings=False,
-            **extra,
-        )
-
-    return build
+    return SwinConfig(embed_dim=embed_dim, depths=depths, num_heads=num_heads, window_size=window_size, **kw)
 
 
 PRESETS: dict[str, Callable[[], Any]] = {
+    # gpt2: hidden, layers, heads[, positions, vocab]
     "gpt2-small": lambda: _gpt2(768, 12, 12),
     "gpt2-medium": lambda: _gpt2(1024, 24, 16),
     "gpt2-large": lambda: _gpt2(1280, 36, 20),
     "gpt2-xl": lambda: _gpt2(1600, 48, 25),
-    "llama2-7b": lambda: _llama(
-        "llama",
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-    ),
-    "llama2-13b": lambda: _llama(
-        "llama",
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-    ),
-    "llama2-70b": lambda: _llama(
-        "llama",
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-    ),
+    # llama family: kind, hidden, layers, heads, ffn, kv heads, vocab, positions
+    "llama2-7b": lambda: _llama("llama", 4096, 32, 32, 11008, 32, 32000, 4096, rms_norm_eps=1e-5),
+    "llama2-13b": lambda: _llama("llama", 5120, 40, 40, 13824, 40, 32000, 4096, rms_norm_eps=1e-5),
+    "llama2-70b": lambda: _llama("llama", 8192, 80, 64, 28672, 8, 32000, 4096, rms_norm_eps=1e-5),
     "qwen2.5-7b": lambda: _llama(
-        "qwen2",
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
+        "qwen2", 3584, 28, 28, 18944, 4, 152064, 32768, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False
     ),
-    "mistral-7b": lambda: _llama(
-        "mistral",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-5,
-        sliding_window=None,
-    ),
-    "bert-large": lambda: _bert(
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        intermediate_size=4096,
-        vocab_size=30522,
-    ),
-    "t5-3b": lambda: _t5(
-        d_model=1024,
-        d_ff=16384,
-        d_kv=128,
-        num_heads=32,
-        num_layers=24,
-        num_decoder_layers=24,
-        vocab_size=32128,
-    ),
-    "vit-huge": lambda: _vit(
-        hidden_size=1280,
-        num_hidden_layers=32,
-        num_attention_heads=16,
-        intermediate_size=5120,
-        image_size=224,
-        patch_size=14,
-        num_labels=1000,
-    ),
-    "swin-huge": lambda: _swin(
-        embed_dim=352,
-        depths=[2, 2, 18, 2],
-        num_heads=[11, 22, 44, 88],
-        window_size=7,
-        image_size=224,
-        num_labels=1000,
-    ),
+    "mistral-7b": lambda: _llama("mistral", 4096, 32, 32, 14336, 8, 32000, 32768, rms_norm_eps=1e-5),
+    # bert and vit: hidden, layers, heads, ffn[, bert: vocab]
+    "bert-large": lambda: _bert(1024, 24, 16, 4096),
+    "vit-huge": lambda: _vit(1280, 32, 16, 5120, patch_size=14, num_labels=1000),
+    # t5: d_model, d_ff, d_kv, heads, layers (encoder and decoder each)[, vocab]
+    "t5-3b": lambda: _t5(1024, 16384, 128, 32, 24),
+    # swin: embed_dim, stage depths, stage heads, window size
+    "swin-huge": lambda: _swin(352, [2, 2, 18, 2], [11, 22, 44, 88], 7, image_size=224, num_labels=1000),
     # tiny versions of every family, for tests and CPU smoke runs
     "tiny-gpt2": lambda: _gpt2(
-        64,
-        4,
-        4,
-        n_positions=256,
-        vocab_size=128,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        64, 4, 4, 256, 128, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
     ),
-    "tiny-llama": _tiny_llama("llama"),
-    "tiny-mistral": _tiny_llama("mistral"),
-    "tiny-qwen2": _tiny_llama("qwen2"),
+    "tiny-llama": lambda: _tiny_llama("llama"),
+    "tiny-mistral": lambda: _tiny_llama("mistral"),
+    "tiny-qwen2": lambda: _tiny_llama("qwen2"),
     "tiny-bert": lambda: _bert(
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=256,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        64, 4, 4, 128, 128, max_position_embeddings=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     ),
-    "tiny-t5": lambda: _t5(
-        d_model=64,
-        d_ff=128,
-        d_kv=16,
-        num_heads=4,
-        num_layers=2,
-        num_decoder_layers=2,
-        vocab_size=128,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        dropout_rate=0.0,
-    ),
-    "tiny-vit": lambda: _vit(
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        image_size=16,
-        patch_size=4,
-        num_labels=10,
-    ),
+    "tiny-t5": lambda: _t5(64, 128, 16, 4, 2, 128, decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0),
+    "tiny-vit": lambda: _vit(64, 4, 4, 128, patch_size=4, image_size=16, num_labels=10),
     "tiny-swin": lambda: _swin(
-        embed_dim=16,
-        depths=[1, 1, 2, 1],
-        drop_path_rate=0.0,
-        num_heads=[2, 2, 4, 4],
-        window_size=2,
-        image_size=32,
-        patch_size=2,
-        num_labels=10,
+        16, [1, 1, 2, 1], [2, 2, 4, 4], 2, image_size=32, num_labels=10, patch_size=2, drop_path_rate=0.0
     ),
 }
 
