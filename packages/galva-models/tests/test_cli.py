@@ -144,9 +144,10 @@ BAD = [
     (["--model", "tiny-t5", "--tp", "2", "--ulysses"], 2, "layers[0..1].ulysses: t5_encoder layers cannot run Ulysses"),
     # flags that would otherwise be parsed and do nothing
     (["--model", "tiny-gpt2", "--sequence-parallel"], 2, "--sequence-parallel splits the sequence of tp layers"),
-    (["--model", "tiny-llama", "--save", "ckpt"], 1, "--save: checkpoints arrive with galva-ckpt"),
-    (["--model", "tiny-llama", "--load", "ckpt"], 1, "--load: checkpoints arrive with galva-ckpt"),
-    (["--model", "tiny-llama", "--save-interval", "100"], 1, "--save-interval: checkpoints arrive with galva-ckpt"),
+    (["--model", "tiny-llama", "--load", "no-such-ckpt"], 1, "--load: no-such-ckpt: no such directory"),
+    (["--model", "tiny-llama", "--save-interval", "100"], 1, "--save-interval needs --save DIR"),
+    (["--model", "tiny-llama", "--save", "c", "--keep-last", "2", "--save-interval", "0"], 1, "--save-interval must"),
+    (["--model", "tiny-llama", "--finetune"], 1, "--finetune loads weights only from --load DIR"),
     (["--model", "tiny-llama", "--decoder-seq-length", "16"], 1, "--decoder-seq-length: llama has no decoder stream"),
     (["--model", "tiny-llama", "--log-interval", "0"], 1, "--log-interval must be >= 1, got 0"),
     (["--model", "tiny-llama", "--lr-decay-style", "inverse-square-root"], 1, "argument --lr-decay-style: invalid"),

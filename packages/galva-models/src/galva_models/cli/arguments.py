@@ -2,7 +2,7 @@
 
 Megatron-LM and Galvatron spellings are aliases of Galva's flags (``--tensor-model-parallel-size`` = ``--tp``,
 ``--pp-deg`` = ``--pp`` ...), so their launch scripts carry over. Every flag here changes what a run does, or is
-refused with one line (the checkpoint flags, until galva-ckpt is wired in).
+refused with one line.
 """
 
 from __future__ import annotations
@@ -122,16 +122,19 @@ def _optimizer_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--seed", type=int, default=1234)
 
 
-CHECKPOINT_FLAGS = ("save", "load", "save_interval")
-"""Megatron's checkpoint flags: parsed so that a Megatron script gets a clear refusal, not 'unrecognized'."""
-
-
 def _output_flags(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("data, checkpoints, logging")
     d.add_argument("--data-path", help="Megatron indexed dataset prefix (PREFIX.bin/.idx); default random tokens.")
-    d.add_argument("--save", help="Refused: checkpoints arrive with galva-ckpt.")
-    d.add_argument("--load", help="Refused: checkpoints arrive with galva-ckpt.")
-    d.add_argument("--save-interval", type=int, help="Refused: checkpoints arrive with galva-ckpt.")
+    d.add_argument("--save", help="Save layerwise checkpoints here (DIR/step-<N>/), every rank writing its shards.")
+    d.add_argument("--save-interval", type=int, help="Save every N steps (and always after the last step).")
+    d.add_argument("--keep-last", type=int, default=0, help="Keep only the newest K saves in --save (0: all).")
+    d.add_argument(
+        "--load",
+        help="Continue from a Galva checkpoint (or the newest complete save of a --save DIR), under any plan; "
+        "a Hugging Face directory or h2g output gives weights only. The model comes from it unless named.",
+    )
+    d.add_argument("--finetune", action="store_true", help="With --load: weights only (step 0, fresh optimizer).")
+    d.add_argument("--exit-interval", type=int, help="Stop after the step that is a multiple of N (Megatron).")
     d.add_argument("--log-interval", type=int, default=1, help="Print a log line every N steps.")
     d.add_argument("--metrics-jsonl", help="Write one JSON object per step here.")
     d.add_argument("--report-html", help="At the end, write the step metrics as an HTML page of charts here.")

@@ -17,7 +17,7 @@ from typing import Any
 
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli import model_source, plan_source
-from galva_models.cli.arguments import CHECKPOINT_FLAGS, build_parser
+from galva_models.cli.arguments import build_parser
 from galva_models.cli.errors import ConfigError
 from galva_schema import Strategy, plan_problems
 
@@ -63,6 +63,12 @@ class TrainConfig:
     tensorboard_dir: str | None = None
     progress: bool = True
     initialize_on_meta: bool = False
+    save: str | None = None
+    save_interval: int | None = None
+    keep_last: int = 0
+    load: str | None = None
+    finetune: bool = False
+    exit_interval: int | None = None
 
     @property
     def task(self) -> Task:
@@ -82,7 +88,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     args = build_parser().parse_args(argv)  # --help prints and exits 0; a bad flag raises ConfigError
     if world_size is None:
         world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    _refuse_checkpoint_flags(args)
+    _check_checkpoint_flags(args)
     config, name = model_source.model_config(args)
     from galva_models.adapters.registry import adapter_for
 
@@ -120,14 +126,35 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         tensorboard_dir=args.tensorboard_dir,
         progress=not args.no_progress,
         initialize_on_meta=args.initialize_on_meta,
+        save=args.save,
+        save_interval=args.save_interval,
+        keep_last=args.keep_last,
+        load=args.load,
+        finetune=args.finetune,
+        exit_interval=args.exit_interval,
     )
 
 
-def _refuse_checkpoint_flags(args: argparse.Namespace) -> None:
-    given = [f for f in CHECKPOINT_FLAGS if getattr(args, f) is not None]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(f"{flag}: checkpoints arrive with galva-ckpt; galva-train cannot save or load them yet")
+def _check_checkpoint_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--save-interval", args.save_interval), ("--exit-interval", args.exit_interval)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.keep_last < 0:
+        raise ConfigError(f"--keep-last must be >= 0, got {args.keep_last}")
+    if args.save is None and (args.save_interval is not None or args.keep_last):
+        raise ConfigError(f"{'--save-interval' if args.save_interval is not None else '--keep-last'} needs --save DIR")
+    if args.finetune and args.load is None:
+        raise ConfigError("--finetune loads weights only from --load DIR; give --load")
+    if args.load is not None and args.hf_checkpoint is not None:
+        raise ConfigError("--load and --hf-checkpoint both give the weights; drop one")
+    if args.load is not None:
+        from galva_ckpt.errors import CheckpointError
+        from galva_ckpt.sources import resolve
+
+        try:
+            resolve(args.load, warn=False)
+        except CheckpointError as err:
+            raise ConfigError(f"--load: {err}") from None
 
 
 def _check_run_options(args: argparse.Namespace, adapter: FamilyAdapter, config: Any, name: str) -> None:

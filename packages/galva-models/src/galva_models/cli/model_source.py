@@ -24,8 +24,11 @@ SHAPE_OVERRIDES = (
 def model_config(args: argparse.Namespace) -> tuple[Any, str]:
     """The transformers config named by ``--model`` / ``--model-config`` / ``--hf-checkpoint``, and a run name."""
     if args.preset is None and args.model_config is None and args.hf_checkpoint is None:
+        if getattr(args, "load", None) is not None:
+            return _checkpoint_config(args)
         raise ConfigError(
-            f"give --model PRESET, --model-config DIR or --hf-checkpoint DIR (presets: {', '.join(PRESETS)})"
+            "give --model PRESET, --model-config DIR, --hf-checkpoint DIR or --load DIR "
+            f"(presets: {', '.join(PRESETS)})"
         )
     if args.hf_checkpoint is not None:
         given = [name for name in SHAPE_OVERRIDES if getattr(args, name) is not None]
@@ -46,6 +49,25 @@ def model_config(args: argparse.Namespace) -> tuple[Any, str]:
         return AutoConfig.from_pretrained(str(directory), local_files_only=True), directory.name
     except (OSError, ValueError) as err:
         raise ConfigError(f"{directory}: cannot read config.json: {str(err).splitlines()[0]}") from None
+
+
+def _checkpoint_config(args: argparse.Namespace) -> tuple[Any, str]:
+    """The config a ``--load`` checkpoint holds (a Galva manifest's, or a Hugging Face config.json)."""
+    from galva_ckpt.errors import CheckpointError
+    from galva_ckpt.sources import open_weights
+    from galva_models.checkpoint_names import config_from_dict
+
+    given = [name for name in SHAPE_OVERRIDES if getattr(args, name) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag}: the weights come from --load {args.load}; drop the override")
+    try:
+        source = open_weights(args.load, warn=False)
+        return config_from_dict(source.config), source.directory.name
+    except CheckpointError as err:
+        raise ConfigError(f"--load: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"--load {args.load}: {str(err).splitlines()[0]}") from None
 
 
 def apply_overrides(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -> None:

@@ -96,10 +96,31 @@ def build_model(cfg: TrainConfig) -> Any:
             model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
     else:
         model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
-    options: dict[str, Any] = {}
-    if cfg.decoder_seq_length is not None:  # an encoder-decoder: where the [encoder ; decoder] boundary splits
-        options = {"encoder_seq_length": cfg.seq_length, "decoder_seq_length": cfg.decoder_seq_length}
-    return model, cfg.adapter.decompose(model, **options)
+    return model, cfg.adapter.decompose(model, **_decompose_options(cfg))
+
+
+def _decompose_options(cfg: TrainConfig) -> dict[str, Any]:
+    if cfg.decoder_seq_length is None:
+        return {}
+    # an encoder-decoder: where the [encoder ; decoder] boundary splits
+    return {"encoder_seq_length": cfg.seq_length, "decoder_seq_length": cfg.decoder_seq_length}
+
+
+def checkpoint_io(cfg: TrainConfig, model: Any, optimizer: Any) -> Any:
+    """Save/load for the built model: the same model decomposed again on the meta device finds every shard's
+    place (:mod:`galva_models.checkpointing`)."""
+    import json
+
+    import torch
+
+    from galva_models.checkpoint_names import checkpoint_names
+    from galva_models.checkpointing import CheckpointIO
+
+    with torch.device("meta"):
+        fresh = cfg.adapter.build_model(cfg.model_config, attn_implementation="sdpa")
+    layered = cfg.adapter.decompose(fresh, **_decompose_options(cfg))
+    config = json.loads(cfg.model_config.to_json_string(use_diff=False))
+    return CheckpointIO(model, optimizer, checkpoint_names(cfg.model_config), layered, config)
 
 
 def run(cfg: TrainConfig) -> int:
@@ -137,6 +158,21 @@ def run(cfg: TrainConfig) -> int:
             decay_style=o.decay_style,
         ),
     )
+    io = checkpoint_io(cfg, model, optimizer) if cfg.save or cfg.load else None
+    start_step = 0
+    if cfg.load is not None:
+        from galva_ckpt.errors import CheckpointError
+        from galva_models.checkpointing import open_source
+
+        assert io is not None
+        try:
+            start_step = io.load(open_source(cfg.load), weights_only=cfg.finetune)
+        except CheckpointError as err:
+            if rank == 0:
+                print(f"galva-train: error: --load: {err}", file=sys.stderr)
+            return 2
+        if rank == 0 and start_step:
+            print(f"galva-train: continuing from step {start_step} of {cfg.load}", file=sys.stderr)
     source = make_source(cfg)
     logger = None
     report_records: list[dict[str, Any]] | None = [] if rank == 0 and cfg.report_html else None
@@ -149,7 +185,9 @@ def run(cfg: TrainConfig) -> int:
             log_interval=cfg.log_interval,
         )
     try:
-        for step in range(cfg.train_iters):
+        last = start_step  # steps done
+        saved_at = start_step if cfg.load and not cfg.finetune else -1
+        for step in range(start_step, cfg.train_iters):
             batch = source.batch(step)
             start = time.perf_counter()
             metrics = train_step(model, optimizer, batch.inputs, batch.labels)
@@ -172,6 +210,14 @@ def run(cfg: TrainConfig) -> int:
             if not torch.isfinite(torch.tensor(metrics.loss)):
                 print(f"galva-train: error: loss is {metrics.loss} at step {step + 1}", file=sys.stderr)
                 return 1
+            last = step + 1
+            if cfg.save and cfg.save_interval and last % cfg.save_interval == 0:
+                _save(io, cfg, optimizer, last)
+                saved_at = last
+            if cfg.exit_interval and last % cfg.exit_interval == 0:
+                break
+        if cfg.save and saved_at != last:
+            _save(io, cfg, optimizer, last)
     finally:
         if logger is not None:
             logger.close()
@@ -180,6 +226,12 @@ def run(cfg: TrainConfig) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int) -> None:
+    from galva_models.checkpointing import scheduler_state
+
+    io.save(cfg.save, step, scheduler_state(optimizer), keep_last=cfg.keep_last)
 
 
 def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], world: int) -> None:

@@ -1,0 +1,269 @@
+"""Saving and loading a training run in the layerwise format, from and into any plan (galva-train's --save/--load).
+
+Each rank knows, for every element of its master parameters, which Hugging Face tensor and which block of it the
+element is (:func:`galva_hp.shard_map.shard_map` boxes, named on disk by
+:func:`galva_models.checkpoint_names.checkpoint_names`). Saving hands those blocks (weights, AdamW moments) to
+:func:`galva_ckpt.sharded.save_sharded`, which writes them in place into the per-module files; loading reads the
+same blocks with slice reads from a Galva checkpoint or a Hugging Face directory. No rank ever holds more than its
+own shards; a checkpoint saved under one plan loads under any other, because the files hold full tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from galva_ckpt.errors import CheckpointError
+from galva_ckpt.format import dtype_name, module_file, optimizer_file
+from galva_ckpt.saves import prune, step_dir
+from galva_ckpt.sharded import Piece, save_sharded
+from galva_ckpt.sources import WeightSource, open_weights
+from galva_hp.data_parallel import local_tensor
+from galva_hp.model import LayeredModel
+from galva_hp.optim import GalvaOptimizer
+from galva_hp.runtime import HybridParallelModel
+from galva_hp.shard_map import ShardBox, local_rows, shard_map
+from galva_models.checkpoint_names import CheckpointNames
+from galva_schema.checkpoint import TensorInfo
+
+__all__ = ["MOMENTS", "CheckpointIO", "Placement"]
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+"""AdamW state tensors saved per parameter (the step is one number, in the manifest)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One block of this rank's local piece of a master parameter: local rows ``[start, stop)`` of the piece are
+    ``box`` of the Hugging Face tensor ``tensor`` stored in module ``module``."""
+
+    record: str
+    start: int
+    stop: int
+    module: str
+    tensor: str
+    box: ShardBox
+
+    @property
+    def index(self) -> tuple[slice, ...]:
+        return tuple(slice(o, o + s) for o, s in zip(self.box.offsets, self.box.sizes))
+
+
+class CheckpointIO:
+    """Save and load for one built model and its optimizer (placements computed once, from ``fresh``)."""
+
+    def __init__(
+        self,
+        model: HybridParallelModel,
+        optimizer: GalvaOptimizer | None,
+        names: CheckpointNames,
+        fresh: LayeredModel,
+        config: dict[str, Any],
+    ) -> None:
+        self.model, self.optimizer, self.names, self.config = model, optimizer, names, config
+        self.params = {r.name: r.param for r in model.param_records()}
+        holder = {hf: m.name for m in names.modules for hf in m.shapes}
+        to_hf = {g: hf for m in names.modules for g, hf in m.galva_names.items()}
+        self.placements: list[Placement] = []
+        for record, boxes in shard_map(model, fresh).items():
+            start, stop = local_rows(self.params[record])
+            for box in boxes:
+                cut = box.restrict(start, stop) if self.params[record].dim() else box
+                if cut is None:
+                    continue
+                hf = to_hf[_strip(box.source)]
+                self.placements.append(Placement(record, start, stop, holder[hf], hf, cut))
+        self.dtype = {p.tensor: self.params[p.record].dtype for p in self.placements}
+
+    # ------------------------------------------------------------------------------------------------------ save
+    def save(
+        self,
+        root: str | Path,
+        step: int,
+        scheduler: dict[str, Any] | None,
+        keep_last: int = 0,
+        family: str | None = None,
+    ) -> dict[str, float]:
+        """Save step ``step`` as ``<root>/step-<N>`` (collective); keep the newest ``keep_last`` saves."""
+        model_infos, optimizer_infos = self._infos()
+        pieces: list[tuple[Piece, Tensor]] = []
+        for p in self.placements:
+            param = self.params[p.record]
+            pieces.append((_piece(module_file(p.module), p.tensor, p.box), self._block(param, p)))
+            if self.optimizer is not None:
+                state = self.optimizer.optimizer.state.get(param, {})
+                for moment in MOMENTS:
+                    value = state.get(moment)
+                    if value is None:  # before the first step: zeros, as AdamW would start
+                        value = torch.zeros_like(param)
+                    piece = _piece(optimizer_file(p.module), f"{moment}/{p.tensor}", p.box)
+                    pieces.append((piece, self._block(value, p)))
+        opt = None
+        if self.optimizer is not None:
+            o = self.optimizer
+            opt = {
+                "step": step,
+                "hyperparameters": {
+                    "lr": o.config.lr,
+                    "beta1": o.config.betas[0],
+                    "beta2": o.config.betas[1],
+                    "eps": o.config.eps,
+                    "weight_decay": o.config.weight_decay,
+                },
+                "state_names": list(MOMENTS),
+            }
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        finish = {
+            "family": family or self.names.family,
+            "config": self.config,
+            "num_layers": sum(1 for m in self.names.modules if m.name.startswith("layers.")),
+            "tied": dict(self.names.tied),
+            "step": step,
+            "optimizer": opt,
+            "scheduler": scheduler,
+            "data_position": {"step": step},
+        }
+        target = step_dir(root, step)
+        if dist.get_rank() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        stats = save_sharded(target, model_infos, optimizer_infos if opt else None, pieces, rng, finish)
+        if dist.get_rank() == 0:
+            prune(root, keep_last)
+        dist.barrier()
+        return stats
+
+    def _infos(self) -> tuple[dict[str, dict[str, TensorInfo]], dict[str, dict[str, TensorInfo]]]:
+        model: dict[str, dict[str, TensorInfo]] = {}
+        optimizer: dict[str, dict[str, TensorInfo]] = {}
+        dtypes = self._global_dtypes()
+        for module in self.names.modules:
+            model[module.name] = {
+                hf: TensorInfo(shape=shape, dtype=dtypes.get(hf, "float32")) for hf, shape in module.shapes.items()
+            }
+            optimizer[module.name] = {
+                f"{moment}/{hf}": TensorInfo(shape=shape, dtype=dtypes.get(hf, "float32"))
+                for hf, shape in module.shapes.items()
+                for moment in MOMENTS
+            }
+        return model, optimizer
+
+    def _global_dtypes(self) -> dict[str, str]:
+        """Every tensor's dtype (that of the master parameters holding it), agreed over the ranks."""
+        mine = {name: dtype_name(dtype) for name, dtype in self.dtype.items()}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        merged: dict[str, str] = {}
+        for part in everyone:
+            merged.update(part)
+        return merged
+
+    @staticmethod
+    def _block(value: Tensor, p: Placement) -> Tensor:
+        local = local_tensor(value.detach())
+        if local.dim() == 0:
+            return local.reshape(())
+        rows = local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]
+        return p.box.to_source(rows).contiguous()
+
+    # ------------------------------------------------------------------------------------------------------ load
+    def load(self, source: WeightSource, weights_only: bool = False) -> int:
+        """Load weights (and, unless ``weights_only`` or the source has none, the optimizer, scheduler and RNG)
+        into this rank's shards; returns the step to continue from (0 for weights only)."""
+        self._check_shapes(source)
+        with torch.no_grad():
+            for p in self.placements:
+                param = self.params[p.record]
+                block = source.read_slice(p.tensor, p.index)
+                self._put(param, p, block)
+        self.model.sync_tied_weights()  # also refreshes bf16 compute copies from the masters
+        manifest = source.manifest
+        resume = not weights_only and manifest is not None and manifest.optimizer is not None
+        if not resume or self.optimizer is None or manifest is None:
+            return 0
+        step = int(manifest.optimizer.step if manifest.optimizer is not None else 0)
+        inner = self.optimizer.optimizer
+        with torch.no_grad():
+            for p in self.placements:
+                param = self.params[p.record]
+                state = inner.state[param]
+                if not state:
+                    state["step"] = torch.tensor(float(step))
+                    for moment in MOMENTS:
+                        state[moment] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                for moment in MOMENTS:
+                    info = source.optimizer_info(p.tensor, moment)
+                    if info is None:
+                        raise CheckpointError(f"{source.where(p.tensor)}: no {moment} for tensor {p.tensor}")
+                    self._put(state[moment], p, source.read_optimizer_slice(p.tensor, moment, p.index))
+        if manifest.scheduler:
+            _load_scheduler(self.optimizer, manifest.scheduler)
+        rng = source.read_rng()
+        mine = rng.get(f"rank{dist.get_rank()}/cpu", rng.get("rank0/cpu"))
+        if mine is not None:
+            torch.set_rng_state(mine)
+        return int((manifest.data_position or {}).get("step", step))
+
+    @staticmethod
+    def _put(target: Tensor, p: Placement, block: Tensor) -> None:
+        local = local_tensor(target)
+        if local.dim() == 0:
+            local.copy_(block.reshape(()))
+            return
+        local[p.box.rows[0] - p.start : p.box.rows[1] - p.start].copy_(p.box.to_local(block))
+
+    def _check_shapes(self, source: WeightSource) -> None:
+        """Every tensor this rank needs is in the source with the model's full shape (one line otherwise)."""
+        for module in self.names.modules:
+            for hf, shape in module.shapes.items():
+                if not any(p.tensor == hf for p in self.placements):
+                    continue
+                info = source.info(hf)
+                if info is None:
+                    raise CheckpointError(f"{source.where(hf)}: tensor {hf} missing (a checkpoint of another model?)")
+                if tuple(info.shape) != tuple(shape):
+                    raise CheckpointError(
+                        f"{source.where(hf)}: tensor {hf} is {list(info.shape)}, the model needs {list(shape)}"
+                    )
+
+
+def _strip(name: str) -> str:
+    """A master parameter's name without wrappers (activation checkpointing's ``inner``)."""
+    return name.replace(".inner.", ".")
+
+
+def _piece(file: str, tensor: str, box: ShardBox) -> Piece:
+    return Piece(file, tensor, box.offsets, box.sizes)
+
+
+def _load_scheduler(optimizer: GalvaOptimizer, state: dict[str, Any]) -> None:
+    scheduler = optimizer.scheduler
+    saved = dict(state)
+    scheduler.load_state_dict({**scheduler.state_dict(), **saved})
+    for group, lr in zip(optimizer.optimizer.param_groups, saved.get("_last_lr", [])):
+        group["lr"] = lr
+
+
+def scheduler_state(optimizer: GalvaOptimizer) -> dict[str, Any]:
+    """The LambdaLR state as JSON (its lambdas are code: rebuilt from the run's flags, never saved)."""
+    state = {k: v for k, v in optimizer.scheduler.state_dict().items() if k != "lr_lambdas"}
+    json.dumps(state)
+    return state
+
+
+def open_source(path: str | Path) -> WeightSource:
+    """:func:`galva_ckpt.sources.open_weights`, warning (once, on rank 0) about partial saves."""
+    warn = not dist.is_initialized() or dist.get_rank() == 0
+    return open_weights(path, warn=warn)
+
+
+Factory = Callable[[], LayeredModel]
