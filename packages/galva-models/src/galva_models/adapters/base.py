@@ -1,4 +1,6 @@
-"""What every model-family adapter provides, and the pieces the families share.
+"""What every model-family adapter provides, and the functions the families share (parameter names, weight ties,
+coverage, initialisation). The modules they build from are in :mod:`galva_models.adapters.modules`, the parallel
+forms in :mod:`galva_models.adapters.parallel`.
 
 An adapter is data plus small functions (:class:`FamilyAdapter`): which Hugging Face ``model_type`` values it
 handles, its task (what a batch looks like), how to build the Hugging Face model, how to decompose it into a
@@ -17,10 +19,8 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from galva_hp import IGNORE_INDEX
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_schema import ModelConstraints, ParallelForm
 
@@ -89,36 +89,6 @@ def no_vocab_parallel(family: str) -> dict[ParallelForm, str]:
     """``vocab_unsupported`` of a family whose embedding and head have no vocabulary-parallel form."""
     reason = f"{family} has no vocabulary-parallel embedding and head; use vocab tp 1"
     return {ParallelForm.VOCAB_TP: reason, ParallelForm.VOCAB_SP: reason}
-
-
-def first_output(out: Any) -> Tensor:
-    """Hugging Face layers return a tensor or a tuple whose first item is the hidden state."""
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum of fp32 cross-entropy over scored tokens (label != -100) and the number of scored tokens."""
-    flat = labels.reshape(-1)
-    loss_sum = F.cross_entropy(
-        logits.reshape(flat.numel(), -1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-    return loss_sum, (flat != IGNORE_INDEX).sum()
-
-
-class LMHead(nn.Module):
-    """Final norm (optional) + output projection + token loss: ``(hidden, labels) -> (loss_sum, count)``."""
-
-    def __init__(self, norm: nn.Module | None, lm_head: nn.Module, scale: float = 1.0) -> None:
-        super().__init__()
-        self.norm = norm if norm is not None else nn.Identity()
-        self.lm_head = lm_head
-        self.scale = scale  # T5 scales the decoder output by d_model**-0.5 when the head is tied
-
-    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self.norm(hidden)
-        if self.scale != 1.0:
-            hidden = hidden * self.scale
-        return token_loss_sum(self.lm_head(hidden), labels)
 
 
 class SingleRankParallelizer:
@@ -212,6 +182,20 @@ def check_full_coverage(hf_model: nn.Module, model: LayeredModel, unused: tuple[
         raise ValueError(f"{model.name}: Hugging Face parameters not in any Galva module: {', '.join(missing[:5])}")
 
 
+def tie_and_check(hf_model: nn.Module, model: LayeredModel) -> LayeredModel:
+    """The last step of every family's ``decompose``: declare ``model``'s embedding-to-head weight ties
+    (:func:`tie_pairs`) and check that it holds every trainable parameter of ``hf_model`` (:func:`check_full_coverage`).
+    """
+    model.tied_weights = tie_pairs(model)
+    check_full_coverage(hf_model, model)
+    return model
+
+
+def set_num_hidden_layers(config: Any, num_layers: int) -> None:
+    """``set_num_layers`` of a family whose config counts its layers in ``num_hidden_layers``."""
+    config.num_hidden_layers = num_layers
+
+
 def hf_init_fn(hf_model: Any, seed: int) -> Callable[[str, nn.Module], None]:
     """galva-hp ``init_fn`` for a model built on the meta device: Hugging Face's own initialiser, module by module.
 
@@ -227,8 +211,3 @@ def hf_init_fn(hf_model: Any, seed: int) -> Callable[[str, nn.Module], None]:
             hf_model._init_weights(sub)
 
     return init
-
-
-def positions(length: int, device: torch.device, offset: int = 0) -> Tensor:
-    """Position ids ``[1, length]`` starting at ``offset`` (a sequence-sharded rank passes its slice start)."""
-    return torch.arange(offset, offset + length, device=device).unsqueeze(0)

@@ -2,8 +2,8 @@
 
 Galva modules:
 
-- embedding ``BertEmbedding``: ``embeddings`` = the Hugging Face ``BertEmbeddings``
-- layer ``"bert"`` ``BertEncoderLayer``: ``layer`` = ``BertLayer`` (bidirectional attention, no padding mask)
+- embedding ``HFEmbeddings``: ``embeddings`` = the Hugging Face ``BertEmbeddings``
+- layer ``"bert"`` ``HFLayer``: ``layer`` = ``BertLayer`` (bidirectional attention, no padding mask)
 - head ``MLMHead``: ``cls`` = ``BertOnlyMLMHead`` (transform + decoder tied to the word embeddings)
 
 BERT has no final norm; the head's transform (dense, activation, LayerNorm) plays that part.
@@ -29,18 +29,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from galva_hp import IGNORE_INDEX
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_models.adapters.base import (
-    IGNORE_INDEX,
     FamilyAdapter,
     LayerSpec,
     SingleRankParallelizer,
     Task,
-    check_full_coverage,
-    first_output,
-    tie_pairs,
-    token_loss_sum,
+    set_num_hidden_layers,
+    tie_and_check,
 )
+from galva_models.adapters.modules import HFEmbeddings, HFLayer, token_loss_sum
 from galva_models.adapters.parallel import (
     PostNormLayer,
     encoder_attention_form,
@@ -64,24 +63,6 @@ _BERT_NAMES = renamer(
         "norm2.": "layer.output.LayerNorm.",
     }
 )
-
-
-class BertEmbedding(nn.Module):
-    def __init__(self, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        return self.embeddings(input_ids=input_ids)
-
-
-class BertEncoderLayer(nn.Module):
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return first_output(self.layer(hidden))
 
 
 class MLMHead(nn.Module):
@@ -307,9 +288,9 @@ def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
 def decompose(model: Any) -> LayeredModel:
     """``BertForMaskedLM`` -> LayeredModel sharing its modules."""
     bert = model.bert
-    layers: list[nn.Module] = [BertEncoderLayer(layer) for layer in bert.encoder.layer]
+    layers: list[nn.Module] = [HFLayer(layer) for layer in bert.encoder.layer]
     layered = LayeredModel(
-        embedding=BertEmbedding(bert.embeddings),
+        embedding=HFEmbeddings(bert.embeddings),
         layers=layers,
         head=MLMHead(model.cls),
         layer_types=["bert"] * len(layers),
@@ -317,9 +298,7 @@ def decompose(model: Any) -> LayeredModel:
         name="bert",
         constraints=constraints(model.config),
     )
-    layered.tied_weights = tie_pairs(layered)
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
@@ -337,18 +316,8 @@ def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
     return [LayerSpec("bert", seq_length, config.hidden_size)] * config.num_hidden_layers
 
 
-def set_num_layers(config: Any, num_layers: int) -> None:
-    config.num_hidden_layers = num_layers
-
-
 ADAPTER = FamilyAdapter(
-    name="bert",
-    model_types=("bert",),
-    task=Task.MASKED_LM,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
-    set_num_layers=set_num_layers,
-    ffn_size_field="intermediate_size",
-)
+    name="bert", model_types=("bert",), task=Task.MASKED_LM,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+    set_num_layers=set_num_hidden_layers, ffn_size_field="intermediate_size",
+)  # fmt: skip

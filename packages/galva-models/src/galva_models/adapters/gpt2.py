@@ -15,18 +15,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from galva_hp.model import LayeredModel, ParallelContext
-from galva_models.adapters.base import (
-    FamilyAdapter,
-    LayerSpec,
-    LMHead,
-    Task,
-    check_full_coverage,
-    first_output,
-    positions,
-    tie_pairs,
-)
-from galva_models.adapters.llama import vocab_parallel_head
+from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
+from galva_models.adapters.modules import LMHead, first_output, positions
 from galva_models.adapters.parallel import (
+    LMHeadParallelizer,
     PreNormLayer,
     SequenceOffsetEmbedding,
     fuse_rows,
@@ -84,14 +76,11 @@ def _gpt2_names(parts: dict[str, Tensor]) -> dict[str, Tensor]:
     return _GPT2_PREFIXES(parts)
 
 
-class GPT2Parallelizer:
+class GPT2Parallelizer(LMHeadParallelizer):
     """Parallel forms of GPT-2: Megatron tp (+SP) or Ulysses layers; vocab-tp or vocab-sp embedding and head.
 
     Conv1D weights are ``[in, out]``; the parallel forms take the ``nn.Linear`` layout (transposed copies).
     """
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
         if ctx.tp_size == 1 and ctx.sp_size == 1:
@@ -138,9 +127,6 @@ class GPT2Parallelizer:
             return SequenceOffsetEmbedding(copy.deepcopy(module.wte), module.wpe, module.drop, ctx.sp_group)
         return module
 
-    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
-        return vocab_parallel_head(module, ctx)
-
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
     from transformers import GPT2LMHeadModel
@@ -160,9 +146,7 @@ def decompose(model: Any) -> LayeredModel:
         name="gpt2",
         constraints=constraints(model.config),
     )
-    layered.tied_weights = tie_pairs(layered)
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
@@ -188,13 +172,7 @@ def set_num_layers(config: Any, num_layers: int) -> None:
 
 
 ADAPTER = FamilyAdapter(
-    name="gpt2",
-    model_types=("gpt2",),
-    task=Task.CAUSAL_LM,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
-    set_num_layers=set_num_layers,
-    ffn_size_field="n_inner",
-)
+    name="gpt2", model_types=("gpt2",), task=Task.CAUSAL_LM,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+    set_num_layers=set_num_layers, ffn_size_field="n_inner",
+)  # fmt: skip

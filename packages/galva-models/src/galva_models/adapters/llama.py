@@ -17,17 +17,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from galva_hp.model import LayeredModel, ParallelContext
-from galva_models.adapters.base import (
-    FamilyAdapter,
-    LayerSpec,
-    LMHead,
-    Task,
-    check_full_coverage,
-    first_output,
-    positions,
-    tie_pairs,
-)
-from galva_models.adapters.parallel import HFRotary, PreNormLayer, layer_norm_form, renamer
+from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
+from galva_models.adapters.modules import LMHead, first_output, positions
+from galva_models.adapters.parallel import HFRotary, LMHeadParallelizer, PreNormLayer, layer_norm_form, renamer
 from galva_models.adapters.parallel import tp_group as _tp_group
 from galva_schema import ModelConstraints, ParallelForm
 from galva_schema.constraints import uniform_constraints
@@ -77,11 +69,11 @@ _LLAMA_NAMES = renamer(
 )
 
 
-class LlamaParallelizer:
+class LlamaParallelizer(LMHeadParallelizer):
     """Parallel forms of the Llama family: Megatron tp (+SP) or Ulysses layers, vocab-tp or vocab-sp embedding/head."""
 
     def __init__(self, config: Any) -> None:
-        self.config = config
+        super().__init__(config)
         modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
         self._apply_rotary = modeling.apply_rotary_pos_emb
 
@@ -133,21 +125,6 @@ class LlamaParallelizer:
             return TokenEmbedding(VocabParallelEmbedding(weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp))
         return copy.deepcopy(module) if ctx.vocab_sp else module  # token embedding needs no positions
 
-    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
-        return vocab_parallel_head(module, ctx)
-
-
-def vocab_parallel_head(module: Any, ctx: ParallelContext) -> nn.Module:
-    """Vocab-tp form of an :class:`LMHead` (final norm + projection + loss); vocab sp and degree 1 keep the module."""
-    if ctx.tp_size > 1:
-        from galva_hp.parallel.vocab import VocabParallelHead
-
-        lm_head = module.lm_head
-        return VocabParallelHead(
-            module.norm, lm_head.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp, bias=lm_head.bias
-        )
-    return copy.deepcopy(module) if ctx.vocab_sp else module
-
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
     from transformers import AutoModelForCausalLM
@@ -173,9 +150,7 @@ def decompose(model: Any) -> LayeredModel:
         name=family,
         constraints=constraints(model.config),
     )
-    layered.tied_weights = tie_pairs(layered)
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
@@ -205,14 +180,7 @@ def set_num_layers(config: Any, num_layers: int) -> None:
 
 
 ADAPTER = FamilyAdapter(
-    name="llama",
-    model_types=("llama", "mistral", "qwen2"),
-    task=Task.CAUSAL_LM,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
-    set_num_layers=set_num_layers,
-    ffn_size_field="intermediate_size",
-    kv_heads_field="num_key_value_heads",
-)
+    name="llama", model_types=("llama", "mistral", "qwen2"), task=Task.CAUSAL_LM,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+    set_num_layers=set_num_layers, ffn_size_field="intermediate_size", kv_heads_field="num_key_value_heads",
+)  # fmt: skip

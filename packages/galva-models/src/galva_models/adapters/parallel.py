@@ -36,6 +36,26 @@ def tp_group(ctx: ParallelContext) -> ProcessGroup:
     return ctx.tp_group
 
 
+class LMHeadParallelizer:
+    """Base of the parallelizers of the causal-LM families (GPT-2, Llama), whose head is an
+    :class:`~galva_models.adapters.modules.LMHead`; they add the forms of their layers and embedding."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        """Vocab tp: galva-hp's ``VocabParallelHead`` (final norm + projection + loss); vocab sp and degree 1 keep the
+        module."""
+        if ctx.tp_size > 1:
+            from galva_hp.parallel.vocab import VocabParallelHead
+
+            lm_head = module.lm_head
+            return VocabParallelHead(
+                module.norm, lm_head.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp, bias=lm_head.bias
+            )
+        return copy.deepcopy(module) if ctx.vocab_sp else module
+
+
 class HFRotary(nn.Module):
     """A Hugging Face rotary-embedding module as galva-hp's ``Rotary``: ``(q, k) [b, s, h, d] -> rotated (q, k)``.
 

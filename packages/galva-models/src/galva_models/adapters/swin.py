@@ -2,7 +2,7 @@
 
 Galva modules:
 
-- embedding ``SwinEmbedding``: ``embeddings`` = ``SwinEmbeddings`` ``pixels -> [b, (H/p)*(W/p), C]``
+- embedding ``HFEmbeddings``: ``embeddings`` = ``SwinEmbeddings`` ``pixels -> [b, (H/p)*(W/p), C]``
 - layers ``"swin_stage0"`` .. ``"swin_stage3"`` ``SwinBlock``: ``block`` = one ``SwinLayer`` (window attention with
   its own shift); the last block of a stage also holds the stage's ``downsample`` (patch merging), so a stage's
   output boundary already has the next stage's shape ``[b, seq/4, 2C]``. Each block knows its grid size.
@@ -29,22 +29,12 @@ from galva_models.adapters.base import (
     LayerSpec,
     SingleRankParallelizer,
     Task,
-    check_full_coverage,
-    first_output,
     no_vocab_parallel,
+    tie_and_check,
 )
+from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, first_output
 from galva_models.adapters.parallel import linear_from, tp_group
-from galva_models.adapters.vit import ClassifierHead
 from galva_schema import LayerTypeConstraints, ModelConstraints
-
-
-class SwinEmbedding(nn.Module):
-    def __init__(self, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-
-    def forward(self, pixel_values: Tensor) -> Tensor:
-        return first_output(self.embeddings(pixel_values))
 
 
 class SwinBlock(nn.Module):
@@ -370,7 +360,7 @@ def decompose(model: Any) -> LayeredModel:
             layers.append(SwinBlock(block, grid, stage.downsample if j == len(blocks) - 1 else None))
             types.append(f"swin_stage{index}")
     layered = LayeredModel(
-        embedding=SwinEmbedding(swin.embeddings),
+        embedding=HFEmbeddings(swin.embeddings),
         layers=layers,
         head=ClassifierHead(swin.layernorm, model.classifier, pool="mean"),
         layer_types=types,
@@ -378,8 +368,7 @@ def decompose(model: Any) -> LayeredModel:
         name="swin",
         constraints=constraints(model.config),
     )
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
@@ -412,14 +401,9 @@ def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
 
 
 ADAPTER = FamilyAdapter(
-    name="swin",
-    model_types=("swin",),
-    task=Task.IMAGE_CLASSIFICATION,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
+    name="swin", model_types=("swin",), task=Task.IMAGE_CLASSIFICATION,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
     set_num_layers=None,  # four stage depths: edit them in a --model-config
     per_stage_sizes=True,  # embed_dim doubles and num_heads is a list, stage by stage
     head_dim_from_hidden=False,
-)
+)  # fmt: skip

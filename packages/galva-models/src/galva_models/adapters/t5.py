@@ -41,15 +41,8 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.model import LayeredModel, ParallelContext
-from galva_models.adapters.base import (
-    FamilyAdapter,
-    LayerSpec,
-    LMHead,
-    SingleRankParallelizer,
-    Task,
-    check_full_coverage,
-    tie_pairs,
-)
+from galva_models.adapters.base import FamilyAdapter, LayerSpec, SingleRankParallelizer, Task, tie_and_check
+from galva_models.adapters.modules import LMHead
 from galva_models.adapters.parallel import tp_group
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm, SharedParameter
 
@@ -382,9 +375,7 @@ def decompose(model: Any, encoder_seq_length: int | None = None, decoder_seq_len
         name="t5",
         constraints=constraints(model.config, encoder_seq_length, decoder_seq_length),
     )
-    layered.tied_weights = tie_pairs(layered)
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def _num_decoder_layers(config: Any) -> int:
@@ -438,14 +429,7 @@ def set_num_layers(config: Any, num_layers: int) -> None:
 
 
 ADAPTER = FamilyAdapter(
-    name="t5",
-    model_types=("t5",),
-    task=Task.SEQ2SEQ_LM,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
-    set_num_layers=set_num_layers,
-    ffn_size_field="d_ff",
-    head_dim_from_hidden=False,  # d_kv sets the head size
-)
+    name="t5", model_types=("t5",), task=Task.SEQ2SEQ_LM,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+    set_num_layers=set_num_layers, ffn_size_field="d_ff", head_dim_from_hidden=False,  # d_kv sets the head size
+)  # fmt: skip

@@ -2,8 +2,8 @@
 
 Galva modules:
 
-- embedding ``ViTEmbedding``: ``embeddings`` = ``ViTEmbeddings`` ``pixels [b, c, H, W] -> [b, 1 + patches, h]``
-- layer ``"vit"`` ``ViTEncoderLayer``: ``layer`` = ``ViTLayer``
+- embedding ``HFEmbeddings``: ``embeddings`` = ``ViTEmbeddings`` ``pixels [b, c, H, W] -> [b, 1 + patches, h]``
+- layer ``"vit"`` ``HFLayer``: ``layer`` = ``ViTLayer``
 - head ``ClassifierHead``: ``norm`` (final LayerNorm), ``classifier`` on the CLS token; loss summed over samples
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_models.adapters.base import (
@@ -20,11 +20,11 @@ from galva_models.adapters.base import (
     LayerSpec,
     SingleRankParallelizer,
     Task,
-    check_full_coverage,
-    first_output,
     no_vocab_parallel,
-    token_loss_sum,
+    set_num_hidden_layers,
+    tie_and_check,
 )
+from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, HFLayer
 from galva_models.adapters.parallel import PreNormLayer, encoder_attention_form, layer_norm_form, mlp_form, renamer
 from galva_schema import LayerTypeConstraints, ModelConstraints
 
@@ -37,39 +37,6 @@ _VIT_NAMES = renamer(
         "mlp.down.": "layer.mlp.fc2.",
     }
 )
-
-
-class ViTEmbedding(nn.Module):
-    def __init__(self, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-
-    def forward(self, pixel_values: Tensor) -> Tensor:
-        return self.embeddings(pixel_values)
-
-
-class ViTEncoderLayer(nn.Module):
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return first_output(self.layer(hidden))
-
-
-class ClassifierHead(nn.Module):
-    """``norm`` -> CLS token (``pool="cls"``) or mean over tokens (``pool="mean"``) -> ``classifier`` -> CE sum."""
-
-    def __init__(self, norm: nn.Module, classifier: nn.Module, pool: str = "cls") -> None:
-        super().__init__()
-        self.norm = norm
-        self.classifier = classifier
-        self.pool = pool
-
-    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self.norm(hidden)
-        pooled = hidden[:, 0] if self.pool == "cls" else hidden.mean(dim=1)
-        return token_loss_sum(self.classifier(pooled), labels)
 
 
 class ViTParallelizer(SingleRankParallelizer):
@@ -104,9 +71,9 @@ def decompose(model: Any) -> LayeredModel:
     """``ViTForImageClassification`` -> LayeredModel sharing its modules."""
     vit = model.vit
     blocks = vit.layers if hasattr(vit, "layers") else vit.encoder.layer  # transformers 5 flattened it
-    layers: list[nn.Module] = [ViTEncoderLayer(layer) for layer in blocks]
+    layers: list[nn.Module] = [HFLayer(layer) for layer in blocks]
     layered = LayeredModel(
-        embedding=ViTEmbedding(vit.embeddings),
+        embedding=HFEmbeddings(vit.embeddings),
         layers=layers,
         head=ClassifierHead(vit.layernorm, model.classifier),
         layer_types=["vit"] * len(layers),
@@ -114,8 +81,7 @@ def decompose(model: Any) -> LayeredModel:
         name="vit",
         constraints=constraints(model.config),
     )
-    check_full_coverage(model, layered)
-    return layered
+    return tie_and_check(model, layered)
 
 
 def _tokens(config: Any) -> int:
@@ -139,18 +105,8 @@ def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
     return [LayerSpec("vit", _tokens(config), config.hidden_size)] * config.num_hidden_layers
 
 
-def set_num_layers(config: Any, num_layers: int) -> None:
-    config.num_hidden_layers = num_layers
-
-
 ADAPTER = FamilyAdapter(
-    name="vit",
-    model_types=("vit",),
-    task=Task.IMAGE_CLASSIFICATION,
-    build_model=build_model,
-    decompose=decompose,
-    constraints=constraints,
-    layer_specs=layer_specs,
-    set_num_layers=set_num_layers,
-    ffn_size_field="intermediate_size",
-)
+    name="vit", model_types=("vit",), task=Task.IMAGE_CLASSIFICATION,
+    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+    set_num_layers=set_num_hidden_layers, ffn_size_field="intermediate_size",
+)  # fmt: skip
