@@ -19,7 +19,7 @@ import torch
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.errors import CheckpointError
 from galva_ckpt.format import MANIFEST
-from galva_ckpt.hf import CONFIG, read_hf_weights
+from galva_ckpt.hf import CONFIG, INDEX, SINGLE, read_hf_weights
 from galva_ckpt.reading import read_slice
 from galva_ckpt.saves import latest_checkpoint
 from galva_schema.checkpoint import CheckpointManifest, TensorInfo
@@ -140,11 +140,12 @@ class HFDirectory(WeightSource):
         return self.weights.info.get(tensor)
 
     def where(self, tensor: str) -> Path:
-        return self.weights.file_of.get(tensor, self.directory)
+        default = INDEX if (self.directory / INDEX).is_file() else SINGLE
+        return self.weights.file_of.get(tensor, self.directory / default)
 
     def read_slice(self, tensor: str, index: tuple[slice, ...]) -> torch.Tensor:
         if tensor not in self.weights.file_of:
-            raise CheckpointError(f"{self.directory}: tensor {tensor} missing")
+            raise CheckpointError(f"{self.where(tensor)}: tensor {tensor} missing")
         return read_slice(self.weights.file_of[tensor], tensor, index)
 
 

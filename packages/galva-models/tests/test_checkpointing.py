@@ -1,0 +1,192 @@
+"""galva-train --save / --load: resuming under another plan, a save killed half-way, HF -> train -> HF round trips.
+
+Every run is the real ``galva-train`` (``parse_train_config`` + ``run``) on 4 forked gloo ranks (fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from galva_ckpt.checkpoint import CheckpointReader
+from galva_ckpt.convert import galva_to_hf, hf_to_galva
+from galva_ckpt.errors import CheckpointError
+from galva_ckpt.sharded import STALL_ENV
+from galva_ckpt.sources import resolve
+from galva_comm.testing import free_port, run_distributed
+
+COMMON = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length", "16", "--no-progress"]
+PLAN_A = ["--pp", "2", "--tp", "1", "--default-dp-type", "ddp"]  # 2 stages, dp 2 replicated
+PLAN_B = ["--pp", "1", "--tp", "2", "--vocab-tp", "2", "--sdp"]  # 1 stage, tp 2, dp 2 ZeRO-3
+
+
+def _train(rank: int, world: int, argv: list[str]) -> int:
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import run
+
+    return run(parse_train_config(argv, world_size=world))
+
+
+def galva_train(argv: list[str], world: int = 4) -> None:
+    codes = run_distributed(_train, world, [str(a) for a in argv], timeout=120)
+    assert codes == [0] * world
+
+
+def losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def test_resume_under_another_plan_continues_the_run(tmp_path):
+    """6 steps under A == 3 under A, save, 3 more under B (1e-5) or under A again (bit-identical)."""
+    run = ["--model", "tiny-llama", *COMMON, "--train-iters", "6"]
+    galva_train([*run, *PLAN_A, "--metrics-jsonl", tmp_path / "full.jsonl"])
+    galva_train([*run, *PLAN_A, "--save", tmp_path / "a", "--save-interval", "3", "--exit-interval", "3"])
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["step-00000003"]
+    resumed = ["--load", tmp_path / "a", *COMMON, "--train-iters", "6"]
+    galva_train([*resumed, *PLAN_B, "--metrics-jsonl", tmp_path / "b.jsonl"])
+    galva_train([*resumed, *PLAN_A, "--metrics-jsonl", tmp_path / "a2.jsonl"])
+    full = losses(tmp_path / "full.jsonl")
+    assert len(full) == 6
+    assert losses(tmp_path / "a2.jsonl") == full[3:]  # same plan: bit-identical
+    other = losses(tmp_path / "b.jsonl")
+    assert len(other) == 3
+    assert max(abs(a - b) for a, b in zip(other, full[3:])) < 1e-5
+
+
+def test_keep_last_and_finetune(tmp_path):
+    run = ["--model", "tiny-gpt2", *COMMON, *PLAN_B, "--train-iters", "4", "--save", tmp_path / "s"]
+    galva_train([*run, "--save-interval", "1", "--keep-last", "2"])
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["step-00000003", "step-00000004"]
+    galva_train(["--load", tmp_path / "s", "--finetune", *COMMON, *PLAN_A, "--train-iters", "1",
+                 "--metrics-jsonl", tmp_path / "ft.jsonl", "--save", tmp_path / "ft"])  # fmt: skip
+    assert len(losses(tmp_path / "ft.jsonl")) == 1  # weights only: the run starts at step 0
+    manifest = CheckpointReader(tmp_path / "ft" / "step-00000001").manifest
+    assert manifest.step == 1 and manifest.optimizer is not None and manifest.optimizer.step == 1
+
+
+def test_a_save_killed_half_way_leaves_the_previous_one(tmp_path, capsys):
+    root = tmp_path / "saves"
+    env = {
+        **os.environ,
+        STALL_ENV: "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+    }
+    argv = ["--model", "tiny-llama", "--fp32", "--global-batch-size", "2", "--seq-length", "16", "--no-progress",
+            "--train-iters", "3", "--save", str(root), "--save-interval", "1"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "galva_models.cli.train", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not list(root.glob("step-00000002.tmp-*/optimizer/*.safetensors")):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its second save"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the tensors are written; the save waits before its checksums and manifest
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    capsys.readouterr()
+    assert resolve(root) == root / "step-00000001"
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "ignoring incomplete save" in warning[0] and "step-00000002.tmp-" in warning[0]
+    assert CheckpointReader(root / "step-00000001").verify_all()
+    galva_train(["--load", root, *COMMON, *PLAN_B, "--train-iters", "2", "--metrics-jsonl", tmp_path / "r.jsonl"])
+    assert len(losses(tmp_path / "r.jsonl")) == 1  # continued from step 1
+
+
+THREE_PLANS = [  # pp2 x tp2 (vocab tp2), ZeRO-3 over 4 ranks, pp2 x Ulysses 2
+    ["--pp", "2", "--tp", "2", "--vocab-tp", "2"],
+    ["--sdp", "--chunks", "1"],
+    ["--pp", "2", "--tp", "2", "--ulysses"],
+]
+ROUND_TRIP = {"llama": THREE_PLANS, "gpt2": THREE_PLANS}
+
+
+def _tiny_hf(family: str, directory: Path) -> torch.nn.Module:
+    from galva_models.adapters.registry import adapter_for
+    from galva_models.presets import preset_config
+
+    config = preset_config(f"tiny-{family}")
+    torch.manual_seed(5)
+    model = adapter_for(config).build_model(config, attn_implementation="sdpa")
+    with torch.no_grad():  # norms at 1 and biases at 0 would hide a swapped tensor
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(ROUND_TRIP))
+def test_hugging_face_round_trip_under_three_plans(tmp_path, family):
+    """HF -> h2g -> galva-train --load (3 plans; first loss == HF's) -> save -> g2h -> from_pretrained == saved."""
+    from transformers import AutoModelForCausalLM
+
+    from galva_models.data import RandomTokenSource
+
+    hf = _tiny_hf(family, tmp_path / "hf")
+    hf_to_galva(tmp_path / "hf", tmp_path / "g", progress=False)
+    batch = RandomTokenSource(hf.config.vocab_size, 16, 4, 1234).batch(0)
+    with torch.no_grad():
+        logits = hf.eval()(input_ids=batch.inputs).logits
+    reference = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
+    for k, plan in enumerate(ROUND_TRIP[family]):
+        source = tmp_path / ("g" if k != 1 else "hf")  # h2g output, and the Hugging Face directory itself
+        out = tmp_path / f"run{k}"
+        galva_train(["--load", source, *COMMON, *plan, "--train-iters", "2", "--save", out,
+                     "--metrics-jsonl", tmp_path / f"m{k}.jsonl"])  # fmt: skip
+        first = losses(tmp_path / f"m{k}.jsonl")[0]
+        assert abs(first - reference) < 1e-5, (plan, first, reference)
+        galva_to_hf(out / "step-00000002", tmp_path / f"back{k}", progress=False)
+        back = AutoModelForCausalLM.from_pretrained(tmp_path / f"back{k}", local_files_only=True)
+        reader = CheckpointReader(out / "step-00000002")
+        saved = {n: t for m in reader.module_names for n, t in reader.read_module(m).items()}
+        state = back.state_dict()
+        for name, tensor in saved.items():
+            assert torch.equal(state[name], tensor), name
+        assert set(saved) | set(reader.manifest.tied) >= {n for n in state if not n.endswith("rotary_emb.inv_freq")}
+
+
+def test_loading_another_model_or_a_damaged_file_is_one_line(tmp_path):
+    _tiny_hf("gpt2", tmp_path / "gpt2")
+    argv = ["--model", "tiny-llama", *COMMON, "--train-iters", "1", "--load", tmp_path / "gpt2"]
+    message = run_distributed(_load_error, 2, [str(a) for a in argv], timeout=60)[0]
+    assert message.count("\n") == 0 and "model.safetensors: tensor model.embed_tokens.weight missing" in message
+    galva_train(["--model", "tiny-llama", *COMMON, *PLAN_B, "--train-iters", "1", "--save", tmp_path / "s"])
+    layer = tmp_path / "s" / "step-00000001" / "model" / "layers.1.safetensors"
+    data = bytearray(layer.read_bytes())
+    data[-4:] = b"\0\0\0\0"
+    layer.write_bytes(bytes(data))
+    argv = ["--model", "tiny-llama", *COMMON, "--train-iters", "2", "--load", tmp_path / "s"]
+    message = run_distributed(_load_error, 2, [str(a) for a in argv], timeout=60)[0]
+    assert message.count("\n") == 0 and "layers.1.safetensors: checksum mismatch" in message, message
+    bigger = ["--model", "tiny-llama", "--hidden-size", "128", *COMMON, "--train-iters", "2", "--load", tmp_path / "s"]
+    with pytest.raises(CheckpointError):
+        resolve(tmp_path / "nowhere")
+    message = run_distributed(_load_error, 2, [str(a) for a in bigger], timeout=60)[0]
+    assert message.count("\n") == 0 and "embedding.safetensors: tensor model.embed_tokens.weight is [" in message
+
+
+def _load_error(rank: int, world: int, argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import run
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = run(parse_train_config(argv, world_size=world))
+    assert code == 2
+    return err.getvalue().strip() if rank == 0 else ""
