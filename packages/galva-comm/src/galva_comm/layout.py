@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 
 from galva_schema import GroupKind, Strategy
 from galva_schema.sharding import contiguous_block
@@ -173,6 +174,19 @@ class RedistributionPlan:
         """The plan of the backward pass."""
         return redistribution_plan(self.target, self.source)
 
+    def busiest_rank_fraction(self) -> Fraction:
+        """Largest share of the micro-batch (its ``[batch, seq]`` activation) that any one rank sends to other
+        ranks, or receives from them, under this plan; local copies are free. An exchange in one collective is as
+        slow as this rank, so a cost model prices a boundary with it (:func:`busiest_rank_fraction` gives the same
+        number without building the plan)."""
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+        for t in self.transfers:
+            if t.src != t.dst:
+                sent[t.src] = sent.get(t.src, 0) + len(t.cells)
+                received[t.dst] = received.get(t.dst, 0) + len(t.cells)
+        return _busiest(sent, received, self.batch_cells * self.seq_cells)
+
 
 def redistribution_plan(source: ShardLayout, target: ShardLayout) -> RedistributionPlan:
     """Plan the exchange that turns ``source``-sharded activations into ``target``-sharded ones."""
@@ -318,6 +332,48 @@ class RankLayout:
             found.update(plan.groups)
             found.update(plan.reverse().groups)  # backward exchanges can connect ranks the forward does not
         return sorted((g for g in found if include_singletons or len(g) > 1), key=lambda g: (len(g), g))
+
+
+# ------------------------------------------------------------------------------------------------ exchange volume
+def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
+    """``redistribution_plan(source, target).busiest_rank_fraction()`` without building the plan.
+
+    Same cells, same sources: a remote cell comes from the rank of the source shard with dst's model-parallel index
+    (the one rank of that shard when the sequence is split), which is what ``_nearest`` picks, so the cells of one
+    source shard are counted together and no rank is scanned. A planner asks it for every pair of layouts.
+    """
+    if sorted(source.ranks) != sorted(target.ranks):
+        raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
+    batch_cells = _lcm(source.dp, target.dp)
+    seq_cells = _lcm(source.seq_parts, target.seq_parts)
+    sb, ss = batch_cells // source.dp, seq_cells // source.seq_parts  # cells per source shard, per axis
+    tb, ts = batch_cells // target.dp, seq_cells // target.seq_parts  # cells per target shard, per axis
+    sent: dict[int, int] = {}
+    received: dict[int, int] = {}
+    for dst in target.ranks:
+        batch_part, seq_part = target.shard(dst)
+        mp_dst = source.coords(dst)[0]
+        b0, s0 = batch_part * tb, seq_part * ts  # first cell dst needs
+        for bp in range(b0 // sb, (b0 + tb - 1) // sb + 1):  # source shards overlapping what dst needs
+            rows = min(b0 + tb, (bp + 1) * sb) - max(b0, bp * sb)
+            for sp in range(s0 // ss, (s0 + ts - 1) // ss + 1):
+                src = _rank_at(source, sp if source.seq_sharded else mp_dst, bp)
+                if src == dst:
+                    continue  # dst holds these cells itself
+                cells = rows * (min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss))
+                sent[src] = sent.get(src, 0) + cells
+                received[dst] = received.get(dst, 0) + cells
+    return _busiest(sent, received, batch_cells * seq_cells)
+
+
+def _rank_at(layout: ShardLayout, mp_index: int, dp_index: int) -> int:
+    """The rank with these coordinates (the inverse of :meth:`ShardLayout.coords`)."""
+    local = dp_index * layout.degree + mp_index if layout.consecutive else mp_index * layout.dp + dp_index
+    return layout.ranks[local]
+
+
+def _busiest(sent: dict[int, int], received: dict[int, int], cells: int) -> Fraction:
+    return Fraction(max([0, *sent.values(), *received.values()]), cells)
 
 
 def _check_divides(divisor: int, total: int, name: str, total_name: str) -> None:
