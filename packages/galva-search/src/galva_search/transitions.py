@@ -11,12 +11,11 @@ the wider side.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 from functools import cache
 
 import numpy as np
 
-from galva_comm.layout import ShardLayout, _lcm
+from galva_comm.layout import ShardLayout, busiest_rank_fraction
 from galva_schema import DataParallelType
 from galva_schema.sharding import sequence_shards
 from galva_search.collectives import GB, Collectives
@@ -100,43 +99,3 @@ def switch_penalty(candidates: Sequence[Candidate], penalty_s: float) -> np.ndar
     ckpt = np.array([c.checkpoint for c in candidates])
     changes = (zero3[:, None] != zero3[None, :]).astype(float) + (ckpt[:, None] != ckpt[None, :])
     return changes * penalty_s
-
-
-# TEMPORARY (moves to galva_comm.layout once the lead's edit of that file is done)
-
-
-def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
-    """``redistribution_plan(source, target).busiest_rank_fraction()`` without building the plan.
-
-    Same cells, same sources: a remote cell comes from the rank of the source shard with dst's model-parallel index
-    (the one rank of that shard when the sequence is split), which is what ``_nearest`` picks, so the cells of one
-    source shard are counted together and no rank is scanned. A planner asks it for every pair of layouts.
-    """
-    if sorted(source.ranks) != sorted(target.ranks):
-        raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
-    batch_cells = _lcm(source.dp, target.dp)
-    seq_cells = _lcm(source.seq_parts, target.seq_parts)
-    sb, ss = batch_cells // source.dp, seq_cells // source.seq_parts  # cells per source shard, per axis
-    tb, ts = batch_cells // target.dp, seq_cells // target.seq_parts  # cells per target shard, per axis
-    sent: dict[int, int] = {}
-    received: dict[int, int] = {}
-    for dst in target.ranks:
-        batch_part, seq_part = target.shard(dst)
-        mp_dst = source.coords(dst)[0]
-        b0, s0 = batch_part * tb, seq_part * ts  # first cell dst needs
-        for bp in range(b0 // sb, (b0 + tb - 1) // sb + 1):  # source shards overlapping what dst needs
-            rows = min(b0 + tb, (bp + 1) * sb) - max(b0, bp * sb)
-            for sp in range(s0 // ss, (s0 + ts - 1) // ss + 1):
-                src = _rank_at(source, sp if source.seq_sharded else mp_dst, bp)
-                if src == dst:
-                    continue  # dst holds these cells itself
-                cells = rows * (min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss))
-                sent[src] = sent.get(src, 0) + cells
-                received[dst] = received.get(dst, 0) + cells
-    return Fraction(max([0, *sent.values(), *received.values()]), batch_cells * seq_cells)
-
-
-def _rank_at(layout: ShardLayout, mp_index: int, dp_index: int) -> int:
-    """The rank with these coordinates (the inverse of :meth:`ShardLayout.coords`)."""
-    local = dp_index * layout.degree + mp_index if layout.consecutive else mp_index * layout.dp + dp_index
-    return layout.ranks[local]
