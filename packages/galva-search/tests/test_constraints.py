@@ -200,3 +200,28 @@ def test_cli_reads_constraints_from_the_model_profile(make_hw, make_model, tmp_p
         )
         assert code == 0
         assert plan_problems(Strategy.load(out), t5_constraints(), world_size=8, seq_len=512) == []
+
+
+def test_a_profile_without_entries_for_refused_tp_degrees_still_plans(make_hw, make_model):
+    """A model whose constraints refuse tp (e.g. GPT-2 with attention dropout) is profiled at tp 1 only: the search
+    must not ask for the tp entries nobody measured, and plans tp 1 (or Ulysses where allowed)."""
+    no_tp = {ParallelForm.TP: "attn_pdrop: parallel attention has no attention dropout"}
+    constraints = ModelConstraints(
+        model_name="gpt2-like",
+        layer_types=(
+            LayerTypeConstraints(name="t5_encoder", num_layers=ENCODER, num_heads=4, unsupported=no_tp),
+            LayerTypeConstraints(name="t5_decoder", num_layers=DECODER, num_heads=4, unsupported=no_tp),
+        ),
+    )
+    data = t5_profile(make_model, constraints).to_dict()
+    for layer_type in data["layer_types"]:
+        layer_type["activation_mib_per_sample"] = {"1": 10.0}
+    cost = CostModel(make_hw(8), ModelProfile.from_dict(data), CostSettings(context_mib=0.0))
+    strategy = plan(cost, 4000.0)
+    assert strategy is not None
+    assert all(layer.tp == 1 or layer.ulysses for layer in strategy.layers)
+    assert plan_problems(strategy, constraints) == []
+    # without constraints the same profile is an error that names the missing entry, as before
+    data["constraints"] = None
+    with pytest.raises(SchemaError, match="no entry for tp 2"):
+        plan(CostModel(make_hw(8), ModelProfile.from_dict(data), cost.settings), 4000.0)

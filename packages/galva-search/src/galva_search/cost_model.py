@@ -19,6 +19,7 @@ from galva_schema import (
     HardwareProfile,
     LayerTypeProfile,
     ModelProfile,
+    ParallelForm,
     PipelineSchedule,
     Precision,
     SchemaError,
@@ -26,6 +27,7 @@ from galva_schema import (
     StaticTime,
     VocabMemory,
 )
+from galva_schema.constraints import head_problem
 from galva_search.collectives import MIB, Collectives
 from galva_search.space import Candidate
 from galva_search.transitions import (
@@ -162,13 +164,24 @@ class CostModel:
             elif c.ulysses:
                 out[i] = table[1] / c.tp  # every activation of a Ulysses layer is split along the sequence
             else:
-                if c.tp not in table:
+                if c.tp not in table and not self._runs_tp(type_index, c.tp):
+                    out[i] = np.inf  # the model refuses this tp (ModelRules masks it): nobody profiles it
+                elif c.tp not in table:
                     raise self._error(
                         f"layer_types[{type_index}].activation_mib_per_sample: no entry for tp {c.tp} "
                         f"(layer type {layer.name!r}); profile it or lower --max-tp"
                     )
-                out[i] = table[c.tp]
+                else:
+                    out[i] = table[c.tp]
         return out
+
+    def _runs_tp(self, type_index: int, tp: int) -> bool:
+        """Whether the model's constraints (if the profile has them) let this layer type run Megatron tp ``tp``."""
+        constraints = self.model.constraints
+        if constraints is None:
+            return True
+        own = constraints.layer_types[type_index]
+        return ParallelForm.TP not in own.unsupported and head_problem(own, tp, ulysses=False) is None
 
     def state_fraction(self, dp_type: DataParallelType, shard: np.ndarray | int, accumulating: bool) -> np.ndarray:
         """Share of the unsharded model-state bytes one rank holds under ``dp_type`` over ``shard`` ranks.

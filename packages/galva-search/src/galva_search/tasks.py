@@ -86,8 +86,10 @@ class CostTables:
         if hit is None:
             terms, allowed = self.terms[t], self.allowed[t]
             mem = terms.memory_mib(in_flight)
-            time = np.where(allowed, terms.micro_batch_s, np.inf)  # refused candidates never enter a plan
-            g = (time[None, :] + LAMBDAS[:, None] * mem[None, :]).min(axis=1)
+            # refused candidates never enter a plan (their memory may be unknown: +inf, and 0 * inf is nan)
+            with np.errstate(invalid="ignore"):
+                priced = terms.micro_batch_s[None, :] + LAMBDAS[:, None] * mem[None, :]
+            g = np.where(allowed[None, :], priced, np.inf).min(axis=1)
             hit = (g, float(mem[allowed].min()) if allowed.any() else math.inf)
             self.dual_cache[key] = hit
         return hit
