@@ -28,6 +28,7 @@ from galva_schema import (
     VocabMemory,
 )
 from galva_schema.constraints import head_problem
+from galva_schema.sharding import sequence_shards
 from galva_search.collectives import MIB, Collectives
 from galva_search.space import Candidate
 from galva_search.transitions import (
@@ -159,8 +160,8 @@ class CostModel:
         for i, c in enumerate(candidates):
             if c.checkpoint:
                 # only the layer input is kept; Megatron-SP and Ulysses shard it along the sequence
-                sharded = c.ulysses or self.settings.megatron_sp
-                out[i] = layer.checkpoint_activation_mib_per_sample / (c.tp if sharded else 1)
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=self.settings.megatron_sp)
+                out[i] = layer.checkpoint_activation_mib_per_sample / shards
             elif c.ulysses:
                 out[i] = table[1] / c.tp  # every activation of a Ulysses layer is split along the sequence
             else:
@@ -229,8 +230,8 @@ class CostModel:
             if c.shard_degree > 1:
                 sync[i] = comm.allreduce(c.shard_degree, self.dp_group_consecutive(c), grad_bytes[i])
             if pp > 1:
-                sharded = c.tp > 1 and (c.ulysses or s.megatron_sp)
-                p2p_per_byte[i] = comm.p2p(pp, 1.0) / (c.tp if sharded else 1)
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
+                p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
         comm_groups = [
             (
                 op,
