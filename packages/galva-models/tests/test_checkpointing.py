@@ -62,9 +62,9 @@ def test_resume_under_another_plan_continues_the_run(tmp_path):
 
 
 def test_keep_last_and_finetune(tmp_path):
-    run = ["--model", "tiny-gpt2", *COMMON, *PLAN_B, "--train-iters", "4", "--save", tmp_path / "s"]
+    run = ["--model", "tiny-gpt2", *COMMON, *PLAN_B, "--train-iters", "3", "--save", tmp_path / "s"]
     galva_train([*run, "--save-interval", "1", "--keep-last", "2"])
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["step-00000003", "step-00000004"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["step-00000002", "step-00000003"]
     galva_train(["--load", tmp_path / "s", "--finetune", *COMMON, *PLAN_A, "--train-iters", "1",
                  "--metrics-jsonl", tmp_path / "ft.jsonl", "--save", tmp_path / "ft"])  # fmt: skip
     assert len(losses(tmp_path / "ft.jsonl")) == 1  # weights only: the run starts at step 0
