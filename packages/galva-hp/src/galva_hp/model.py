@@ -55,6 +55,12 @@ class ParallelContext:
         degree = max(self.tp_size, self.sp_size)
         return sequence_shards(degree, ulysses=self.sp_size > 1, megatron_sp=self.megatron_sp) > 1
 
+    @property
+    def sequence_parallel_tp(self) -> bool:
+        """Megatron-SP applies here: a tp > 1 module whose boundaries are split along the sequence over ``tp_group``
+        (its norms and other replicated parameters then see a sequence shard)."""
+        return self.tp_size > 1 and self.seq_sharded
+
 
 class Parallelizer(Protocol):
     """Turns single-process modules into their parallel form for one rank. Implementations are per model family."""

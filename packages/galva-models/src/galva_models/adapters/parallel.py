@@ -119,7 +119,7 @@ class PreNormLayer(_Gathered):
 
 def layer_norm_form(norm: nn.Module, ctx: ParallelContext) -> nn.Module:
     """A norm's copy for the layer's layout: Megatron-SP norms sum their gradient over the tp group."""
-    if ctx.megatron_sp and ctx.tp_size > 1:
+    if ctx.sequence_parallel_tp:
         from galva_hp.parallel.tensor_parallel import sequence_parallel_norm
 
         return sequence_parallel_norm(norm, ctx.tp_group)

@@ -306,7 +306,7 @@ class SwinParallelBlock(nn.Module):
                 [fc1.weight], [fc1.bias], fc2.weight, fc2.bias, copy.deepcopy(layer.mlp.activation_fn),
                 group=group, sequence_parallel=ctx.megatron_sp, names=(["fc1"], "fc2"),
             )  # fmt: skip
-        sp_norms = ctx.megatron_sp and not ulysses
+        sp_norms = ctx.sequence_parallel_tp
         norms = [sequence_parallel_norm(n, group) if sp_norms else copy.deepcopy(n)
                  for n in (layer.layernorm_before, layer.layernorm_after)]  # fmt: skip
         self.block: _SwinLayerParts = _SwinLayerParts(norms[0], attention, norms[1], mlp, layer)
