@@ -71,12 +71,33 @@ CASES = [
     ("gpt2", "pp1-dp4-ddp"),
     ("qwen2", "pp2-tp2-megatron_sp-vtp2-gpipe"),
     ("mistral", "pp2-tp2-vtp2-1f1b"),
+    # sliding-window attention over a sequence twice the window: Mistral on every layer, Qwen2 on its last two
+    ("mistral-sw", "pp2-tp2-vtp2-1f1b"),
+    ("mistral-sw", "pp2-ulysses2-vsp2"),
+    ("mistral-sw", "pp2-per-layer-mixed"),  # degree-1 layers: the Hugging Face layer with a banded mask
+    ("qwen2-sw", "pp2-tp2-megatron_sp-vtp2-gpipe"),
+    ("qwen2-sw", "pp2-ulysses2-vsp2"),
+    ("qwen2-sw", "pp2-per-layer-mixed"),
 ]
+
+
+def sliding_window_config(family: str):
+    """``tiny-<family>``, or for ``mistral-sw`` / ``qwen2-sw`` the tiny preset with a window of half the sequence
+    (Mistral: every layer; Qwen2: the last two of four, as ``max_window_layers=2`` gives)."""
+    base, _, variant = family.partition("-")
+    config = preset_config(f"tiny-{base}")
+    if variant == "sw":
+        config.sliding_window = SEQ // 2
+        if base == "qwen2":
+            config.use_sliding_window = True
+            config.max_window_layers = 2
+            config.layer_types = ["full_attention"] * 2 + ["sliding_attention"] * 2
+    return config
 
 
 def _models(family: str):
     torch.manual_seed(0)
-    return build_layered(preset_config(f"tiny-{family}"))
+    return build_layered(sliding_window_config(family))
 
 
 def hf_reference(family: str) -> tuple[list[float], list[float]]:
@@ -160,6 +181,10 @@ ENCODER_PLANS = {
     "pp1-tp2-ddp": _enc_plan({"tp": 2}, pp=1),
     "pp1-tp2-zero2": _enc_plan({"tp": 2}, pp=1, default_dp_type="zero2"),
     "pp1-tp4": _enc_plan({"tp": 4}, pp=1),
+    # galva-train's default precision: bf16 compute with fp32 masters (images enter in bf16)
+    "pp2-tp2-bf16": _enc_plan({"tp": 2}, mixed_precision="bf16"),
+    "pp2-dp2-zero3-bf16": _enc_plan({}, default_dp_type="zero3", mixed_precision="bf16"),
+    "pp2-ulysses2-bf16": _enc_plan({"tp": 2, "ulysses": True}, mixed_precision="bf16"),
 }
 ENCODER_CASES = [
     ("bert", "pp2-tp2-zero3"),

@@ -113,6 +113,9 @@ class HybridParallelModel(nn.Module):
     def _stage_forward(self, received: Tensor | None, ids: Tensor | None, labels: Tensor | None) -> Any:
         hidden = received
         if self.embedding is not None:
+            assert ids is not None
+            if ids.is_floating_point():  # pixels (any non-token input) enter in the compute dtype, in every plan
+                ids = ids.to(self.precision.param_dtype)
             hidden = self._run("embedding", self.embedding, ids)
         for index in self.layer_indices():
             key = str(index)

@@ -31,7 +31,8 @@ def _sizes(hidden: int, layers: int, heads: int, ffn: int) -> dict[str, Any]:
 def _llama(
     kind: str, hidden: int, layers: int, heads: int, ffn: int, kv_heads: int, vocab: int, positions: int, **kw: Any
 ) -> Any:
-    """``kind``: llama, mistral or qwen2. Mistral presets have no sliding window (the adapters run full attention)."""
+    """``kind``: llama, mistral or qwen2. Mistral presets run without a sliding window (set
+    ``sliding_window`` for one; every parallel form supports it)."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind]

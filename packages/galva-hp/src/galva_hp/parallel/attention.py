@@ -4,6 +4,12 @@ Llama family.
 Tensors are ``[batch, seq, heads, head_dim]``. The attention itself is ``scaled_dot_product_attention`` (works on
 CPU with the math and flash kernels, on GPU with every backend); grouped-query attention uses its ``enable_gqa``
 path, so K/V heads are never materialised ``heads / kv_heads`` times.
+
+Sliding-window attention (Mistral, Qwen2): with ``window=w`` query ``i`` sees keys ``i-w < j <= i``, the band that
+Hugging Face's ``sliding_window`` mask keeps. SDPA takes it as a boolean banded causal mask; on a GPU with flash-attn
+installed and bf16/fp16 tensors, flash-attn's ``window_size=(w-1, 0)`` computes the same band without a mask. Every
+parallel form calls this function on the whole sequence (Megatron tp gathers it, Ulysses exchanges heads for it), so
+a window is exact in all of them.
 """
 
 from __future__ import annotations
@@ -14,22 +20,52 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Rotary", "RotaryEmbedding", "attention", "causal_attention"]
+__all__ = ["Rotary", "RotaryEmbedding", "attention", "causal_attention", "sliding_window_mask"]
 
 Rotary = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """Applies position information to ``(q, k)`` of the *whole* sequence (positions ``0 .. seq-1``)."""
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True) -> Tensor:
-    """Softmax attention, causal (decoders) or unmasked (``causal=False``: encoders such as BERT and ViT):
-    q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with ``hq % hkv == 0``."""
+def sliding_window_mask(seq: int, window: int, device: torch.device | None = None) -> Tensor:
+    """``[seq, seq]`` boolean mask, True where query ``i`` may attend key ``j``: ``i - window < j <= i``."""
+    i = torch.arange(seq, device=device).unsqueeze(1)
+    j = torch.arange(seq, device=device).unsqueeze(0)
+    return (j <= i) & (j > i - window)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: int | None = None) -> Tensor:
+    """Softmax attention, causal (decoders) or unmasked (``causal=False``: encoders such as BERT and ViT), optionally
+    restricted to a causal sliding window of ``window`` keys: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with
+    ``hq % hkv == 0``."""
     hq, hkv = q.shape[2], k.shape[2]
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    seq = q.shape[1]
+    if window is not None and window < seq:
+        if not causal:
+            raise ValueError("a sliding window is only supported with causal attention")
+        if _flash_ok(q):
+            from flash_attn import flash_attn_func  # optional extra (GPU only)
+
+            return flash_attn_func(q, k, v, causal=True, window_size=(window - 1, 0))
+        mask = sliding_window_mask(seq, window, q.device)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=hq != hkv
+        )
+        return out.transpose(1, 2)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=hq != hkv
     )
     return out.transpose(1, 2)
+
+
+def _flash_ok(q: Tensor) -> bool:
+    """flash-attn computes a window without a mask tensor: CUDA, half precision, and the package installed."""
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

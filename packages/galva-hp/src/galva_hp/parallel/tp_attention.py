@@ -40,7 +40,8 @@ class TensorParallelAttention(nn.Module):
     ``[hidden, heads*d]``. This rank keeps query heads ``[r*heads/tp, (r+1)*heads/tp)`` in one fused
     column-parallel ``qkv`` (its local rows are ``[q_r; k_r; v_r]``) and the matching input columns of the
     row-parallel ``o_proj``. ``rotary`` (if any) is applied to the full sequence of the local heads. ``causal=False``
-    drops the causal mask (bidirectional encoders such as BERT and ViT).
+    drops the causal mask (bidirectional encoders such as BERT and ViT); ``window`` restricts causal attention to a
+    sliding window of that many keys (Mistral, Qwen2), on the full sequence.
     """
 
     def __init__(
@@ -60,8 +61,10 @@ class TensorParallelAttention(nn.Module):
         sequence_parallel: bool = False,
         rotary: Rotary | None = None,
         causal: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        self.window = window
         if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
             raise ValueError("q_bias, k_bias and v_bias must be given together or not at all")
         tp, rank = group_size(group), group_rank(group)
@@ -153,5 +156,5 @@ class TensorParallelAttention(nn.Module):
         q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = attention(q, k, v, causal=self.causal).reshape(b, s, hq * d)
+        out = attention(q, k, v, causal=self.causal, window=self.window).reshape(b, s, hq * d)
         return row_output(self.o_proj, out, self.sequence_parallel)

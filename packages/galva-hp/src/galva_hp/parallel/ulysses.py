@@ -44,7 +44,8 @@ class UlyssesAttention(nn.Module):
 
     The projections are any modules mapping ``[b, s, hidden]`` to ``[b, s, heads*d]`` (``kv_heads*d`` for k and v)
     and back for ``o_proj``; they are used as given (pass copies). ``rotary`` is applied after the exchange, to the
-    whole sequence. ``causal=False`` drops the causal mask (bidirectional encoders such as BERT and ViT).
+    whole sequence. ``causal=False`` drops the causal mask (bidirectional encoders such as BERT and ViT); ``window``
+    restricts causal attention to a sliding window of that many keys (Mistral, Qwen2), applied to the whole sequence.
     """
 
     def __init__(
@@ -60,8 +61,10 @@ class UlyssesAttention(nn.Module):
         group: ProcessGroup | None,
         rotary: Rotary | None = None,
         causal: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        self.window = window
         self.causal = causal
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -80,6 +83,6 @@ class UlyssesAttention(nn.Module):
         q, k, v = (differentiable_all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = attention(q, k, v, causal=self.causal)  # [b, s, heads/sp, d]
+        out = attention(q, k, v, causal=self.causal, window=self.window)  # [b, s, heads/sp, d]
         out = differentiable_all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

@@ -5,6 +5,8 @@ Galva modules:
 - embedding ``TokenEmbedding``: ``embed_tokens``
 - layer ``"llama"`` ``RotaryDecoderLayer``: ``layer`` = the Hugging Face decoder layer, plus a buffer-only
   rotary-embedding module of its own (each layer computes its cos/sin, so layers can sit on any pipeline stage)
+  and its sliding window (Mistral's ``sliding_window``; Qwen2's on its ``"sliding_attention"`` layers), applied as a
+  banded causal mask in every form (galva-hp's ``attention(window=...)``)
 - head ``LMHead``: ``norm``, ``lm_head`` (tied to ``embedding.embed_tokens.weight`` when the config ties them)
 """
 
@@ -14,6 +16,7 @@ import copy
 import importlib
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from galva_hp.model import LayeredModel, ParallelContext
@@ -35,17 +38,46 @@ class TokenEmbedding(nn.Module):
 
 
 class RotaryDecoderLayer(nn.Module):
-    """A Llama-style decoder layer with its own rotary embedding; causal attention via SDPA ``is_causal``."""
+    """A Llama-style decoder layer with its own rotary embedding; causal attention via SDPA ``is_causal``, or a banded
+    causal mask when the layer has a sliding ``window`` shorter than the sequence (flash-attn takes the window from
+    the Hugging Face module itself)."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module, window: int | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.rotary = rotary
+        self.window = window
+        attn: Any = layer.self_attn
+        self._hf_window = "flash" in str(attn.config._attn_implementation)  # flash-attn applies the window itself
 
     def forward(self, hidden: Tensor, position_offset: int = 0) -> Tensor:
         pos = positions(hidden.shape[1], hidden.device, position_offset)
         cos_sin = self.rotary(hidden, pos)
-        return first_output(self.layer(hidden, attention_mask=None, position_ids=pos, position_embeddings=cos_sin))
+        mask = self._mask(hidden)
+        return first_output(self.layer(hidden, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin))
+
+    def _mask(self, hidden: Tensor) -> Tensor | None:
+        seq = hidden.shape[1]
+        if self.window is None or self.window >= seq or self._hf_window:
+            return None
+        from galva_hp.parallel.attention import sliding_window_mask
+
+        allowed = sliding_window_mask(seq, self.window, hidden.device)
+        blocked = torch.zeros(seq, seq, dtype=hidden.dtype, device=hidden.device)
+        # additive form: eager attention adds the mask, SDPA accepts it as well
+        return blocked.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[None, None]
+
+
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window (None: full causal attention), as Hugging Face applies it."""
+    window = getattr(config, "sliding_window", None)  # Qwen2 sets it to None without use_sliding_window
+    n = config.num_hidden_layers
+    if window is None:
+        return [None] * n
+    types = getattr(config, "layer_types", None)
+    if types is None:  # Mistral: every layer
+        return [window] * n
+    return [window if t == "sliding_attention" else None for t in types]
 
 
 class SwiGLU(nn.Module):
@@ -85,14 +117,16 @@ class LlamaParallelizer(LMHeadParallelizer):
         heads = self.config.num_attention_heads
         kv = getattr(self.config, "num_key_value_heads", None) or heads
         rotary = HFRotary(module.rotary, self._apply_rotary)
+        window = module.window
         attention: nn.Module
         if ctx.sp_size > 1:
             from galva_hp.parallel.ulysses import UlyssesAttention
 
             parts = [copy.deepcopy(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
             attention = UlyssesAttention(
-                *parts, heads=heads, kv_heads=kv, head_dim=attn.head_dim, group=ctx.sp_group, rotary=rotary
-            )
+                *parts, heads=heads, kv_heads=kv, head_dim=attn.head_dim, group=ctx.sp_group, rotary=rotary,
+                window=window,
+            )  # fmt: skip
             feed_forward = copy.deepcopy(mlp)
         else:
             from galva_hp.parallel.tensor_parallel import TensorParallelAttention, TensorParallelMLP
@@ -101,6 +135,7 @@ class LlamaParallelizer(LMHeadParallelizer):
             attention = TensorParallelAttention(
                 q.weight, k.weight, v.weight, o.weight, q.bias, k.bias, v.bias, o.bias,
                 heads=heads, kv_heads=kv, group=_tp_group(ctx), sequence_parallel=ctx.megatron_sp, rotary=rotary,
+                window=window,
             )  # fmt: skip
             feed_forward = TensorParallelMLP(
                 [mlp.gate_proj.weight, mlp.up_proj.weight],
@@ -138,7 +173,8 @@ def decompose(model: Any) -> LayeredModel:
     rotary_cls = type(inner.rotary_emb)
     device = next(inner.rotary_emb.buffers()).device
     layers: list[nn.Module] = [
-        RotaryDecoderLayer(layer, rotary_cls(config=model.config).to(device)) for layer in inner.layers
+        RotaryDecoderLayer(layer, rotary_cls(config=model.config).to(device), window)
+        for layer, window in zip(inner.layers, layer_windows(model.config))
     ]
     family = model.config.model_type
     layered = LayeredModel(
@@ -166,10 +202,6 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
 
 
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) and seq_length > window:
-        # The adapters run full causal attention; a window shorter than the sequence would change the model.
-        raise ValueError(f"seq_length {seq_length} exceeds the model's sliding_window {window} (not supported)")
     return [LayerSpec(config.model_type, seq_length, config.hidden_size)] * config.num_hidden_layers
 
 
