@@ -114,10 +114,10 @@ BAD = [
         4,
         "layers[0].tp: tp 4 does not divide the 2 attention",
     ),
-    (
-        ["--model", "tiny-vit", "--vocab-tp", "2"],
+    (  # vocab tp runs on images (classifier split over the labels); vocab sp has no sequence to split
+        ["--model", "tiny-vit", "--vocab-tp", "2", "--vocab-sp"],
         2,
-        "vocab.tp: the vocabulary cannot run vocabulary tensor parallelism: vit",
+        "vocab.sp: the vocabulary cannot run vocabulary sequence parallelism: vit scores one label per image",
     ),
     (
         ["--model", "tiny-t5", "--vocab-tp", "2"],

@@ -155,8 +155,11 @@ class HybridParallelModel(nn.Module):
             shard_for(micro_batch(input_ids, k, n), first, self.rank, strategy.vocab.sp) if self.is_first else None
             for k in range(n)
         ]
+        per_token = labels.dim() > 1  # image labels are one per sample: never split along a sequence
         label_parts = [
-            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded) if self.is_last else None
+            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded and per_token)
+            if self.is_last
+            else None
             for k in range(n)
         ]
         self.saved_bytes.clear()

@@ -91,6 +91,13 @@ def no_vocab_parallel(family: str) -> dict[ParallelForm, str]:
     return {ParallelForm.VOCAB_TP: reason, ParallelForm.VOCAB_SP: reason}
 
 
+def image_vocab_unsupported(family: str) -> dict[ParallelForm, str]:
+    """``vocab_unsupported`` of an image-classification family: vocab tp runs (classifier split over the labels,
+    sequence-split patch embedding under Megatron-SP), vocab sp does not."""
+    reason = f"{family} scores one label per image, not per token: there is no sequence to split; use vocab sp off"
+    return {ParallelForm.VOCAB_SP: reason}
+
+
 class SingleRankParallelizer:
     """Parallel form for degree 1 everywhere: the modules as they are.
 

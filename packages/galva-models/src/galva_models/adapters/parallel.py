@@ -56,6 +56,31 @@ class LMHeadParallelizer:
         return copy.deepcopy(module) if ctx.vocab_sp else module
 
 
+class ImageVocabForms:
+    """The vocabulary-layer forms of the image-classification families (ViT, Swin), whose embedding is a patch
+    embedding (no vocabulary: replicated, and under Megatron-SP sequence-split so the first layer gets its slice) and
+    whose head is a :class:`~galva_models.adapters.modules.ClassifierHead` (under vocab tp: the classifier split over
+    the labels with galva-hp's vocab-parallel cross-entropy). Vocabulary sp has no form: the head scores one label
+    per image, not per token."""
+
+    def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size > 1:
+            from galva_hp.parallel.vocab import SequenceSplitEmbedding
+
+            return SequenceSplitEmbedding(copy.deepcopy(module), ctx.tp_group, sequence_parallel=ctx.megatron_sp)
+        return module
+
+    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
+        if ctx.tp_size > 1:
+            from galva_hp.parallel.vocab import VocabParallelClassifier
+
+            classifier = module.classifier
+            return VocabParallelClassifier(
+                module.norm, classifier.weight, classifier.bias, ctx.tp_group, ctx.megatron_sp, pool=module.pool
+            )
+        return module
+
+
 class HFRotary(nn.Module):
     """A Hugging Face rotary-embedding module as galva-hp's ``Rotary``: ``(q, k) [b, s, h, d] -> rotated (q, k)``.
 

@@ -29,11 +29,11 @@ from galva_models.adapters.base import (
     LayerSpec,
     SingleRankParallelizer,
     Task,
-    no_vocab_parallel,
+    image_vocab_unsupported,
     tie_and_check,
 )
 from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, first_output
-from galva_models.adapters.parallel import linear_from, tp_group
+from galva_models.adapters.parallel import ImageVocabForms, linear_from, tp_group
 from galva_schema import LayerTypeConstraints, ModelConstraints
 
 
@@ -330,9 +330,10 @@ class SwinParallelBlock(nn.Module):
         return self.downsample(hidden, self.grid)
 
 
-class SwinParallelizer(SingleRankParallelizer):
+class SwinParallelizer(ImageVocabForms, SingleRankParallelizer):
     """Swin blocks in every layer form galva-hp has: Megatron tp (optionally Megatron-SP) and Ulysses, both with the
-    window attention over the whole patch grid (:class:`SwinParallelBlock`). Embedding and head at degree 1."""
+    window attention over the whole patch grid (:class:`SwinParallelBlock`). Patch embedding and classifier:
+    :class:`ImageVocabForms` (vocab tp, sequence-split embedding under Megatron-SP)."""
 
     def __init__(self, config: Any = None) -> None:
         super().__init__("swin", config)
@@ -373,7 +374,7 @@ def decompose(model: Any) -> LayeredModel:
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
     """One layer type per stage, each on its own patch grid; a stage's last block also outputs the merged grid
-    (the next stage's), which a sequence split must divide too. Embedding and head have degree 1 only."""
+    (the next stage's), which a sequence split must divide too. Embedding and head: vocab tp, not vocab sp."""
     grids = [g[0] * g[1] for g in _grids(config)]
     types = []
     for index, (depth, heads) in enumerate(zip(config.depths, config.num_heads)):
@@ -389,7 +390,9 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
                 output_seq_length=merged,
             )
         )
-    return ModelConstraints(model_name="swin", layer_types=tuple(types), vocab_unsupported=no_vocab_parallel("swin"))
+    return ModelConstraints(
+        model_name="swin", layer_types=tuple(types), vocab_unsupported=image_vocab_unsupported("swin")
+    )
 
 
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:

@@ -20,12 +20,19 @@ from galva_models.adapters.base import (
     LayerSpec,
     SingleRankParallelizer,
     Task,
-    no_vocab_parallel,
+    image_vocab_unsupported,
     set_num_hidden_layers,
     tie_and_check,
 )
 from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, HFLayer
-from galva_models.adapters.parallel import PreNormLayer, encoder_attention_form, layer_norm_form, mlp_form, renamer
+from galva_models.adapters.parallel import (
+    ImageVocabForms,
+    PreNormLayer,
+    encoder_attention_form,
+    layer_norm_form,
+    mlp_form,
+    renamer,
+)
 from galva_schema import LayerTypeConstraints, ModelConstraints
 
 _VIT_NAMES = renamer(
@@ -39,9 +46,9 @@ _VIT_NAMES = renamer(
 )
 
 
-class ViTParallelizer(SingleRankParallelizer):
-    """Layers: Megatron tp (+SP) or Ulysses, bidirectional. Patch embedding and classifier: degree 1 (no
-    vocabulary to split; a sequence-split embedding is an open item)."""
+class ViTParallelizer(ImageVocabForms, SingleRankParallelizer):
+    """Layers: Megatron tp (+SP) or Ulysses, bidirectional. Patch embedding and classifier: :class:`ImageVocabForms`
+    (vocab tp: classifier split over the labels; sequence-split embedding under Megatron-SP)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__("vit", config)
@@ -90,14 +97,14 @@ def _tokens(config: Any) -> int:
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
-    """Every layer form runs on the image's tokens; the patch embedding and classifier have degree 1 only."""
+    """Every layer form runs on the image's tokens; the patch embedding and classifier run vocab tp, not vocab sp."""
     layers = LayerTypeConstraints(
         name="vit",
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
         seq_length=_tokens(config),
     )
-    return ModelConstraints(model_name="vit", layer_types=(layers,), vocab_unsupported=no_vocab_parallel("vit"))
+    return ModelConstraints(model_name="vit", layer_types=(layers,), vocab_unsupported=image_vocab_unsupported("vit"))
 
 
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
