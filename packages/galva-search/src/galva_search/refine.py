@@ -60,15 +60,7 @@ def refine_division(
             break
         improved = False
         for move, move_sols in zip(moves, solver.solve(moves)):
-            record = TaskRecord(
-                move.batch_size,
-                move.micro_batches,
-                move.pp,
-                move.division,
-                move.vocab.label(),
-                move.bound_s,
-                "infeasible (refined)",
-            )
+            record = move.record("infeasible (refined)")
             solved = [s for s in move_sols if s is not None]
             if len(solved) == len(move_sols):
                 t = score(move, solved).iteration_time_s

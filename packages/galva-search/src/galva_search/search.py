@@ -119,15 +119,7 @@ class _Planner:
             else:
                 results = [self.solver.solve_uniform(task, self._uniform_time) for task in wave]
             for task, sols in zip(wave, results):
-                record = TaskRecord(
-                    task.batch_size,
-                    task.micro_batches,
-                    task.pp,
-                    task.division,
-                    task.vocab.label(),
-                    task.bound_s,
-                    "infeasible",
-                )
+                record = task.record("infeasible")
                 solved = [s for s in sols if s is not None]
                 if len(solved) == len(sols):
                     t = self.score(task, solved).iteration_time_s
@@ -144,17 +136,7 @@ class _Planner:
         for task in tasks[i:]:
             status = "pruned-memory" if not math.isfinite(task.bound_s) else "pruned-bound"
             self.counts["pruned_memory" if status == "pruned-memory" else "pruned_bound"] += 1
-            log.append(
-                TaskRecord(
-                    task.batch_size,
-                    task.micro_batches,
-                    task.pp,
-                    task.division,
-                    task.vocab.label(),
-                    task.bound_s,
-                    status,
-                )
-            )
+            log.append(task.record(status))
         if best is None:
             raise NoFeasibleStrategy(self._infeasible_message())
         if o.fine_grained and o.refine_division and best[1].pp > 1:

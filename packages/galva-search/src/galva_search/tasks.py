@@ -17,7 +17,7 @@ import numpy as np
 
 from galva_schema import DataParallelType
 from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
-from galva_search.options import SearchOptions
+from galva_search.options import SearchOptions, TaskRecord
 from galva_search.partition import balanced_division, even_division
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate
@@ -137,6 +137,11 @@ class Task:
         """Samples of one global micro-batch."""
         return self.batch_size // self.micro_batches
 
+    def record(self, status: str) -> TaskRecord:
+        """This task's line of the search log, with ``status``."""
+        vocab = self.vocab.label()
+        return TaskRecord(self.batch_size, self.micro_batches, self.pp, self.division, vocab, self.bound_s, status)
+
 
 class TaskEnumerator:
     """Every task of a search, with its bound; cost tables, vocabulary terms, partitions and bounds are built once
@@ -251,7 +256,8 @@ class TaskEnumerator:
         return out
 
     def stage_budgets(self, task: Task) -> list[float]:
-        """MiB per stage left to the layers: usable memory less the vocabulary layers and the framework context."""
+        """MiB per stage left to the layers: usable memory less the vocabulary layers and the framework context.
+        (The transients a plan holds while one of its layers runs are set aside per plan by the stage solver.)"""
         context = self.cost.settings.context_mib
         return [self.usable_mib - task.vocab_terms[s].memory_mib - context for s in range(task.pp)]
 
