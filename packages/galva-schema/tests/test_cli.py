@@ -65,6 +65,7 @@ def test_export_schemas_command(tmp_path, capsys):
             "model_profile.schema.json",
             "cluster.schema.json",
             "checkpoint_manifest.schema.json",
+            "calibration.schema.json",
         ]
     )
 

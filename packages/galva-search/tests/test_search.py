@@ -58,7 +58,9 @@ def brute_force_pp1(cost: CostModel, space, batch: int, usable: float, allow_sp:
         t = cost.layer_terms(0, allowed, micro, c)
         r = cost.redistribution(0, allowed, micro)
         combos = np.array(list(itertools.product(range(len(allowed)), repeat=layers)))
-        mem = t.memory_mib(1)[combos].sum(axis=1)
+        # a plan's peak: every layer's states and activations, plus the largest transient of any one layer (a
+        # ZeRO-3 gather or a recomputation, held only while that layer runs)
+        mem = t.memory_mib(1)[combos].sum(axis=1) + t.transient_mib[combos].max(axis=1)
         u = t.micro_batch_s[combos].sum(axis=1) + sum(r[combos[:, i - 1], combos[:, i]] for i in range(1, layers))
         e = t.exposed_sync_s[combos].sum(axis=1)
         for option in cost.vocab_options(1, 8, allow_sp=allow_sp, allow_zero3=True):
@@ -110,7 +112,8 @@ def test_tight_budget_forces_some_layers_to_checkpoint(make_hw, make_model):
     terms = cost.layer_terms(0, space, 2, 1)
     (vocab,) = cost.vocab_terms(1, cost.vocab_options(1, 1, allow_sp=False, allow_zero3=False)[0], 2, 1, [1])
     plain, ckpt = terms.memory_mib(1)
-    budget = vocab.memory_mib + 2 * plain + 4 * ckpt + 1.0  # room for exactly two uncheckpointed layers
+    # room for exactly two uncheckpointed layers, and for one checkpointed layer's recomputation during its backward
+    budget = vocab.memory_mib + 2 * plain + 4 * ckpt + float(terms.transient_mib[1]) + 1.0
     result = search(cost, SearchOptions(memory_budget_mib=budget, batch_sizes=(2,), space=options,
                                         num_micro_batches=1, memory_reserve_mib=0.0))
     flags = [layer.checkpoint for layer in result.strategy.layers]
@@ -150,7 +153,7 @@ def test_llama7b_on_one_node(hw_1x8, llama7b):
     s = Strategy.from_dict(result.strategy.to_dict())
     assert s.num_layers == 32 and s.world_size == 8
     assert all(m <= result.usable_memory_mib for m in result.stage_memory_mib)
-    assert result.usable_memory_mib == pytest.approx(0.8 * budget)
+    assert result.usable_memory_mib == pytest.approx(0.95 * budget)  # the default reserve: 5% for fragmentation
     assert result.throughput == pytest.approx(s.global_batch_size / result.iteration_time_s)
     counts = result.counts
     assert counts["tasks"] == counts["solved"] + counts["infeasible"] + counts["pruned_bound"] + \
@@ -266,7 +269,8 @@ def test_partition_refinement_only_improves(hw_1x8, llama7b):
 
 def test_evaluate_strategy_scores_pipelines_and_rejects_mismatches(hw_1x8, llama7b):
     cost = CostModel(hw_1x8, llama7b)
-    options = SearchOptions(memory_budget_mib=16e9 / 2**20, batch_sizes=(64,), space=SpaceOptions(max_tp=2))
+    options = SearchOptions(memory_budget_mib=18e9 / 2**20,  # 18 GB: room for the 5% reserve and transients
+        batch_sizes=(64,), space=SpaceOptions(max_tp=2))
     result = search(cost, options)
     assert result.strategy.pp > 1  # a tight budget and max_tp 2 force a pipeline
     evaluation = evaluate_strategy(cost, Strategy.from_dict(result.strategy.to_dict()))
@@ -284,6 +288,7 @@ def test_stage_boundary_refinement_prices_what_crosses_stages(hw_1x8, llama7b):
     and here (Megatron and Ulysses layers mixed in a 4-stage pipeline) it finds a faster plan."""
     cost = CostModel(hw_1x8, llama7b)
     common = dict(memory_budget_mib=36e9 / 2**20, batch_sizes=(128,), num_micro_batches=128,
+                  memory_reserve_mib=0.2 * 36e9 / 2**20,  # the scenario was built under the former 20% default
                   space=SpaceOptions(sp_space="tp+sp"), partitions=("even",))
     plain = search(cost, SearchOptions(**common, refine_division=False))
     refined = search(cost, SearchOptions(**common))

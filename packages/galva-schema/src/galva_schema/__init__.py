@@ -5,6 +5,7 @@ Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a b
 """
 
 from galva_schema._base import GalvaFile
+from galva_schema.calibration import Calibration, CalibrationPoint, MemoryFactors, TimeFactors
 from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
 from galva_schema.cluster import ClusterSpec
 from galva_schema.constraints import (
@@ -44,6 +45,7 @@ FILE_TYPES: dict[str, type[GalvaFile]] = {
     "model_profile": ModelProfile,
     "cluster": ClusterSpec,
     "checkpoint_manifest": CheckpointManifest,
+    "calibration": Calibration,
 }
 """Every top-level file type, by the name used for its JSON Schema under ``docs/schemas/``."""
 
@@ -52,6 +54,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "AllreduceBandwidth",
     "BatchTime",
+    "Calibration",
+    "CalibrationPoint",
     "CheckpointManifest",
     "ClusterSpec",
     "CollectiveTimes",
@@ -61,6 +65,7 @@ __all__ = [
     "LayerStrategy",
     "LayerTypeConstraints",
     "LayerTypeProfile",
+    "MemoryFactors",
     "ModelConstraints",
     "ModelProfile",
     "ModuleEntry",
@@ -74,6 +79,7 @@ __all__ = [
     "StaticTime",
     "Strategy",
     "TensorInfo",
+    "TimeFactors",
     "TimeModelForm",
     "VocabMemory",
     "VocabProfile",

@@ -19,7 +19,7 @@ from galva_schema import (
     write_json_atomic,
     write_text_atomic,
 )
-from galva_search.cost_model import CostModel, CostSettings
+from galva_search.cost_model import CostModel, CostSettings, TermFactors
 from galva_search.profiles import load_hardware, load_model, parse_memory
 from galva_search.report import write_html_report
 from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, search
@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus-per-node", type=int, help="devices per node (default: the hardware profile's)")
     g.add_argument("--memory", help="memory budget per device: 36GB (1e9 B), 36GiB (2^30 B) or 36000MiB "
                    "(default: the hardware profile's device memory)")
-    g.add_argument("--memory-reserve", help="memory kept free for fragmentation and transients, e.g. 4GiB or 0 "
-                   "(default: 20%% of budgets above 20 GiB, as the reference)")
+    g.add_argument("--memory-reserve", help="memory kept free for allocator fragmentation, e.g. 4GiB or 0 "
+                   "(default: 5%% of the budget; transients are terms of the memory model)")
     g.add_argument("--context-memory", default="1024MiB", help="framework context per device (default 1024MiB)")
 
     g = p.add_argument_group("batch")
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--megatron-sp", dest="megatron_sp", action="store_true", default=None)
     sp.add_argument("--no-megatron-sp", dest="megatron_sp", action="store_false")
     g.add_argument("--backward-coefficient", type=float, default=2.0, help="backward time / forward time")
+    g.add_argument("--calibration", metavar="PATH",
+                   help="a galva_schema Calibration (galva-profile check --calibration-output): per-term factors")
 
     g = p.add_argument_group("output")
     g.add_argument("--output", metavar="PATH", help="write the Strategy JSON here")
@@ -128,6 +130,15 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
         sys.stderr.flush()
 
     return show
+
+
+def _factors(path: str | None) -> TermFactors:
+    """The calibration's per-term factors (1.0 everywhere without one)."""
+    if path is None:
+        return TermFactors()
+    from galva_schema import Calibration
+
+    return TermFactors.from_calibration(Calibration.load(path))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         default_dp_type=default_dp,
         megatron_sp=megatron_sp,
         context_mib=parse_memory(args.context_memory, allow_zero=True),
+        factors=_factors(args.calibration),
     )
     cost = CostModel(hardware, model, settings, hardware_source=str(args.hardware_profile), model_source=model_source)
     options = SearchOptions(

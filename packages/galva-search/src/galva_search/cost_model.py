@@ -9,12 +9,13 @@ Python inside the dynamic programme.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from galva_schema import (
     BatchTime,
+    Calibration,
     DataParallelType,
     HardwareProfile,
     LayerTypeProfile,
@@ -43,6 +44,27 @@ ZERO3 = DataParallelType.ZERO3
 
 
 @dataclass(frozen=True)
+class TermFactors:
+    """Per-term correction factors (a :class:`galva_schema.Calibration` fitted by ``galva-profile check``).
+
+    Each multiplies one family of terms of the cost model; 1.0 everywhere is the uncalibrated model.
+    """
+
+    compute: float = 1.0  # forward, backward and recomputation of layers and vocabulary layers
+    tp_comm: float = 1.0  # Megatron tp / Megatron-SP / Ulysses collectives, vocabulary tp
+    dp_comm: float = 1.0  # gradient synchronisation and ZeRO-3 gathers
+    p2p: float = 1.0  # pipeline sends
+    redistribution: float = 1.0  # re-sharding between layers of different layouts
+    states: float = 1.0  # model-state bytes
+    activations: float = 1.0  # activation bytes (kept and transient)
+
+    @classmethod
+    def from_calibration(cls, calibration: Calibration) -> TermFactors:
+        t, m = calibration.time_factors, calibration.memory_factors
+        return cls(t.compute, t.tp_comm, t.dp_comm, t.p2p, t.redistribution, m.states, m.activations)
+
+
+@dataclass(frozen=True)
 class CostSettings:
     """Training settings the cost model needs; defaults follow the reference (§4 ``TrainArgs``/``ParallelArgs``)."""
 
@@ -53,6 +75,7 @@ class CostSettings:
     megatron_sp: bool = False
     context_mib: float = 1024.0  # framework/CUDA context and allocator overhead per device
     switch_penalty_s: float = 1e-9  # additive tie-breaker per change of dp type or checkpointing between layers
+    factors: TermFactors = TermFactors()  # calibration (galva-search --calibration FILE)
 
     @property
     def element_bytes(self) -> int:
@@ -98,6 +121,7 @@ class LayerTerms:
     p2p_s: np.ndarray  # one point-to-point transfer of this layer's output activation to the next stage
     states_mib: np.ndarray  # parameters + gradients + optimizer states
     activation_mib: np.ndarray  # activations kept for ONE in-flight micro-batch
+    transient_mib: np.ndarray  # held only while this layer runs (ZeRO-3 gather, recomputation, Megatron-SP gather)
 
     def memory_mib(self, in_flight: int) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -114,6 +138,8 @@ class _LayerStatic:
     comm_groups: list
     states: np.ndarray  # [not accumulating, accumulating][candidate]
     activation_per_sample: np.ndarray
+    recompute_per_sample: np.ndarray  # checkpointed candidates: what the recomputation holds during backward
+    gather_mib: np.ndarray  # ZeRO-3: one full compute-precision copy of the layer's parameters on this rank
     redistribution_per_sample: np.ndarray
     penalty: np.ndarray
 
@@ -124,7 +150,9 @@ class VocabTerms:
 
     micro_batch_s: float
     exposed_sync_s: float
-    memory_mib: float
+    memory_mib: float  # states + activations of the in-flight micro-batches
+    states_mib: float = 0.0
+    activation_mib: float = 0.0  # activations of ONE micro-batch
 
 
 class CostModel:
@@ -196,6 +224,11 @@ class CostModel:
         inv = 1.0 / shard
         zero = dp_type in (ZERO2, ZERO3)
         p = inv if dp_type is ZERO3 else 1.0
+        if dp_type is ZERO2 and accumulating and self.settings.precision is Precision.FP32:
+            # FSDP2 keeps every parameter's fp32 shard beside the gathered copy; in bf16 that shard is the master
+            # (in o), in fp32 it is 4/d bytes more. With one micro-batch the gradient shard only appears as the
+            # layer's gathered copy is freed, so p + (q + o)/d already is the peak (docs/cost-model.md §4).
+            p = 1.0 + inv
         g = inv if zero and not accumulating else 1.0
         o = inv if zero else 1.0
         return np.asarray((p_b * p + g_b * g + o_b * o) / (p_b + g_b + o_b))
@@ -246,6 +279,11 @@ class CostModel:
         zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
         params_mib = layer.parameter_mib / tp_degree
         total_state_bytes = sum(s.state_bytes)
+        recompute = np.zeros(n)
+        if any(c.checkpoint for c in candidates):
+            plain = [replace(c, checkpoint=False) for c in candidates]
+            full = self.activation_per_sample(type_index, plain)
+            recompute = np.where([c.checkpoint for c in candidates], full, 0.0)
         states = np.empty((2, n))
         for accumulating in (0, 1):
             for i, c in enumerate(candidates):
@@ -261,6 +299,8 @@ class CostModel:
             comm_groups=comm_groups,
             states=states,
             activation_per_sample=self.activation_per_sample(type_index, candidates),
+            recompute_per_sample=recompute,
+            gather_mib=np.where(zero3, params_mib / 4.0 * s.element_bytes, 0.0),
             redistribution_per_sample=redistribution_per_sample(
                 comm, candidates, self.world_size // pp, s.megatron_sp, layer.seq_length * layer.hidden_size * e
             ),
@@ -279,38 +319,48 @@ class CostModel:
         layer = self.model.layer_types[type_index]
         s = self.settings
         comm = self.comm
+        f = s.factors
         local = micro_batch / st.dp  # samples per rank
-        forward = _forward_seconds(layer, local / st.tp)
+        forward = _forward_seconds(layer, local / st.tp) * f.compute
         recompute = np.where(st.checkpoint, forward, 0.0)
         backward = s.backward_coefficient * forward + recompute
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
         tp_comm = np.zeros(len(candidates))
         for op, size, consecutive, index, scale, count in st.comm_groups:
             per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
-            tp_comm[index] = per * count
-        sync = st.sync
-        # ZeRO-3: all-gather before forward (exposed), all-gather + reduce-scatter overlapped with backward
-        zero3_wall = np.where(st.zero3, 0.5 * sync + comm.overlapped(backward, sync) - backward, 0.0)
+            tp_comm[index] = per * count * f.tp_comm
+        sync = st.sync * f.dp_comm
+        # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
+        # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
+        # iteration, overlapped with that backward together with the all-gather (docs/cost-model.md §3).
+        gather_bwd = comm.overlapped(backward, 0.5 * sync)
+        zero3_wall = np.where(st.zero3, 0.5 * sync + gather_bwd - backward, 0.0)
         micro = forward + backward + tp_comm + zero3_wall
-        exposed = np.where(st.zero3, 0.0, comm.overlapped(backward, sync) - backward)
+        exposed = np.where(
+            st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
+        )
+        act = local * st.activation_per_sample * f.activations
+        transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
         return LayerTerms(
             forward_s=forward,
             backward_s=backward,
             tp_comm_s=tp_comm,
             zero3_comm_s=zero3_wall,
             micro_batch_s=micro,
-            grad_sync_s=np.where(st.zero3, 0.0, sync),
+            grad_sync_s=sync,
             exposed_sync_s=exposed,
-            p2p_s=st.p2p_per_byte * act_bytes,
-            states_mib=st.states[1 if num_micro_batches > 1 else 0],
-            activation_mib=local * st.activation_per_sample,
+            p2p_s=st.p2p_per_byte * act_bytes * f.p2p,
+            states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
+            activation_mib=act,
+            transient_mib=transient,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
         """``[S][S]`` seconds per micro-batch to move activations (forward) and their gradients (backward) from a
         layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``
         (:mod:`galva_search.transitions`: what galva_comm's redistribution plans move)."""
-        return self._static(type_index, tuple(candidates)).redistribution_per_sample * micro_batch
+        factor = self.settings.factors.redistribution
+        return self._static(type_index, tuple(candidates)).redistribution_per_sample * (micro_batch * factor)
 
     def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
         """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""
@@ -338,7 +388,8 @@ class CostModel:
                 last.seq_length * last.hidden_size * e,
             )
             self._vocab_boundary_cache[key] = hit
-        return hit[0] * micro_batch, hit[1] * micro_batch
+        scale = micro_batch * self.settings.factors.redistribution
+        return hit[0] * scale, hit[1] * scale
 
     def dp_group_consecutive(self, c: Candidate) -> bool:
         """Layout of the group that syncs gradients: the whole stage (consecutive) for tp 1 and Ulysses layers;
@@ -383,7 +434,8 @@ class CostModel:
         dp = stage_ranks // k
         local = micro_batch / dp
         types = self.model.layer_types
-        forward = float(_forward_seconds_vocab(vocab.forward_time, local / k, types[-1].seq_length))
+        f = s.factors
+        forward = float(_forward_seconds_vocab(vocab.forward_time, local / k, types[-1].seq_length)) * f.compute
         dp_type = ZERO3 if option.zero3 else s.default_dp_type
         shard = stage_ranks if option.sp else dp
         consecutive = option.sp or k == 1
@@ -395,19 +447,20 @@ class CostModel:
             bwd = s.backward_coefficient * fwd
             tp_time = 0.0
             if k > 1 and not option.sp:
-                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e))
+                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e)) * f.tp_comm
             states_full = memory.model_states_mib[1 if option.sp else k]
-            states = states_full * float(self.state_fraction(dp_type, shard, accumulating))
+            states = states_full * float(self.state_fraction(dp_type, shard, accumulating)) * f.states
             grad_bytes = states_full * MIB / sum(s.state_bytes) * e
-            sync = float(comm.allreduce(shard, consecutive, grad_bytes)) if shard > 1 else 0.0
-            if dp_type is ZERO3:
-                micro = fwd + bwd + tp_time + 0.5 * sync + float(comm.overlapped(bwd, sync))
-                exposed = 0.0
+            sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm if shard > 1 else 0.0
+            if dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
+                gather_bwd = float(comm.overlapped(bwd, 0.5 * sync))
+                micro = fwd + tp_time + 0.5 * sync + gather_bwd
+                exposed = float(comm.overlapped(bwd, sync)) - gather_bwd
             else:
                 micro = fwd + bwd + tp_time
                 exposed = float(comm.overlapped(bwd, sync)) - bwd
-            act = memory.activation_mib_per_sample[k] * local * n
-            return VocabTerms(micro, exposed, states + act)
+            act = memory.activation_mib_per_sample[k] * local * f.activations
+            return VocabTerms(micro, exposed, states + act * n, states, act)
 
         first, last = types[0], types[-1]
         if pp == 1:

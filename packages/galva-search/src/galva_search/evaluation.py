@@ -7,7 +7,7 @@ and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from galva_schema import DataParallelType, SchemaError, Strategy
 from galva_search.convert import candidate_of
@@ -20,8 +20,13 @@ class PlanCost:
     """Predicted cost of a plan."""
 
     iteration_time_s: float
-    stage_memory_mib: list[float]  # per device, vocabulary layers and framework context included
+    stage_memory_mib: list[float]  # per device, vocabulary layers, transients and framework context included
     stage_time_s: list[float]  # seconds per micro-batch
+    stage_states_mib: list[float] = field(default_factory=list)  # model states (layers + vocabulary)
+    stage_activation_mib: list[float] = field(default_factory=list)  # activations of ONE micro-batch
+    stage_in_flight: list[int] = field(default_factory=list)  # micro-batches whose activations are held at the peak
+    stage_transient_mib: list[float] = field(default_factory=list)  # the largest transient of any layer of the stage
+    stage_exposed_s: list[float] = field(default_factory=list)  # gradient-sync tail per stage
 
 
 def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
@@ -35,17 +40,21 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     tables = task.tables
     in_flight = cost.in_flight(task.pp, c)
     from_embedding, to_head = cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
-    u_list, e_list, mem_list = [], [], []
+    u_list, e_list, mem_list, states_list, act_list, transient_list = [], [], [], [], [], []
     prev: tuple[int, int] | None = None  # (type, candidate) of the layer before, on this stage or the previous one
     for stage, (types, choice) in enumerate(zip(layers.stage_types(task.division), choices)):
         vt = task.vocab_terms[stage]
         u, e = vt.micro_batch_s, vt.exposed_sync_s
         mem = vt.memory_mib + cost.settings.context_mib
+        states, act, transient = vt.states_mib, vt.activation_mib, 0.0
         for pos, (t, s) in enumerate(zip(types, choice)):
             terms = tables.terms[t]
             u += float(terms.micro_batch_s[s])
             e += float(terms.exposed_sync_s[s])
             mem += float(terms.memory_mib(in_flight[stage])[s])
+            states += float(terms.states_mib[s])
+            act += float(terms.activation_mib[s])
+            transient = max(transient, float(terms.transient_mib[s]))
             if prev is None:
                 u += float(from_embedding[s])
             else:
@@ -57,10 +66,15 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             prev = (t, s)
         u_list.append(u)
         e_list.append(e)
-        mem_list.append(mem)
+        mem_list.append(mem + transient)
+        states_list.append(states)
+        act_list.append(act)
+        transient_list.append(transient)
     if prev is not None:
         u_list[-1] += float(to_head[prev[1]])
-    return PlanCost(iteration_time(u_list, e_list, c), mem_list, u_list)
+    return PlanCost(
+        iteration_time(u_list, e_list, c), mem_list, u_list, states_list, act_list, in_flight, transient_list, e_list
+    )
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class Evaluation:
     iteration_time_s: float
     throughput: float  # samples per second
     stage_memory_mib: list[float]
+    detail: PlanCost | None = None  # the per-stage breakdown (states, activations, transients, times)
 
 
 def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
@@ -109,4 +124,5 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
         got.iteration_time_s,
         strategy.global_batch_size / got.iteration_time_s,
         [float(m) for m in got.stage_memory_mib],
+        got,
     )

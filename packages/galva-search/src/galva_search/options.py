@@ -8,6 +8,8 @@ from galva_schema import Strategy
 from galva_search.space import Candidate, SpaceOptions
 
 GIB = 1024.0  # MiB per GiB
+DEFAULT_RESERVE_FRACTION = 0.05
+"""Share of the budget kept free by default for the caching allocator's fragmentation (``--memory-reserve``)."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class SearchOptions:
     space: SpaceOptions = field(default_factory=SpaceOptions)
     num_micro_batches: int | None = None  # fixed micro-batch count (the reference's settle_chunk)
     fine_grained: bool = True  # per-layer strategies (True) or one strategy for every layer (False)
-    memory_reserve_mib: float | None = None  # None: the reference's rule, 20% of budgets above 20 GiB
+    memory_reserve_mib: float | None = None  # None: DEFAULT_RESERVE_FRACTION of the budget
     threads: int = 0  # DP threads, 0 = all cores
     wave_size: int = 16  # tasks solved per solve_many call
     partitions: tuple[str, ...] = ("even", "memory", "time")
@@ -28,10 +30,11 @@ class SearchOptions:
 
     @property
     def reserve_mib(self) -> float:
-        """MiB of the budget left unplanned (allocator fragmentation, transient buffers)."""
+        """MiB of the budget left unplanned: allocator fragmentation only. Transient buffers (ZeRO-3 gathers,
+        recomputation) are terms of the memory model, not of this reserve (docs/cost-model.md §4)."""
         if self.memory_reserve_mib is not None:
             return self.memory_reserve_mib
-        return 0.2 * self.memory_budget_mib if self.memory_budget_mib > 20 * GIB else 0.0
+        return DEFAULT_RESERVE_FRACTION * self.memory_budget_mib
 
     @property
     def usable_mib(self) -> float:

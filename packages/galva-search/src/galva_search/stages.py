@@ -4,6 +4,11 @@ A stage problem is the DP input of one pipeline stage: per layer and candidate, 
 memory; per pair of neighbouring layers, the transition cost. Problems that repeat between tasks (same pipeline
 degree, micro-batch, micro-batch count, in-flight count, layer types and boundary flags) are built once; a solution
 found under a larger budget that fits a smaller one is reused (it is optimal there too).
+
+Transients (a ZeRO-3 layer's gathered parameters, a checkpointed layer's recomputation) are held by one layer at a
+time, so a plan's peak adds the *largest* transient of its layers, which a sum over layers cannot express. The
+solver solves one DP per transient level ``tau`` of the stage (candidates whose transient exceeds ``tau`` are
+forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact, and most stages have a handful of levels.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class StageSolver:
         self.counts = counts  # "dp_problems" and "dp_reused" are incremented here
         self._problems: dict[tuple, StageArrays] = {}
         self._solutions: dict[tuple, list[tuple[float, dp_core.StageSolution | None]]] = {}
+        self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration)."""
@@ -53,6 +59,7 @@ class StageSolver:
         from_embedding, to_head = self.cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
         intra = np.empty((L, S))
         memory = np.empty((L, S))
+        transient = np.empty((L, S))
         inter = np.zeros((L, S, S))
         for pos, t in enumerate(types):
             terms = tables.terms[t]
@@ -68,12 +75,28 @@ class StageSolver:
             allowed = tables.allowed_at_end[t] if ends[pos] else tables.allowed[t]
             intra[pos] = np.where(allowed, row, np.inf)  # +inf: a form the model cannot run
             memory[pos] = terms.memory_mib(in_flight)
+            transient[pos] = terms.transient_mib
             if pos > 0:
                 inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
                 if tied[pos]:  # layers sharing a parameter keep one tp layout: other transitions are forbidden
                     inter[pos] = np.where(self._same_layout(task), inter[pos], np.inf)
         self._problems[key] = (intra, memory, inter)
+        self._transients[key] = transient
         return key, (intra, memory, inter)
+
+    def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[tuple[tuple, float, StageArrays]]:
+        """One ``(key, budget, arrays)`` problem per transient level of the stage (see the module docstring)."""
+        intra, memory, inter = arrays
+        transient = self._transients[key]
+        values = np.unique(transient[np.isfinite(intra)])
+        if len(values) <= 1:
+            tau = float(values[0]) if len(values) else 0.0
+            return [(key, budget - tau, arrays)]
+        out = []
+        for tau in values:
+            masked = np.where(transient <= tau, intra, np.inf)
+            out.append(((*key, "tau", float(tau)), budget - float(tau), (masked, memory, inter)))
+        return out
 
     def _same_layout(self, task: Task) -> np.ndarray:
         """``[S][S]``: whether two candidates of the task's tables have one tp layout."""
@@ -97,11 +120,12 @@ class StageSolver:
         for task in wave:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
-                found, _ = self._cached(key, budget)
-                if found:
-                    self.counts["dp_reused"] += 1
-                elif (key, budget) not in pending:
-                    pending[(key, budget)] = (key, budget, arrays)
+                for sub_key, sub_budget, sub_arrays in self.levels(key, arrays, budget):
+                    found, _ = self._cached(sub_key, sub_budget)
+                    if found:
+                        self.counts["dp_reused"] += 1
+                    elif (sub_key, sub_budget) not in pending:
+                        pending[(sub_key, sub_budget)] = (sub_key, sub_budget, sub_arrays)
         if pending:
             items = list(pending.values())
             problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a in items]
@@ -113,10 +137,14 @@ class StageSolver:
         for task in wave:
             per_stage = []
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
-                key, _ = self.stage_problem(task, stage)
-                found, sol = self._cached(key, budget)
-                assert found
-                per_stage.append(sol)
+                key, arrays = self.stage_problem(task, stage)
+                best: dp_core.StageSolution | None = None
+                for sub_key, sub_budget, _ in self.levels(key, arrays, budget):
+                    found, sol = self._cached(sub_key, sub_budget)
+                    assert found
+                    if sol is not None and (best is None or sol.time < best.time):
+                        best = sol
+                per_stage.append(best)
             out.append(per_stage)
         return out
 
@@ -124,13 +152,18 @@ class StageSolver:
         """Stage ``stage`` (> 0) re-solved knowing that the previous stage ends with candidate ``previous``: its first
         layer then pays the exact re-sharding from that layout and the backward p2p in it (a constant, left out)
         instead of the p2p in its own layout that :meth:`stage_problem` assumes."""
-        _, (intra, memory, inter) = self.stage_problem(task, stage)
+        key, (intra, memory, inter) = self.stage_problem(task, stage)
         t = self.tasks.layers.stage_types(task.division)[stage][0]
         c = task.micro_batches
         intra = intra.copy()
         intra[0] += c * (task.tables.redistribution[t][previous] - task.tables.terms[t].p2p_s)
-        self.counts["dp_problems"] += 1
-        return dp_core.solve_stage(intra, memory, inter, self.tasks.stage_budgets(task)[stage])
+        best: dp_core.StageSolution | None = None
+        for _, budget, arrays in self.levels(key, (intra, memory, inter), self.tasks.stage_budgets(task)[stage]):
+            self.counts["dp_problems"] += 1
+            sol = dp_core.solve_stage(*arrays, budget)
+            if sol is not None and (best is None or sol.time < best.time):
+                best = sol
+        return best
 
     def solve_uniform(self, task: Task, time_of: Callable[[Task, list[tuple[int, ...]]], float]) -> Solutions:
         """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
@@ -139,8 +172,8 @@ class StageSolver:
         for s in range(len(task.tables.candidates)):
             sols = []
             for stage, budget in enumerate(budgets):
-                _, (intra, memory, _) = self.stage_problem(task, stage)
-                mem = float(memory[:, s].sum())
+                key, (intra, memory, _) = self.stage_problem(task, stage)
+                mem = float(memory[:, s].sum() + self._transients[key][:, s].max())
                 if mem > budget or not np.isfinite(intra[:, s]).all():  # too big, or refused by the model
                     break
                 sols.append(dp_core.StageSolution((s,) * intra.shape[0], float(intra[:, s].sum()), mem))
