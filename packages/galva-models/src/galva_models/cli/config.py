@@ -40,6 +40,18 @@ class OptimArgs:
 
 
 @dataclass(frozen=True)
+class CheckpointArgs:
+    """Saving and loading (``--save DIR --save-interval N --keep-last K``, ``--load DIR [--finetune]``)."""
+
+    save: str | None = None
+    save_interval: int | None = None
+    keep_last: int = 0
+    load: str | None = None
+    finetune: bool = False
+    exit_interval: int | None = None
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything galva-train needs, validated. ``model_config`` is a transformers config (overrides applied),
     ``layer_specs`` its boundary shapes (for the FLOP count); ``strategy`` passed the model's constraints."""
@@ -63,12 +75,7 @@ class TrainConfig:
     tensorboard_dir: str | None = None
     progress: bool = True
     initialize_on_meta: bool = False
-    save: str | None = None
-    save_interval: int | None = None
-    keep_last: int = 0
-    load: str | None = None
-    finetune: bool = False
-    exit_interval: int | None = None
+    checkpoint: CheckpointArgs = CheckpointArgs()
 
     @property
     def task(self) -> Task:
@@ -126,13 +133,12 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         tensorboard_dir=args.tensorboard_dir,
         progress=not args.no_progress,
         initialize_on_meta=args.initialize_on_meta,
-        save=args.save,
-        save_interval=args.save_interval,
-        keep_last=args.keep_last,
-        load=args.load,
-        finetune=args.finetune,
-        exit_interval=args.exit_interval,
+        checkpoint=_checkpoint_args(args),
     )
+
+
+def _checkpoint_args(args: argparse.Namespace) -> CheckpointArgs:
+    return CheckpointArgs(args.save, args.save_interval, args.keep_last, args.load, args.finetune, args.exit_interval)
 
 
 def _check_checkpoint_flags(args: argparse.Namespace) -> None:

@@ -158,21 +158,21 @@ def run(cfg: TrainConfig) -> int:
             decay_style=o.decay_style,
         ),
     )
-    io = checkpoint_io(cfg, model, optimizer) if cfg.save or cfg.load else None
+    io = checkpoint_io(cfg, model, optimizer) if cfg.checkpoint.save or cfg.checkpoint.load else None
     start_step = 0
-    if cfg.load is not None:
+    if cfg.checkpoint.load is not None:
         from galva_ckpt.errors import CheckpointError
         from galva_models.checkpointing import open_source
 
         assert io is not None
         try:
-            start_step = io.load(open_source(cfg.load), weights_only=cfg.finetune)
+            start_step = io.load(open_source(cfg.checkpoint.load), weights_only=cfg.checkpoint.finetune)
         except CheckpointError as err:
             if rank == 0:
                 print(f"galva-train: error: --load: {err}", file=sys.stderr)
             return 2
         if rank == 0 and start_step:
-            print(f"galva-train: continuing from step {start_step} of {cfg.load}", file=sys.stderr)
+            print(f"galva-train: continuing from step {start_step} of {cfg.checkpoint.load}", file=sys.stderr)
     source = make_source(cfg)
     logger = None
     report_records: list[dict[str, Any]] | None = [] if rank == 0 and cfg.report_html else None
@@ -186,7 +186,7 @@ def run(cfg: TrainConfig) -> int:
         )
     try:
         last = start_step  # steps done
-        saved_at = start_step if cfg.load and not cfg.finetune else -1
+        saved_at = start_step if cfg.checkpoint.load and not cfg.checkpoint.finetune else -1
         for step in range(start_step, cfg.train_iters):
             batch = source.batch(step)
             start = time.perf_counter()
@@ -211,12 +211,12 @@ def run(cfg: TrainConfig) -> int:
                 print(f"galva-train: error: loss is {metrics.loss} at step {step + 1}", file=sys.stderr)
                 return 1
             last = step + 1
-            if cfg.save and cfg.save_interval and last % cfg.save_interval == 0:
+            if cfg.checkpoint.save and cfg.checkpoint.save_interval and last % cfg.checkpoint.save_interval == 0:
                 _save(io, cfg, optimizer, last)
                 saved_at = last
-            if cfg.exit_interval and last % cfg.exit_interval == 0:
+            if cfg.checkpoint.exit_interval and last % cfg.checkpoint.exit_interval == 0:
                 break
-        if cfg.save and saved_at != last:
+        if cfg.checkpoint.save and saved_at != last:
             _save(io, cfg, optimizer, last)
     finally:
         if logger is not None:
@@ -231,7 +231,7 @@ def run(cfg: TrainConfig) -> int:
 def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int) -> None:
     from galva_models.checkpointing import scheduler_state
 
-    io.save(cfg.save, step, scheduler_state(optimizer), keep_last=cfg.keep_last)
+    io.save(cfg.checkpoint.save, step, scheduler_state(optimizer), keep_last=cfg.checkpoint.keep_last)
 
 
 def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], world: int) -> None:
