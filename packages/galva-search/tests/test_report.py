@@ -14,7 +14,7 @@ import pytest
 from galva_schema import Strategy
 from galva_search.cli import main
 from galva_search.cost_model import CostModel
-from galva_search.report import html_report, tp_colour, write_html_report
+from galva_search.report import PlanFacts, ReportError, html_report, render_page, tp_colour, write_html_report
 from galva_search.search import SearchOptions, search
 
 _VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "source", "track", "wbr"}
@@ -189,3 +189,41 @@ def test_write_html_report_writes_html_report(make_hw, make_model, tmp_path):
 @pytest.mark.parametrize("degree", [1, 2, 4, 8, 16, 3, 1024])
 def test_tp_colour_is_a_hex_colour(degree):
     assert re.fullmatch(r"#[0-9A-F]{6}", tp_colour(degree))
+
+
+def test_time_breakdown_sums_to_the_iteration_and_is_drawn(data_dir, tmp_path):
+    """The pipeline (pp > 1) plan of the CLI test: every kind of time appears, the parts add up to the prediction."""
+    summary = tmp_path / "summary.json"
+    assert main(["--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile",
+                 str(data_dir / "llama7b_model.json"), "--quiet", "--memory", "18GB", "--global-batch-size", "64",
+                 "--max-tp", "2", "--sp-space", "tp+sp", "--summary-json", str(summary),
+                 "--output", str(tmp_path / "plan.json")]) == 0
+    data = json.loads(summary.read_text())
+    parts = data["time_breakdown_s"]
+    assert {"compute", "tp", "dp", "p2p", "bubble"} <= set(parts) and data["pp"] > 1
+    assert parts["p2p"] > 0 and parts["bubble"] > 0 and parts["compute"] > max(parts["tp"], parts["dp"])
+    assert sum(parts.values()) == pytest.approx(data["iteration_time_s"], rel=1e-12)
+    plan = PlanFacts.from_summary(Strategy.load(tmp_path / "plan.json"), data)
+    page = parse(render_page(plan))
+    drawn = {a["data-kind"]: float(a["data-s"]) for a, _ in page.by_class("time-part")}
+    assert drawn == pytest.approx({k: v for k, v in parts.items() if v > 0}, rel=1e-5)
+
+
+def test_a_run_page_has_plan_training_and_measured_sections(make_hw, make_model):
+    cost = CostModel(make_hw(4), make_model(4))
+    result = search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,)))
+    records = [{"step": t, "loss": 5.0 - 0.1 * t, "step_time_s": 0.5 + 0.01 * t, "tokens_per_s": 1000.0,
+                "peak_memory_mib": 700.0 + t} for t in range(1, 11)]
+    text = render_page(PlanFacts.from_result(result), records, {"model": "m"})
+    page = parse(text)
+    ids = {attrs.get("id") for _, attrs, _ in page.elements}
+    assert {"plan", "memory", "time", "training", "measured", "chart-loss", "chart-tokens_per_s"} <= ids
+    bars = {(a["data-kind"], a["data-which"]): float(a["data-value"]) for a, _ in page.by_class("mvp-bar")}
+    assert bars[("step_time", "measured")] == pytest.approx(0.56)  # median of steps 2..10
+    assert bars[("step_time", "predicted")] == pytest.approx(result.iteration_time_s, rel=1e-5)
+    assert bars[("memory", "measured")] == 710.0
+    assert bars[("memory", "predicted")] == pytest.approx(result.stage_memory_mib[0], rel=1e-5)
+    with pytest.raises(ReportError, match="nothing to report"):
+        render_page()
+    with pytest.raises(ReportError, match="not a galva-search summary"):
+        PlanFacts.from_summary(result.strategy, {"kind": "galva.strategy"})

@@ -27,6 +27,25 @@ class PlanCost:
     stage_in_flight: list[int] = field(default_factory=list)  # micro-batches whose activations are held at the peak
     stage_transient_mib: list[float] = field(default_factory=list)  # the largest transient of any layer of the stage
     stage_exposed_s: list[float] = field(default_factory=list)  # gradient-sync tail per stage
+    # stage_time_s split by kind (each list sums, over its stage, to stage_time_s): layer forward + backward +
+    # recomputation and the vocabulary layers (their tp all-reduces included); tp / Megatron-SP / Ulysses
+    # collectives; ZeRO-3 gathers; p2p sends; re-sharding between layers of different layouts
+    stage_parts_s: dict[str, list[float]] = field(default_factory=dict)
+
+    def time_breakdown_s(self, num_micro_batches: int) -> dict[str, float]:
+        """Seconds of one iteration by kind: ``compute``, ``tp``, ``dp``, ``p2p``, ``redistribution``, ``bubble``.
+
+        The slowest stage sets the pace: its micro-batch time, split by kind, counts ``num_micro_batches`` times;
+        the other stages' micro-batch times (pipeline fill and drain) are the ``bubble``; the gradient-sync tail
+        after the last backward is ``dp``. The parts sum to ``iteration_time_s``.
+        """
+        if not self.stage_time_s or not self.stage_parts_s:
+            return {}
+        slowest = max(range(len(self.stage_time_s)), key=lambda k: self.stage_time_s[k])
+        out = {kind: num_micro_batches * parts[slowest] for kind, parts in self.stage_parts_s.items()}
+        out["bubble"] = sum(self.stage_time_s) - self.stage_time_s[slowest]
+        out["dp"] = out.get("dp", 0.0) + max(0.0, self.iteration_time_s - sum(out.values()))
+        return out
 
 
 def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
@@ -41,28 +60,35 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     in_flight = cost.in_flight(task.pp, c)
     from_embedding, to_head = cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
     u_list, e_list, mem_list, states_list, act_list, transient_list = [], [], [], [], [], []
+    parts: dict[str, list[float]] = {k: [] for k in ("compute", "tp", "dp", "p2p", "redistribution")}
     prev: tuple[int, int] | None = None  # (type, candidate) of the layer before, on this stage or the previous one
     for stage, (types, choice) in enumerate(zip(layers.stage_types(task.division), choices)):
         vt = task.vocab_terms[stage]
         u, e = vt.micro_batch_s, vt.exposed_sync_s
         mem = vt.memory_mib + cost.settings.context_mib
         states, act, transient = vt.states_mib, vt.activation_mib, 0.0
+        part = dict.fromkeys(parts, 0.0)
+        part["compute"] = vt.micro_batch_s
         for pos, (t, s) in enumerate(zip(types, choice)):
             terms = tables.terms[t]
             u += float(terms.micro_batch_s[s])
+            part["compute"] += float(terms.forward_s[s] + terms.backward_s[s])
+            part["tp"] += float(terms.tp_comm_s[s])
+            part["dp"] += float(terms.zero3_comm_s[s])
             e += float(terms.exposed_sync_s[s])
             mem += float(terms.memory_mib(in_flight[stage])[s])
             states += float(terms.states_mib[s])
             act += float(terms.activation_mib[s])
             transient = max(transient, float(terms.transient_mib[s]))
-            if prev is None:
-                u += float(from_embedding[s])
-            else:
-                u += float(tables.redistribution[t][prev[1], s])
+            reshard = float(from_embedding[s]) if prev is None else float(tables.redistribution[t][prev[1], s])
+            u += reshard
+            part["redistribution"] += reshard
             if pos == 0 and prev is not None:
                 u += float(tables.terms[prev[0]].p2p_s[prev[1]])  # backward gradient sent to the previous stage
+                part["p2p"] += float(tables.terms[prev[0]].p2p_s[prev[1]])
             if pos == len(types) - 1 and stage < task.pp - 1:
                 u += float(terms.p2p_s[s])  # forward activation sent to the next stage
+                part["p2p"] += float(terms.p2p_s[s])
             prev = (t, s)
         u_list.append(u)
         e_list.append(e)
@@ -70,10 +96,21 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         states_list.append(states)
         act_list.append(act)
         transient_list.append(transient)
+        for kind, value in part.items():
+            parts[kind].append(value)
     if prev is not None:
         u_list[-1] += float(to_head[prev[1]])
+        parts["redistribution"][-1] += float(to_head[prev[1]])
     return PlanCost(
-        iteration_time(u_list, e_list, c), mem_list, u_list, states_list, act_list, in_flight, transient_list, e_list
+        iteration_time(u_list, e_list, c),
+        mem_list,
+        u_list,
+        states_list,
+        act_list,
+        in_flight,
+        transient_list,
+        e_list,
+        parts,
     )
 
 

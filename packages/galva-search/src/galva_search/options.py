@@ -90,6 +90,7 @@ class SearchResult:
     candidates: list[Candidate]  # the chosen candidate of every layer
     log: list[TaskRecord] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    time_breakdown_s: dict[str, float] = field(default_factory=dict)  # PlanCost.time_breakdown_s
 
 
 class NoFeasibleStrategy(RuntimeError):

@@ -164,6 +164,7 @@ class _Planner:
             candidates=[task.tables.candidates[s] for choice in choices for s in choice],
             log=log,
             counts=dict(self.counts),
+            time_breakdown_s=got.time_breakdown_s(task.micro_batches),
         )
 
     def _infeasible_message(self) -> str:

@@ -75,6 +75,7 @@ def json_summary(result: SearchResult) -> dict[str, Any]:
         "usable_memory_mib": result.usable_memory_mib,
         "stage_memory_mib": result.stage_memory_mib,
         "stage_micro_batch_time_s": result.stage_time_s,
+        "time_breakdown_s": result.time_breakdown_s,
         "layer_runs": [
             {"stage": stage, "first": first, "last": last, "strategy": label}
             for stage, first, last, label in layer_runs(s)
