@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     from galva_profiler.model_cli import add_model_arguments
 
     add_model_arguments(sub.add_parser("model", help="per-layer time and memory of a galva-models model"))
+
+    from galva_profiler.check_cli import add_check_arguments
+
+    add_check_arguments(
+        sub.add_parser("check", help="run strategies for real: predicted vs measured time, memory, states, activations")
+    )
     return parser
 
 
@@ -84,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.nproc_per_node is not None and "RANK" not in os.environ:
                 return _launch(args, list(sys.argv[1:] if argv is None else argv))
             return run_hardware(args)
+        if args.command == "check":
+            from galva_profiler.check_cli import run_check
+
+            return run_check(args)
         from galva_profiler.model_cli import run_model
 
         return run_model(args)

@@ -1,0 +1,304 @@
+"""``galva-profile check``: run strategies for real and hold galva-search's cost model against what the runtime does.
+
+For each strategy, every rank of a forked gloo world (``galva_comm.testing.run_distributed``) builds its part of the
+model with galva-hp (``BuildOptions(measure_activations=True)``), trains ``warmup + steps`` steps on random tokens and
+reports, per rank:
+
+* **iteration time**: wall time of ``forward_backward`` (the schedule, the gradient reductions; what the cost model
+  prices), the max over ranks per step, then the median over the timed steps. The optimizer step is reported apart.
+* **activation bytes** of one micro-batch: the bytes autograd saved in the last step (galva-hp's saved-tensor hooks
+  per unit: exact on CPU), divided by the micro-batch count; the largest rank of each stage.
+* **model-state bytes**: distinct storages of the rank's parameters (gathered copies included while they exist),
+  fp32 masters, gradients (accumulated and sharded) and optimizer states, sampled after every unit's forward and
+  after the backward of the last step; the largest sample, the largest rank of each stage.
+* **peak memory**: the process's resident-set growth over the run (CPU only has ``ru_maxrss``: coarse, it includes
+  allocator caching and library buffers; reported, not a target).
+
+The prediction is :func:`galva_search.evaluation.evaluate_strategy` on the same profiles, with its per-stage
+breakdown (states, activations of one micro-batch, in-flight count, transients).
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from galva_schema import HardwareProfile, ModelProfile, Strategy
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    steps: int = 3  # timed steps
+    warmup: int = 1  # untimed steps first (the optimizer states exist from the first step on)
+    seq_length: int = 32
+    seed: int = 1234
+    timeout_s: float = 600.0
+    backward_coefficient: float = 2.0
+
+
+@dataclass
+class RankMeasurement:
+    rank: int
+    stage: int
+    forward_backward_ms: list[float]
+    optimizer_ms: list[float]
+    activation_bytes: int  # saved in the last step, every micro-batch together
+    state_bytes: int
+    rss_growth_mib: float
+
+
+@dataclass
+class StageRow:
+    """One line of the table: one stage of one strategy, predicted against measured."""
+
+    strategy: str
+    stage: int
+    world_size: int
+    predicted_time_s: float
+    measured_time_s: float
+    predicted_states_mib: float
+    measured_states_mib: float
+    predicted_activation_mib: float  # one micro-batch
+    measured_activation_mib: float
+    predicted_peak_mib: float  # states + in-flight activations + transients (no framework context)
+    measured_rss_growth_mib: float
+    in_flight: int
+    optimizer_s: float
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {
+            "time": _error(self.predicted_time_s, self.measured_time_s),
+            "states": _error(self.predicted_states_mib, self.measured_states_mib),
+            "activations": _error(self.predicted_activation_mib, self.measured_activation_mib),
+            "peak_vs_rss": _error(self.predicted_peak_mib, self.measured_rss_growth_mib),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "errors": self.errors}
+
+
+@dataclass
+class StrategyCheck:
+    name: str
+    strategy: Strategy
+    ranks: list[RankMeasurement] = field(default_factory=list)
+    rows: list[StageRow] = field(default_factory=list)
+
+    def _per_step_ms(self) -> list[float]:
+        """Per timed step, the slowest rank's forward_backward time."""
+        steps = range(len(self.ranks[0].forward_backward_ms))
+        return [max(r.forward_backward_ms[i] for r in self.ranks) for i in steps]
+
+    @property
+    def measured_time_s(self) -> float:
+        per_step = self._per_step_ms()
+        return statistics.median(per_step) * 1e-3
+
+    @property
+    def time_spread_s(self) -> float:
+        """Half the range of the per-step times: the measured noise."""
+        per_step = self._per_step_ms()
+        return (max(per_step) - min(per_step)) * 0.5e-3
+
+
+def _error(predicted: float, measured: float) -> float:
+    """Relative error of the prediction, (predicted - measured) / measured (0 when both are 0)."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else float("inf")
+    return (predicted - measured) / measured
+
+
+# ------------------------------------------------------------------------------------------------------ running
+def _state_bytes(model: Any, optimizer: Any) -> int:
+    """Bytes of the distinct storages holding this rank's model states right now."""
+    import torch
+
+    from galva_hp.data_parallel import FsdpUnit, local_tensor
+
+    seen: dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        storage = local_tensor(t).untyped_storage()
+        if storage.nbytes() and storage.data_ptr():
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for unit in model.units:
+        for _, master in unit.master_parameters():
+            add(master)
+            add(master.grad)
+        if isinstance(unit, FsdpUnit):
+            group = unit.fsdp._get_fsdp_state()._fsdp_param_group
+            for fp in group.fsdp_params if group is not None else ():
+                add(fp.sharded_param)
+                add(fp.sharded_param.grad)
+                add(getattr(fp, "unsharded_accumulated_grad", None))
+                if getattr(fp, "_unsharded_param", None) is not None:
+                    add(fp._unsharded_param)
+                    add(fp._unsharded_param.grad)
+    for state in optimizer.optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                add(value)
+    return sum(seen.values())
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE") / MIB
+
+
+def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: CheckOptions) -> RankMeasurement:
+    import torch
+
+    from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build
+    from galva_models.adapters import adapter_for
+    from galva_models.data import RandomTokenSource
+
+    base_rss = _rss_mib()
+    adapter = adapter_for(config)
+    torch.manual_seed(options.seed)
+    hf_model = adapter.build_model(config, attn_implementation="sdpa")
+    build_options = BuildOptions(seq_len=options.seq_length, measure_activations=True)
+    model = build(adapter.decompose(hf_model), strategy, build_options)
+    del hf_model
+    optimizer = GalvaOptimizer(model.param_records(), OptimConfig(lr=1e-4))
+    source = RandomTokenSource(int(config.vocab_size), options.seq_length, strategy.global_batch_size, options.seed)
+    sampling = {"on": False, "max": 0}
+
+    def sample(*_: Any) -> None:
+        if sampling["on"]:
+            sampling["max"] = max(sampling["max"], _state_bytes(model, optimizer))
+
+    for unit in model.units:
+        unit.module.register_forward_hook(sample)
+    measuring, timing = model.options, replace(model.options, measure_activations=False)
+    fb_ms, opt_ms = [], []
+    activation_bytes = 0
+    total = options.warmup + options.steps + 1  # the last step measures bytes, untimed (hooks cost time)
+    for step in range(total):
+        last = step == total - 1
+        model.options = measuring if last else timing
+        sampling["on"] = last
+        batch = source.batch(step)
+        optimizer.zero_grad()
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        model.forward_backward(batch.inputs, batch.labels)
+        t1 = time.perf_counter()
+        sample()
+        optimizer.clip_grad_norm()
+        optimizer.step()
+        model.after_step()
+        t2 = time.perf_counter()
+        if last:
+            activation_bytes = sum(model.saved_bytes.values())
+        elif step >= options.warmup:
+            fb_ms.append((t1 - t0) * 1e3)
+            opt_ms.append((t2 - t1) * 1e3)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return RankMeasurement(rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss)
+
+
+def measure(config: Any, strategy: Strategy, options: CheckOptions) -> list[RankMeasurement]:
+    """Run ``strategy`` on ``strategy.world_size`` forked gloo ranks and measure every rank."""
+    from galva_comm.testing import run_distributed
+
+    return list(run_distributed(_run_rank, strategy.world_size, config, strategy, options, timeout=options.timeout_s))
+
+
+# ------------------------------------------------------------------------------------------------------ comparing
+def predict(hardware: HardwareProfile, model: ModelProfile, strategy: Strategy, options: CheckOptions,
+            factors: Any = None) -> Any:
+    """galva-search's evaluation of ``strategy`` (no framework context: the check compares tensors)."""
+    from galva_search.cost_model import CostModel, CostSettings, TermFactors
+    from galva_search.evaluation import evaluate_strategy
+
+    settings = CostSettings(context_mib=0.0, backward_coefficient=options.backward_coefficient,
+                            factors=factors or TermFactors())
+    return evaluate_strategy(CostModel(hardware, model, settings), strategy)
+
+
+def compare(check: StrategyCheck, hardware: HardwareProfile, model: ModelProfile, options: CheckOptions) -> None:
+    """Fill ``check.rows``: one row per stage."""
+    evaluation = predict(hardware, model, check.strategy, options)
+    detail = evaluation.detail
+    c = check.strategy.num_micro_batches
+    check.rows = []
+    for stage in range(check.strategy.pp):
+        ranks = [r for r in check.ranks if r.stage == stage]
+        check.rows.append(
+            StageRow(
+                strategy=check.name,
+                stage=stage,
+                world_size=check.strategy.world_size,
+                predicted_time_s=evaluation.iteration_time_s,
+                measured_time_s=check.measured_time_s,
+                predicted_states_mib=detail.stage_states_mib[stage],
+                measured_states_mib=max(r.state_bytes for r in ranks) / MIB,
+                predicted_activation_mib=detail.stage_activation_mib[stage],
+                measured_activation_mib=max(r.activation_bytes for r in ranks) / c / MIB,
+                predicted_peak_mib=detail.stage_memory_mib[stage],
+                measured_rss_growth_mib=max(r.rss_growth_mib for r in ranks),
+                in_flight=detail.stage_in_flight[stage],
+                optimizer_s=statistics.median(max(r.optimizer_ms[i] for r in ranks)
+                                              for i in range(len(ranks[0].optimizer_ms))) * 1e-3,
+            )
+        )
+
+
+def table(rows: list[StageRow]) -> str:
+    """Markdown table: predicted vs measured per strategy and stage, with relative errors."""
+    head = ("| strategy | ranks | stage | time pred / meas (ms) | err | states pred / meas (MiB) | err "
+            "| act/mb pred / meas (MiB) | err | peak pred (MiB) / RSS growth |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        e = r.errors
+        lines.append(
+            f"| {r.strategy} | {r.world_size} | {r.stage} "
+            f"| {r.predicted_time_s * 1e3:.1f} / {r.measured_time_s * 1e3:.1f} "
+            f"| {e['time']:+.1%} | {r.predicted_states_mib:.4f} / {r.measured_states_mib:.4f} | {e['states']:+.2%} "
+            f"| {r.predicted_activation_mib:.4f} / {r.measured_activation_mib:.4f} | {e['activations']:+.2%} "
+            f"| {r.predicted_peak_mib:.2f} / {r.measured_rss_growth_mib:.1f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def report(checks: list[StrategyCheck], calibration: Any = None) -> dict[str, Any]:
+    """The JSON of a check: every row with its errors, per strategy the per-rank raw measurements."""
+    rows = [row for check in checks for row in check.rows]
+    abs_time = sorted(abs(r.errors["time"]) for r in rows)
+    return {
+        "kind": "galva.check_report",
+        "strategies": [
+            {
+                "name": check.name,
+                "strategy": check.strategy.to_dict(),
+                "measured_time_s": check.measured_time_s,
+                "time_spread_s": check.time_spread_s,
+                "ranks": [asdict(r) for r in check.ranks],
+            }
+            for check in checks
+        ],
+        "rows": [r.to_dict() for r in rows],
+        "summary": {
+            "median_abs_time_error": statistics.median(abs_time) if abs_time else None,
+            "max_abs_states_error": max((abs(r.errors["states"]) for r in rows), default=None),
+            "max_abs_activation_error": max((abs(r.errors["activations"]) for r in rows), default=None),
+        },
+        "calibration": calibration.to_dict() if calibration is not None else None,
+    }

@@ -1,0 +1,123 @@
+"""``galva-profile check``: flags, input checks (one-line errors before anything runs), outputs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from galva_profiler.errors import ProfileError
+from galva_profiler.outputs import check_writable_file
+
+if TYPE_CHECKING:
+    from galva_schema import HardwareProfile, ModelProfile, Strategy
+
+
+def add_check_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hardware-profile", required=True, metavar="PATH", help="galva HardwareProfile JSON")
+    p.add_argument("--model-profile", required=True, metavar="PATH", help="galva ModelProfile JSON")
+    p.add_argument("--preset", help="galva-models preset of the profiled model")
+    p.add_argument("--model-config", metavar="DIR", help="Hugging Face config or checkpoint directory instead")
+    p.add_argument("--strategy", action="append", default=[], metavar="PATH",
+                   help="a Strategy JSON file or a directory of them (repeatable)")
+    p.add_argument("--search", action="store_true", help="also check the plan galva-search picks on these profiles")
+    p.add_argument("--memory", default="4GiB", help="--search: memory budget per device (default 4GiB)")
+    p.add_argument("--global-batch-size", type=int, default=4, help="--search: global batch size (default 4)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--backward-coefficient", type=float, default=2.0, help="as galva-search's (default 2)")
+    p.add_argument("--output", "-o", default="check.json", help="JSON report (rows, raw measurements)")
+    p.add_argument("--table", metavar="PATH", help="also write the table as Markdown")
+    p.add_argument("--calibration-output", metavar="PATH", help="write the fitted Calibration here")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one strategy may take (default 600)")
+
+
+def _strategies(paths: list[str]) -> list[tuple[str, Path]]:
+    out = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            files = sorted(path.glob("*.json"))
+            if not files:
+                raise ProfileError(f"--strategy {path}: no *.json files in this directory")
+            out += [(f.stem, f) for f in files]
+        elif path.is_file():
+            out.append((path.stem, path))
+        else:
+            raise ProfileError(f"--strategy {path}: no such file or directory")
+    return out
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from galva_profiler.check import CheckOptions, StrategyCheck, compare, measure, report, table
+    from galva_profiler.model_source import load_config
+    from galva_schema import HardwareProfile, ModelProfile, SchemaError, Strategy, plan_problems, write_json_atomic
+
+    if args.steps < 1 or args.warmup < 0:
+        raise ProfileError("--steps must be >= 1 and --warmup >= 0")
+    if not args.strategy and not args.search:
+        raise ProfileError("nothing to check: give --strategy PATH (a file or a directory) or --search")
+    outputs = [(args.output, "--output"), (args.table, "--table"), (args.calibration_output, "--calibration-output")]
+    for path, flag in outputs:
+        if path:
+            check_writable_file(path, flag)
+    config, _ = load_config(args.preset, args.model_config)
+    paths = _strategies(args.strategy)
+    try:
+        hardware = HardwareProfile.load(args.hardware_profile)
+        model = ModelProfile.load(args.model_profile)
+        named = [(name, Strategy.load(path)) for name, path in paths]
+    except SchemaError as err:
+        raise ProfileError(str(err)) from None
+    seq = model.layer_types[0].seq_length
+    options = CheckOptions(args.steps, args.warmup, seq, timeout_s=args.timeout,
+                           backward_coefficient=args.backward_coefficient)
+    if args.search:
+        named.append(("galva-search", _searched(hardware, model, args)))
+    constraints = model.constraints
+    for name, strategy in named:
+        if strategy.world_size != hardware.cluster.world_size:
+            raise ProfileError(f"{name}: world_size {strategy.world_size}, the hardware profile has "
+                               f"{hardware.cluster.world_size} ranks")
+        if strategy.num_layers != model.num_layers:
+            raise ProfileError(f"{name}: {strategy.num_layers} layers, the model has {model.num_layers}")
+        problems = plan_problems(strategy, constraints, seq_len=seq) if constraints else []
+        if problems:
+            raise ProfileError(f"{name}: {problems[0]}")
+    checks = []
+    for i, (name, strategy) in enumerate(named):
+        print(f"[{i + 1}/{len(named)}] {name}: {strategy.world_size} ranks", file=sys.stderr, flush=True)
+        check = StrategyCheck(name, strategy)
+        check.ranks = measure(config, strategy, options)
+        compare(check, hardware, model, options)
+        checks.append(check)
+    calibration = None
+    if args.calibration_output:
+        from galva_profiler.calibration import fit_calibration
+
+        calibration = fit_calibration(checks, hardware, model, options)
+    text = table([row for check in checks for row in check.rows])
+    write_json_atomic(args.output, report(checks, calibration))
+    if args.table:
+        from galva_schema import write_text_atomic
+
+        write_text_atomic(args.table, text)
+    if calibration is not None:
+        calibration.save(args.calibration_output)
+    print(text)
+    return 0
+
+
+def _searched(hardware: HardwareProfile, model: ModelProfile, args: argparse.Namespace) -> Strategy:
+    from galva_search.cost_model import CostModel, CostSettings
+    from galva_search.profiles import parse_memory
+    from galva_search.search import NoFeasibleStrategy, SearchOptions, search
+
+    settings = CostSettings(precision=model.precision, backward_coefficient=args.backward_coefficient)
+    cost = CostModel(hardware, model, settings)
+    try:
+        budget = parse_memory(args.memory)
+        return search(cost, SearchOptions(memory_budget_mib=budget, batch_sizes=(args.global_batch_size,))).strategy
+    except (NoFeasibleStrategy, ValueError) as err:
+        raise ProfileError(f"--search: {err}") from None

@@ -1,0 +1,138 @@
+"""``galva-profile check`` end to end: profiles from galva-profiler, a plan from galva-search, strategies trained by
+galva-hp on 2 and 4 gloo ranks; the report validates, the byte counts are compared, the calibration round-trips."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from galva_schema import Calibration, HardwareProfile, LayerStrategy, ModelProfile, Strategy
+
+PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
+HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125"]
+HW_FLAGS += ["--warmup", "0", "--repetitions", "2", "--quick", "--quiet"]
+ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
+
+
+def _strategy(world: int, pp: int, layers: list[dict], c: int = 1) -> Strategy:
+    division = [4] if pp == 1 else [2, 2]
+    # fp32, as the model profile: the check compares a plan with the profile it was planned on
+    return Strategy(world_size=world, pp=pp, pp_division=division, global_batch_size=4, num_micro_batches=c,
+                    mixed_precision="fp32", layers=[LayerStrategy(**layer) for layer in layers])
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("check")
+    for world in (2, 4):
+        hw = _run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW_FLAGS, "-o", f"hw{world}.json"], root)
+        assert hw.returncode == 0, hw.stderr[-2000:]
+    model_args = ["--preset", "tiny-llama", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
+    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--quiet", "-o", "m.json"], root)
+    assert model.returncode == 0, model.stderr[-2000:]
+    return root
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_path: Path) -> None:
+    """profile -> search -> train: galva-search plans on the profiler's files and galva-hp trains the plan (with two
+    hand-written ones); the report's rows and the calibration validate; galva-search applies the calibration."""
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    _strategy(2, 2, [{"tp": 1}] * 4, c=2).save(plans / "pp2-1f1b.json")
+    _strategy(2, 1, [{"tp": 1, "dp_type": "zero3"}] * 4).save(plans / "zero3.json")
+    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
+            str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(plans), "--search",
+            "--steps", "1", "--warmup", "1", "-o", "check.json", "--table", "check.md", "--calibration-output",
+            "cal.json"]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    names = [s["name"] for s in report["strategies"]]
+    assert names == ["pp2-1f1b", "zero3", "galva-search"]
+    searched = Strategy.from_dict(report["strategies"][2]["strategy"])  # the plan galva-search made, trained
+    assert searched.world_size == 2
+    rows = {(r["strategy"], r["stage"]): r for r in report["rows"]}
+    assert set(rows) >= {("pp2-1f1b", 0), ("pp2-1f1b", 1), ("zero3", 0)}
+    for row in report["rows"]:
+        assert row["measured_time_s"] > 0 and row["measured_states_mib"] > 0 and row["measured_activation_mib"] > 0
+    # model states (fp32): within 3%, deterministic on CPU
+    for key in (("pp2-1f1b", 0), ("pp2-1f1b", 1), ("zero3", 0)):
+        assert abs(rows[key]["errors"]["states"]) < 0.03, rows[key]
+    assert "| pp2-1f1b | 2 | 1 |" in (tmp_path / "check.md").read_text()
+
+    calibration = Calibration.load(tmp_path / "cal.json")
+    assert [p.strategy for p in calibration.points] == names
+    from galva_search.cli import main as search
+
+    common = ["--hardware-profile", str(profiles / "hw2.json"), "--model-profile", str(profiles / "m.json"),
+              "--memory", "4GiB", "--global-batch-size", "4", "--quiet"]
+    assert search([*common, "--summary-json", str(tmp_path / "plain.json")]) == 0
+    assert search([*common, "--calibration", str(tmp_path / "cal.json"), "--summary-json",
+                   str(tmp_path / "cal_summary.json")]) == 0
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    calibrated = json.loads((tmp_path / "cal_summary.json").read_text())
+    assert calibrated["iteration_time_s"] != pytest.approx(plain["iteration_time_s"], rel=1e-6)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_calibration_changes_predictions_as_it_says(profiles: Path) -> None:
+    """A compute factor of 2 doubles the predicted time of a plan that is compute only (one rank's worth of work
+    per rank, no communication: pp 1, dp over 2 ranks has a sync, so the check uses tp 1 dp 2 and compares the
+    compute terms), and the states factor scales model states exactly."""
+    from galva_search.cost_model import CostModel, CostSettings, TermFactors
+    from galva_search.evaluation import evaluate_strategy
+
+    hardware, model = HardwareProfile.load(profiles / "hw2.json"), ModelProfile.load(profiles / "m.json")
+    plan = _strategy(2, 2, [{"tp": 1}] * 4)  # pp 2, dp 1: compute + p2p only
+    calibration = Calibration.from_dict({"time_factors": {"compute": 2.0, "p2p": 2.0, "redistribution": 2.0},
+                                         "memory_factors": {"states": 1.5}})
+    base = evaluate_strategy(CostModel(hardware, model, CostSettings(context_mib=0.0)), plan)
+    factors = TermFactors.from_calibration(Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))))
+    scaled = evaluate_strategy(CostModel(hardware, model, CostSettings(context_mib=0.0, factors=factors)), plan)
+    assert scaled.iteration_time_s == pytest.approx(2 * base.iteration_time_s, rel=1e-9)
+    assert scaled.detail.stage_states_mib == pytest.approx([1.5 * s for s in base.detail.stage_states_mib])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_check_on_four_ranks(profiles: Path, tmp_path: Path) -> None:
+    plan = _strategy(4, 2, [{"tp": 2}] * 4)  # pp 2 x tp 2, one micro-batch: no dp, states exactly what the model prices
+    plan.save(tmp_path / "pp2tp2.json")
+    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw4.json"), "--model-profile",
+            str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(tmp_path / "pp2tp2.json"),
+            "--steps", "1", "--warmup", "0", "-o", str(tmp_path / "check.json")]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert [r["stage"] for r in report["rows"]] == [0, 1]
+    assert len(report["strategies"][0]["ranks"]) == 4
+    for row in report["rows"]:
+        assert abs(row["errors"]["states"]) < 0.03, row
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "hw.json").write_text("{}")
+    for args, needle in (
+        ([], "nothing to check"),
+        (["--preset", "tiny-llama", "--strategy", str(tmp_path / "missing.json")], "no such file"),
+        (["--search", "--preset", "tiny-lama"], "unknown model preset"),
+        (["--search", "--preset", "tiny-llama"], "hw.json"),
+    ):
+        result = _run([*PROFILE, "check", "--hardware-profile", str(tmp_path / "hw.json"), "--model-profile",
+                       str(tmp_path / "hw.json"), *args], tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("galva-profile: error: "), result.stderr
+        assert needle in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]
