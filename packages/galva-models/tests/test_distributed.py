@@ -433,3 +433,39 @@ def check_swin_padded_grid(rank: int, world_size: int) -> dict[str, float]:
 def test_swin_layer_forms_on_a_padded_shifted_grid():
     for form, diff in run_distributed(check_swin_padded_grid, 2, timeout=200)[0].items():
         assert diff < TOL, f"swin/{form}: differs from the single-process layer by {diff:.2e} (relative)"
+
+
+# ------------------------------------------------------------------ galva-train's defaults on every family
+TRAIN_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "bert", "t5", "vit", "swin")
+
+
+def train_every_family(rank: int, world_size: int) -> dict[str, object]:
+    """``galva-train --model tiny-<family> --pp 2 --tp 2`` with its default precision (bf16) for 2 steps, every family
+    in the same 4 ranks (galva-train's final ``destroy_process_group`` is skipped so the next family reuses the
+    world). Returns galva-train's exit code per family, and the default precision."""
+    import os
+
+    import torch.distributed as dist
+
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import main
+
+    os.environ["WORLD_SIZE"] = str(world_size)
+    dist.destroy_process_group = lambda *args, **kwargs: None  # this forked rank only
+    out: dict[str, object] = {}
+    for family in TRAIN_FAMILIES:
+        argv = ["--model", f"tiny-{family}", "--pp", "2", "--tp", "2", "--global-batch-size", "4", "--chunks", "2",
+                "--train-iters", "2", "--no-progress", "--log-interval", "1"]  # fmt: skip
+        if family not in ("vit", "swin"):  # images fix their own sequence
+            argv += ["--seq-length", "16"]
+        out[f"{family}/precision"] = parse_train_config(argv).strategy.mixed_precision.value
+        out[family] = main(argv)
+    return out
+
+
+@pytest.mark.distributed
+def test_galva_train_defaults_train_every_family_under_pp2_tp2():
+    results = run_distributed(train_every_family, 4, timeout=400)
+    for family in TRAIN_FAMILIES:
+        assert results[0][f"{family}/precision"] == "bf16", family
+        assert all(r[family] == 0 for r in results), f"{family}: galva-train exited with {[r[family] for r in results]}"
