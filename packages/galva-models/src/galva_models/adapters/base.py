@@ -69,7 +69,7 @@ class FamilyAdapter:
     lengths matter only where a layer's boundary sequence is not the run's sequence (an encoder-decoder)."""
     layer_specs: Callable[..., list[LayerSpec]]
     """``(config, seq_length[, decoder_seq_length]) -> one LayerSpec per transformer layer``; raises
-    ``ValueError`` for a length the model cannot run (e.g. beyond a sliding window)."""
+    ``ValueError`` for a length the model cannot run."""
     set_num_layers: Callable[[Any, int], None] | None = None
     """Change the transformer layer count of a config (None: the family has no single layer count)."""
 
