@@ -17,8 +17,29 @@ if TYPE_CHECKING:  # torch is imported lazily so that the layout maths works wit
     from torch.distributed import ProcessGroup
 
 
+def default_group_timeout() -> Any:
+    """The timeout the world group was created with (``init_process_group(timeout=...)``), or None.
+
+    ``torch.distributed.new_group`` without a timeout falls back to torch's 30-minute default, not to the world's:
+    every group the cache creates gets the world's timeout instead, so one ``--collective-timeout`` holds everywhere.
+    """
+    import torch
+    import torch.distributed as dist
+
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        try:  # an accelerator-only world (NCCL)
+            backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+            return backend.options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            return None
+
+
 class ProcessGroupCache:
-    """Creates and remembers process groups keyed by their sorted rank tuple."""
+    """Creates and remembers process groups keyed by their sorted rank tuple; each group gets ``timeout``, by
+    default the world group's (see :func:`default_group_timeout`)."""
 
     def __init__(self, backend: str | None = None, timeout: Any = None) -> None:
         self._backend = backend
@@ -47,8 +68,9 @@ class ProcessGroupCache:
                 self._groups[key] = dist.group.WORLD  # type: ignore[assignment]
                 continue
             kwargs: dict[str, Any] = {}
-            if self._timeout is not None:
-                kwargs["timeout"] = self._timeout
+            timeout = self._timeout if self._timeout is not None else default_group_timeout()
+            if timeout is not None:
+                kwargs["timeout"] = timeout
             group = dist.new_group(list(key), backend=self._backend, **kwargs)
             self.created += 1
             self._groups[key] = group

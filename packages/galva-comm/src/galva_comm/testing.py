@@ -4,6 +4,11 @@ Every distributed test in Galva uses :func:`run_distributed`. Ranks are started 
 ranks on two cores, against seconds for ``spawn``), each initialises a gloo process group whose collectives time
 out, and the parent never waits longer than ``timeout`` seconds in total.
 
+Robust on a loaded machine: the parent hosts the rendezvous store (as torchrun's agent does) on a port the OS gives
+it, so no rank's exit takes the store away from ranks still creating groups and no other process can take the port
+between choosing and binding it; and a rank that finished tears its connections down only after every rank has
+finished (a store barrier), so a fast rank never closes a gloo pair that a slow peer still reads from.
+
     def check(rank: int, world_size: int, scale: float) -> float:
         t = torch.full((1,), float(rank))
         dist.all_reduce(t)
@@ -42,10 +47,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _store_barrier(store: Any, key: str, world_size: int, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until ``world_size`` ranks have added themselves to ``key`` in ``store``."""
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while int(store.add(key, 0)) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _child(
     rank: int,
     world_size: int,
-    port: int,
+    port_pipe: Any,
     timeout: float,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -71,6 +84,9 @@ def _child(
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
+        if not port_pipe.poll(max(5.0, timeout)):
+            raise RuntimeError("the parent never sent the rendezvous store's port")
+        port = int(port_pipe.recv())
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
@@ -79,9 +95,14 @@ def _child(
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE=str(world_size),
         )
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=max(5.0, timeout)))
+        pg_timeout = timedelta(seconds=max(5.0, timeout))
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, pg_timeout)  # the parent hosts it
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=pg_timeout, store=store)
         try:
-            report("ok", fn(rank, world_size, *args, **kwargs))
+            result = fn(rank, world_size, *args, **kwargs)
+            # every rank done before any tears its gloo pairs down (a slow peer may still be reading from them)
+            _store_barrier(store, "galva_testing/finished", world_size, max(5.0, timeout))
+            report("ok", result)
         except BaseException:
             # report before tearing the group down: the peers fail as soon as it goes, and the parent names the
             # first rank to report as the root cause
@@ -114,13 +135,15 @@ def run_distributed(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    import torch.distributed as dist
+
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
         ctx.Process(
             target=_child,
-            args=(rank, world_size, port, timeout, fn, args, kwargs, queue, threads_per_rank),
+            args=(rank, world_size, pipes[rank][0], timeout, fn, args, kwargs, queue, threads_per_rank),
             name=f"galva-rank-{rank}",
             daemon=True,
         )
@@ -128,6 +151,13 @@ def run_distributed(
     ]
     for proc in procs:
         proc.start()
+    # The rendezvous store lives in this process, on a port the OS picked (no race for a port chosen earlier), and
+    # outlives every rank (a rank-0-hosted store vanished under ranks still creating groups when rank 0 finished
+    # first). It starts after the forks: its server thread must not be copied mid-operation into the children.
+    store_timeout = timedelta(seconds=max(5.0, timeout))
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, store_timeout, wait_for_workers=False)
+    for _, sender in pipes:
+        sender.send(int(store.port))
 
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -170,6 +200,10 @@ def run_distributed(
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+        for receiver, sender in pipes:
+            receiver.close()
+            sender.close()
+        del store  # stop its server thread now, not when a traceback holding this frame is collected
 
     if errors:
         # dicts keep arrival order: the first rank to report a failure is the root cause, the others
