@@ -8,7 +8,9 @@ refused with one line.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import math
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from galva_hp.optim import DECAY_STYLES
 from galva_models.cli.errors import ConfigError
@@ -16,10 +18,85 @@ from galva_models.presets import PRESETS
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a one-line :class:`ConfigError` instead of usage + exit."""
+    """argparse that reports a bad flag as a one-line :class:`ConfigError` instead of usage + exit; every value flag
+    is stored by :class:`_Once`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Once)
+        self.register("action", "store", _Once)
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(message)
+
+
+class _Once(argparse._StoreAction):
+    """``store``, remembering which spelling the user typed (``spelled(args, dest)``); a flag given twice, or with
+    an alias (``--tp 2 --tensor-model-parallel-size 1``), with two different values is refused instead of the last
+    one silently winning."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        seen: dict[str, tuple[str, Any]] = namespace.__dict__.setdefault("_spelled", {})
+        if self.dest in seen and seen[self.dest][1] != values:
+            before, value = seen[self.dest]
+            raise ConfigError(f"{option_string} {_show(values)} contradicts {before} {_show(value)}; give one")
+        seen[self.dest] = (str(option_string), values)
+        setattr(namespace, self.dest, values)
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def spelled(args: argparse.Namespace, dest: str) -> str:
+    """The flag as the user typed it (an alias included), else its first spelling."""
+    seen = getattr(args, "_spelled", {})
+    if dest in seen:
+        return str(seen[dest][0])
+    return "--" + dest.replace("_", "-")
+
+
+RANGES: dict[str, tuple[float, float | None, bool]] = {
+    # dest: (minimum, maximum or None, whether the maximum is excluded)
+    "num_layers": (1, None, False), "hidden_size": (1, None, False), "num_attention_heads": (1, None, False),
+    "num_query_groups": (1, None, False), "ffn_hidden_size": (1, None, False), "vocab_size": (1, None, False),
+    "seq_length": (2, None, False), "decoder_seq_length": (2, None, False), "max_position_embeddings": (1, None, False),
+    "world_size": (1, None, False), "pp": (1, None, False), "tp": (1, None, False), "chunks": (1, None, False),
+    "vocab_tp": (1, None, False), "global_batch_size": (1, None, False), "micro_batch_size": (1, None, False),
+    "lr": (0, None, False), "min_lr": (0, None, False), "lr_warmup_iters": (0, None, False),
+    "weight_decay": (0, None, False), "clip_grad": (0, None, False), "adam_beta1": (0, 1, True),
+    "adam_beta2": (0, 1, True), "adam_eps": (0, None, False), "train_iters": (1, None, False), "seed": (0, None, False),
+    "save_interval": (1, None, False), "keep_last": (0, None, False), "exit_interval": (1, None, False),
+    "log_interval": (1, None, False), "collective_timeout": (0, None, False),
+}  # fmt: skip
+"""Every numeric flag's range; ``collective_timeout`` and ``adam_eps`` must also be above their minimum."""
+_ABOVE_MINIMUM = {"collective_timeout", "adam_eps"}
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """Refuse a numeric flag outside its range (``--tp 0``, ``--lr nan``), naming the flag as typed."""
+    for dest, (low, high, high_open) in RANGES.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = spelled(args, dest)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag} must be a finite number, got {value}")
+        if dest in _ABOVE_MINIMUM and value <= low:
+            raise ConfigError(f"{flag} must be > {low:g}, got {value:g}")
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low:g}, got {value:g}")
+        if high is not None and (value >= high if high_open else value > high):
+            raise ConfigError(f"{flag} must be {'<' if high_open else '<='} {high:g}, got {value:g}")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse galva-train's flags and check every numeric range (:class:`ConfigError` on the first problem)."""
+    args = build_parser().parse_args(argv)
+    check_ranges(args)
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     _batch_flags(p)
     _optimizer_flags(p)
     _output_flags(p)
+    f = p.add_argument_group("faults")
+    f.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="Every process group's timeout from the first step on, and how long a rank may make no progress before "
+        "the watchdog ends the job with one line naming it (default 600; start-up may take at least 300).",
+    )
     return p
 
 

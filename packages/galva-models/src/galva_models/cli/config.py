@@ -17,7 +17,7 @@ from typing import Any
 
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli import model_source, plan_source
-from galva_models.cli.arguments import build_parser
+from galva_models.cli.arguments import build_parser, parse
 from galva_models.cli.errors import ConfigError
 from galva_schema import Strategy, plan_problems
 
@@ -76,6 +76,9 @@ class TrainConfig:
     progress: bool = True
     initialize_on_meta: bool = False
     checkpoint: CheckpointArgs = CheckpointArgs()
+    collective_timeout_s: float = 600.0
+    plan_source: str = "flags"
+    plan_overrides: tuple[str, ...] = ()
 
     @property
     def task(self) -> Task:
@@ -92,7 +95,7 @@ class TrainConfig:
 
 def parse_train_config(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
     """Parse and validate galva-train's arguments. Raises :class:`ConfigError` (one line) on any problem."""
-    args = build_parser().parse_args(argv)  # --help prints and exits 0; a bad flag raises ConfigError
+    args = parse(argv)  # --help prints and exits 0; a bad flag or a value out of range raises ConfigError
     if world_size is None:
         world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     _check_checkpoint_flags(args)
@@ -107,7 +110,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     seq, decoder_seq = model_source.seq_lengths(config, adapter, args)
     specs = model_source.layer_specs(config, adapter, seq, decoder_seq)
     constraints = adapter.constraints(config, seq or None, decoder_seq).model_copy(update={"model_name": name})
-    strategy = plan_source.strategy(args, world_size, constraints.num_layers)
+    strategy, overrides = plan_source.strategy_and_overrides(args, world_size, constraints.num_layers)
     # the one check of a plan against a model: galva-hp's build asks the same function
     problems = plan_problems(strategy, constraints, world_size=world_size, seq_len=seq or None)
     if problems:
@@ -134,6 +137,15 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         progress=not args.no_progress,
         initialize_on_meta=args.initialize_on_meta,
         checkpoint=_checkpoint_args(args),
+        collective_timeout_s=args.collective_timeout,
+        plan_source=(
+            f"--strategy {args.strategy}"
+            if args.strategy
+            else f"--galvatron-config-path {args.galvatron_config}"
+            if args.galvatron_config
+            else "flags"
+        ),
+        plan_overrides=tuple(overrides),
     )
 
 

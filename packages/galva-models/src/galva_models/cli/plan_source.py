@@ -27,14 +27,45 @@ def plan_label(args: argparse.Namespace, model_name: str) -> str:
 def strategy(args: argparse.Namespace, world_size: int, num_layers: int) -> Strategy:
     """The run's Strategy from whichever of the three sources the flags name (not yet checked against the model:
     that is :func:`galva_schema.plan_problems`)."""
+    return strategy_and_overrides(args, world_size, num_layers)[0]
+
+
+def strategy_and_overrides(args: argparse.Namespace, world_size: int, num_layers: int) -> tuple[Strategy, list[str]]:
+    """:func:`strategy`, and what the flags changed in a plan file (``--fp32 overrides plan.json's bf16``), which
+    the start-of-run banner prints."""
     precision = _precision(args)
     if precision == "fp16":
         raise ConfigError("--fp16: fp16 needs loss scaling, which Galva does not do; use --bf16 or --fp32")
     if args.galvatron_config is not None:
-        return _galvatron_strategy(args, world_size, num_layers, precision or "bf16")
+        return _galvatron_strategy(args, world_size, num_layers, precision or "bf16"), []
     if args.strategy is not None:
-        return _file_strategy(args, precision)
-    return _global_strategy(args, world_size, num_layers, precision or "bf16")
+        plan = _file_strategy(args, None)
+        overrides: list[str] = []
+        if precision is not None and precision != plan.mixed_precision.value:
+            flag = f"--mixed-precision {precision}" if args.mixed_precision else f"--{precision}"
+            overrides.append(f"{flag} overrides {args.strategy}'s {plan.mixed_precision.value}")
+            plan = Strategy.model_validate({**plan.model_dump(), "mixed_precision": precision})
+        return plan, overrides
+    return _global_strategy(args, world_size, num_layers, precision or "bf16"), []
+
+
+def describe(plan: Strategy) -> str:
+    """The plan in one phrase, as the banner and the report print it."""
+    tp = sorted({layer.tp for layer in plan.layers})
+    dp = sorted({(layer.dp_type or plan.default_dp_type).value for layer in plan.layers})
+    parts = [
+        f"pp {plan.pp}",
+        f"tp {'/'.join(map(str, tp))}" + (" (Ulysses)" if any(layer.ulysses for layer in plan.layers) else ""),
+        f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''}",
+        f"global batch {plan.global_batch_size}",
+        "/".join(dp),
+        plan.mixed_precision.value,
+    ]
+    if plan.megatron_sp:
+        parts.append("Megatron-SP")
+    if any(layer.checkpoint for layer in plan.layers):
+        parts.append(f"checkpointing {sum(layer.checkpoint for layer in plan.layers)} layers")
+    return ", ".join(parts)
 
 
 def _precision(args: argparse.Namespace) -> str | None:

@@ -56,16 +56,46 @@ class _Seq2SeqRandom:
         return Batch(torch.cat([enc, start, labels[:, :-1]], dim=1), labels)
 
 
-def _init_distributed() -> tuple[int, int]:
+def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
+    """The world group, with the start-up allowance of ``--collective-timeout`` (galva-comm gives every later group
+    the same; :meth:`Watchdog.arm` sets them all to ``--collective-timeout`` before the first step)."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
+
+    from galva_hp.watchdog import startup_timeout
+
+    timeout_s = startup_timeout(timeout_s)
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
+
+
+def _is_collective_error(err: BaseException) -> bool:
+    """A failed or timed-out collective (a peer stopped, left or timed out), as opposed to a bug in this rank."""
+    import torch.distributed as dist
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(
+        word in text for word in ("gloo", "nccl", "timed out", "connection reset", "connection closed")
+    )
+
+
+def banner(cfg: TrainConfig, world: int) -> str:
+    """The start-of-run line: model, ranks and the plan actually used (with what a flag changed in a plan file)."""
+    from galva_models.cli.plan_source import describe
+
+    line = f"galva-train: {cfg.model_name} on {world} rank{'s' if world > 1 else ''}: {describe(cfg.strategy)}"
+    line += f" (plan from {cfg.plan_source}"
+    line += "; " + "; ".join(cfg.plan_overrides) + ")" if cfg.plan_overrides else ")"
+    return line
 
 
 def build_model(cfg: TrainConfig) -> Any:
@@ -124,7 +154,26 @@ def checkpoint_io(cfg: TrainConfig, model: Any, optimizer: Any) -> Any:
 
 
 def run(cfg: TrainConfig) -> int:
-    """Train for ``cfg.train_iters`` steps (every rank calls this). Returns the process exit code."""
+    """Train for ``cfg.train_iters`` steps (every rank calls this). Returns the process exit code.
+
+    A watchdog runs beside the loop (:mod:`galva_hp.watchdog`): a rank that stops making progress for
+    ``--collective-timeout`` seconds ends the job with one line naming it; Ctrl-C ends every rank with one line.
+    """
+    from galva_hp.watchdog import Watchdog
+
+    rank, world = _init_distributed(cfg.collective_timeout_s)
+    watchdog = Watchdog(rank=rank, world_size=world, timeout_s=cfg.collective_timeout_s, prog="galva-train").start()
+    try:
+        return _run(cfg, rank, world, watchdog)
+    except Exception as err:
+        if world > 1 and _is_collective_error(err):
+            return watchdog.fail(err)  # one line naming the stuck rank; exits
+        raise
+    finally:
+        watchdog.stop()
+
+
+def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
     import torch
     import torch.distributed as dist
 
@@ -132,7 +181,8 @@ def run(cfg: TrainConfig) -> int:
     from galva_models.adapters.base import hf_init_fn
     from galva_models.metrics import MetricsLogger, train_flops_per_token
 
-    rank, world = _init_distributed()
+    if rank == 0:
+        print(banner(cfg, world), file=sys.stderr, flush=True)
     hf_model, layered = build_model(cfg)
     num_params = sum(p.numel() for p in hf_model.parameters())
     recompute = sum(layer.checkpoint for layer in cfg.strategy.layers) / cfg.strategy.num_layers
@@ -187,7 +237,9 @@ def run(cfg: TrainConfig) -> int:
     try:
         last = start_step  # steps done
         saved_at = start_step if cfg.checkpoint.load and not cfg.checkpoint.finetune else -1
+        watchdog.arm()
         for step in range(start_step, cfg.train_iters):
+            watchdog.step(step + 1)
             batch = source.batch(step)
             start = time.perf_counter()
             metrics = train_step(model, optimizer, batch.inputs, batch.labels)

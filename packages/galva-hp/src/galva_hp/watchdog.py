@@ -1,0 +1,381 @@
+"""A progress watchdog for a training job: no hang lasts longer than the collective timeout, and the line that ends
+the job names the rank that stopped, its step and the collective the others waited in.
+
+Every rank runs one daemon thread. It publishes a heartbeat to the job's rendezvous store (torchrun's, or whatever
+``MASTER_ADDR:MASTER_PORT`` names) every ``interval`` seconds: wall time, the step, the collective the rank is in
+(``torch.distributed`` collectives are wrapped while the watchdog runs) and when the rank last made progress. The
+monitor ranks (the first and the last) read every rank's heartbeat. A rank is stuck when
+
+* its heartbeat is older than ``timeout`` (the whole process stopped: SIGSTOP, a stalled node, a dead host), or
+* no rank has made progress for ``timeout`` (a deadlock): the rank furthest behind (lowest step, then fewest
+  collectives) is named.
+
+Start-up (rendezvous, building the model, creating groups) runs under :func:`startup_timeout`, the larger of the
+timeout and :data:`STARTUP_TIMEOUT_S`: ranks that import and build at different speeds on a loaded machine are not
+stuck. :meth:`Watchdog.arm`, called before the first step, sets every process group's timeout to ``timeout``.
+
+The monitor that sees it first (an atomic counter in the store) prints one line, ``PROG: error: rank R ...``; a stuck
+rank on the same host as that monitor is killed (a stopped process would otherwise outlive the job: torchrun sends
+SIGTERM, which a stopped process never handles); then every rank exits with :data:`EXIT_STUCK`. A collective that
+fails in the main thread first (gloo's own timeout is the same number) goes through :meth:`Watchdog.fail`, which asks
+the heartbeats the same question, so the line is the same whichever side notices first.
+
+Ctrl-C (SIGINT to every rank) is read by the thread through :func:`signal.set_wakeup_fd`, so it is seen even while the
+main thread waits in C++; rank 0 prints one line and every rank exits with :data:`EXIT_INTERRUPTED`, no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "EXIT_INTERRUPTED",
+    "EXIT_STUCK",
+    "STARTUP_TIMEOUT_S",
+    "Heartbeat",
+    "Watchdog",
+    "diagnose",
+    "startup_timeout",
+]
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Default collective timeout: longer than any step of a sane plan, far shorter than torch's 30 minutes."""
+STARTUP_TIMEOUT_S = 300.0
+"""Start-up allowance: how long ranks may wait for each other before the first step (at least the timeout)."""
+EXIT_STUCK = 3
+"""Exit status of every rank when the watchdog ends a job (a rank stopped making progress)."""
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_to_all",
+    "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+    "broadcast_object_list", "reduce", "gather", "scatter", "barrier", "monitored_barrier", "send", "recv", "isend",
+    "irecv", "batch_isend_irecv", "all_reduce_coalesced",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """One rank's last published state (``time`` and ``progress_time`` are wall-clock seconds)."""
+
+    rank: int
+    time: float
+    progress_time: float
+    step: int
+    collective: str | None
+    collectives: int
+    host: str
+    pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Heartbeat:
+        return cls(**json.loads(text))
+
+    @property
+    def where(self) -> str:
+        return f"step {self.step}, " + (f"in {self.collective}" if self.collective else "between collectives")
+
+
+def startup_timeout(timeout_s: float) -> float:
+    """The timeout of start-up (before the first step): the collective timeout, but at least 5 minutes."""
+    return max(timeout_s, STARTUP_TIMEOUT_S)
+
+
+def diagnose(
+    beats: dict[int, Heartbeat], world_size: int, now: float, threshold: float, startup: float | None = None
+) -> str | None:
+    """The one-line verdict on a job whose ranks published ``beats``, or None while it makes progress.
+
+    ``threshold`` seconds without a heartbeat (or without progress on every rank) make a rank stuck; before every
+    rank has reached its first step, ``startup`` seconds (default: ``threshold``) without progress.
+    """
+    started = len(beats) == world_size and all(b.step >= 1 for b in beats.values())
+    patience = threshold if started or startup is None else max(threshold, startup)
+    missing = [r for r in range(world_size) if r not in beats]
+    stale = sorted(r for r, b in beats.items() if now - b.time > threshold)
+    waiting = [b for r, b in sorted(beats.items()) if r not in stale and b.collective]
+    if stale or (missing and beats and all(now - b.progress_time > patience for b in beats.values())):
+        culprit = (stale or missing)[0]
+        beat = beats.get(culprit)
+        what = (
+            f"rank {culprit} stopped responding (no heartbeat for {now - beat.time:.0f} s; last at {beat.where})"
+            if beat is not None
+            else f"rank {culprit} never reported"
+        )
+        return what + _waiting(waiting)
+    if beats and len(beats) == world_size and all(now - b.progress_time > patience for b in beats.values()):
+        culprit_beat = min(beats.values(), key=lambda b: (b.step, b.collectives, b.rank))
+        others = [b for b in waiting if b.rank != culprit_beat.rank]
+        return (
+            f"rank {culprit_beat.rank} made no progress for {now - culprit_beat.progress_time:.0f} s "
+            f"(at {culprit_beat.where})" + _waiting(others)
+        )
+    return None
+
+
+def _waiting(beats: list[Heartbeat]) -> str:
+    if not beats:
+        return ""
+    first = beats[0]
+    ranks = ", ".join(str(b.rank) for b in beats)
+    return f"; rank{'s' if len(beats) > 1 else ''} {ranks} waited in {first.collective} at step {first.step}"
+
+
+class Watchdog:
+    """See the module docstring. ``start()`` in the main thread after ``init_process_group``; ``step(n)`` at the top
+    of every training step; ``fail(err)`` for a collective error; ``stop()`` at the end."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, prog: str, interval_s: float | None = None):
+        self.rank, self.world_size, self.timeout_s, self.prog = rank, world_size, float(timeout_s), prog
+        self.interval_s = interval_s or max(0.2, min(1.0, self.timeout_s / 10))
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self._step = 0
+        self._collective: str | None = None
+        self._collectives = 0
+        self._progress_time = time.time()
+        self._store: Any = None
+        self._prefix = "galva_watchdog/{}/{}/".format(
+            os.environ.get("TORCHELASTIC_RUN_ID", "none"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        )
+        self._stop = threading.Event()
+        self._exiting = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._old_wakeup_fd = -1
+        self._old_sigint: Any = None
+        self._originals: dict[str, Callable[..., Any]] = {}
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> Watchdog:
+        if self.world_size > 1 and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                None,
+                False,
+                timedelta(seconds=max(5.0, min(30.0, self.timeout_s))),
+            )
+        self._wrap_collectives()
+        if threading.current_thread() is threading.main_thread():
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+            # the main thread ignores Ctrl-C (no KeyboardInterrupt from some random frame); the thread ends the run
+            self._old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name="galva-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._unwrap_collectives()
+        if self._wake_w is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._old_wakeup_fd)
+            signal.signal(signal.SIGINT, self._old_sigint)
+            self._wake_w.close()
+            assert self._wake_r is not None
+            self._wake_r.close()
+            self._wake_w = self._wake_r = None
+
+    # ------------------------------------------------------------------------------------------------- progress
+    def arm(self) -> None:
+        """Before the first step: every process group (the world, galva-comm's) from now on times out after
+        ``timeout`` seconds instead of the start-up allowance."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        timeout = timedelta(seconds=self.timeout_s)
+        for group in list(dist.distributed_c10d._world.pg_map):
+            with contextlib.suppress(ValueError, AssertionError, RuntimeError):
+                dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+    def step(self, step: int) -> None:
+        """Called at the top of training step ``step`` (1-based in messages)."""
+        self._step = step
+        self._progress_time = time.time()
+
+    def fail(self, err: BaseException) -> int:
+        """A collective raised in the main thread: print the heartbeats' verdict (or the error) once and exit."""
+        verdict = self._verdict(threshold=2.5 * self.interval_s + 1.0)
+        if verdict is None:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            verdict = f"rank {self.rank} at step {self._step}: {self._collective or 'a collective'} failed: {first}"
+        self._end(verdict, EXIT_STUCK)
+        return EXIT_STUCK  # not reached
+
+    # ------------------------------------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        monitor = self.rank in (0, self.world_size - 1)
+        while not self._stop.is_set():
+            if self._wake_r is not None:
+                import select
+
+                ready, _, _ = select.select([self._wake_r], [], [], self.interval_s)
+                if ready:
+                    with contextlib.suppress(OSError):
+                        data = self._wake_r.recv(64)
+                        if signal.SIGINT in data:
+                            self._interrupted()
+            else:
+                self._stop.wait(self.interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                self._publish()
+                if monitor:
+                    verdict = self._verdict(threshold=self.timeout_s, startup=startup_timeout(self.timeout_s))
+                    if verdict is not None:
+                        self._end(verdict, EXIT_STUCK)
+            except Exception as err:  # the store went away: its host (torchrun's agent or rank 0) is gone
+                if self._stop.is_set():
+                    return
+                where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+                self._end(
+                    f"rank {self.rank} at step {self._step}: lost the rendezvous store at {where} "
+                    f"({(str(err).splitlines() or [type(err).__name__])[0]})",
+                    EXIT_STUCK,
+                    quiet_unless_first=False,
+                )
+
+    def _publish(self) -> None:
+        if self._store is None:
+            return
+        beat = Heartbeat(
+            self.rank,
+            time.time(),
+            self._progress_time,
+            self._step,
+            self._collective,
+            self._collectives,
+            self.host,
+            self.pid,
+        )
+        self._store.set(self._prefix + str(self.rank), beat.to_json())
+
+    def _beats(self) -> dict[int, Heartbeat]:
+        keys = [self._prefix + str(r) for r in range(self.world_size)]
+        present = [k for k in keys if self._store.check([k])]
+        values = self._store.multi_get(present) if present else []
+        return {int(k.rsplit("/", 1)[1]): Heartbeat.from_json(v) for k, v in zip(present, values)}
+
+    def _verdict(self, threshold: float, startup: float | None = None) -> str | None:
+        if self._store is None:
+            return None
+        try:
+            beats = self._beats()
+        except Exception:
+            return None
+        verdict = diagnose(beats, self.world_size, time.time(), threshold, startup)
+        if verdict is not None:
+            self._kill_stopped_local_rank(beats, threshold)
+        return verdict
+
+    def _kill_stopped_local_rank(self, beats: dict[int, Heartbeat], threshold: float) -> None:
+        """A stuck rank whose whole process stopped (stale heartbeat) on this host: SIGKILL it, the one signal a
+        stopped process obeys, so the job leaves nothing behind."""
+        now = time.time()
+        for beat in beats.values():
+            if beat.rank != self.rank and beat.host == self.host and now - beat.time > threshold:
+                with contextlib.suppress(OSError):
+                    os.kill(beat.pid, signal.SIGKILL)
+
+    # --------------------------------------------------------------------------------------------------- endings
+    def _end(self, verdict: str, code: int, quiet_unless_first: bool = True) -> None:
+        """Print ``verdict`` if this is the first rank to end the job, then exit this process with ``code``."""
+        if not self._exiting.acquire(blocking=False):
+            time.sleep(3600)  # another thread of this process is already exiting
+        first = True
+        if self._store is not None and quiet_unless_first:
+            try:
+                first = int(self._store.add(self._prefix + "abort", 1)) == 1
+            except Exception:
+                first = self.rank == 0
+        if first:
+            line = f"{self.prog}: error: {verdict}; collective timeout {self.timeout_s:g} s (--collective-timeout)"
+            print(line, file=sys.stderr, flush=True)
+        _exit(code)
+
+    def _interrupted(self) -> None:
+        if not self._exiting.acquire(blocking=False):
+            return
+        if self.rank == 0:
+            print(f"{self.prog}: interrupted (Ctrl-C) at step {self._step}; every rank stopped", file=sys.stderr)
+        _exit(EXIT_INTERRUPTED)
+
+    # ------------------------------------------------------------------------------------- collective tracking
+    def _wrap_collectives(self) -> None:
+        import torch.distributed as dist
+
+        for name in _COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is None or getattr(original, "_galva_watchdog", False):
+                continue
+            self._originals[name] = original
+            setattr(dist, name, self._tracked(name, original))
+
+    def _unwrap_collectives(self) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def _tracked(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group")
+            size = _group_size(group)
+            self._collective = name if size is None else f"{name} (group of {size})"
+            self._collectives += 1
+            self._progress_time = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._collective = None
+                self._progress_time = time.time()
+
+        call._galva_watchdog = True  # type: ignore[attr-defined]
+        return call
+
+
+def _group_size(group: Any) -> int | None:
+    if group is None:
+        return None
+    try:
+        import torch.distributed as dist
+
+        return int(dist.get_world_size(group))
+    except Exception:
+        return None
+
+
+def _exit(code: int) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,124 @@
+"""galva-train's watchdog on real processes: a rank stopped mid-run (SIGSTOP, as a hung device or a stalled node)
+ends the job within the collective timeout plus a small margin, with one line naming the rank; nothing is left
+behind. Ctrl-C (SIGINT to every rank, as a terminal sends it) ends every rank with one line, no traceback.
+
+The job is four ``python -m galva_models.cli.train`` processes launched as torchrun launches them (RANK, WORLD_SIZE,
+MASTER_ADDR/PORT, the rendezvous store hosted by the launcher, here the test), training tiny-gpt2 with tp 2 x dp 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+TIMEOUT_S = 10.0
+MARGIN_S = 8.0  # the watchdog polls every second; gloo's own timeout is the same number; exiting takes a moment
+
+
+def _launch(world: int, tmp_path: Path, timeout_s: float) -> tuple[list[subprocess.Popen[bytes]], list[Path], object]:
+    store = dist.TCPStore("127.0.0.1", 0, world, True, timedelta(seconds=60), wait_for_workers=False)
+    argv = [
+        sys.executable, "-m", "galva_models.cli.train", "--model", "tiny-gpt2", "--tp", "2", "--seq-length", "32",
+        "--global-batch-size", "4", "--train-iters", "100000", "--no-progress", "--log-interval", "100000",
+        "--collective-timeout", str(timeout_s), "--metrics-jsonl", str(tmp_path / "metrics.jsonl"),
+    ]  # fmt: skip
+    procs, logs = [], []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(store.port),
+            TORCHELASTIC_USE_AGENT_STORE="True",  # the launcher (this test) hosts the store, as torchrun's agent does
+            OMP_NUM_THREADS="1",
+        )
+        log = tmp_path / f"rank{rank}.err"
+        logs.append(log)
+        with log.open("wb") as err:
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err))
+    return procs, logs, store
+
+
+def _wait_for_steps(path: Path, steps: int, procs: list[subprocess.Popen[bytes]], limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.2)
+    pytest.fail(f"the job did not reach step {steps}: exit codes {[p.poll() for p in procs]}")
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], limit_s: float) -> float:
+    start = time.monotonic()
+    deadline = start + limit_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def _cleanup(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _stderr(logs: list[Path]) -> list[str]:
+    return [line for log in logs for line in log.read_text().splitlines()]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_stopped_rank_ends_the_job_naming_it(tmp_path):
+    procs, logs, _store = _launch(4, tmp_path, TIMEOUT_S)
+    try:
+        _wait_for_steps(tmp_path / "metrics.jsonl", 3, procs, limit_s=240)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        elapsed = _wait_all(procs, TIMEOUT_S + MARGIN_S + 30)
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    finally:
+        _cleanup(procs)
+    lines = _stderr(logs)
+    assert not alive, f"ranks {alive} were left behind; stderr: {lines}"
+    assert elapsed <= TIMEOUT_S + MARGIN_S, f"the job took {elapsed:.1f} s to end (timeout {TIMEOUT_S} s)"
+    codes = [p.returncode for p in procs]
+    assert all(code != 0 for code in codes), codes
+    errors = [line for line in lines if "error" in line]
+    assert len(errors) == 1, lines
+    assert errors[0].startswith("galva-train: error: rank 2 "), errors[0]
+    assert "step " in errors[0] and "waited in " in errors[0] and "--collective-timeout" in errors[0], errors[0]
+    assert not any("Traceback" in line for line in lines), lines
+    print(f"job ended {elapsed:.1f} s after SIGSTOP (timeout {TIMEOUT_S:g} s): {errors[0]}")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_ctrl_c_ends_every_rank_with_one_line(tmp_path):
+    procs, logs, _store = _launch(4, tmp_path, 60.0)
+    try:
+        _wait_for_steps(tmp_path / "metrics.jsonl", 2, procs, limit_s=240)
+        for p in procs:  # what the terminal does: SIGINT to the whole foreground process group
+            os.kill(p.pid, signal.SIGINT)
+        elapsed = _wait_all(procs, 30)
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    finally:
+        _cleanup(procs)
+    lines = _stderr(logs)
+    assert not alive and elapsed < 10, (alive, elapsed, lines)
+    assert [p.returncode for p in procs] == [130] * 4
+    interrupted = [line for line in lines if "interrupted" in line]
+    assert len(interrupted) == 1 and interrupted[0].startswith("galva-train: interrupted (Ctrl-C) at step "), lines
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
