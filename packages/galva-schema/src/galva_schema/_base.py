@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import types
+from collections import abc
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -30,7 +32,8 @@ class GalvaModel(BaseModel):
 
 
 class GalvaFile(GalvaModel):
-    """A top-level Galva file: carries ``schema_version`` and a ``kind`` tag so files are never misread."""
+    """A top-level Galva file: carries ``schema_version`` and a ``kind`` tag so files are never misread. Files are
+    validated strictly (no string or boolean coerced into a number, no number into a boolean)."""
 
     KIND: ClassVar[str]
 
@@ -49,6 +52,9 @@ class GalvaFile(GalvaModel):
                 f"schema_version: this galva-schema reads version {SCHEMA_VERSION}, the file has {version!r}",
                 source=_src(source),
             )
+        problem = strict_problem(cls, data)
+        if problem is not None:
+            raise SchemaError(problem, source=_src(source))
         try:
             return cls.model_validate(data)
         except ValidationError as err:
@@ -66,6 +72,70 @@ class GalvaFile(GalvaModel):
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a temporary file in the same directory, then rename."""
         return write_json_atomic(path, self.to_dict())
+
+
+def strict_problem(model: type[BaseModel], data: Any, path: str = "") -> str | None:
+    """The first value of ``data`` whose JSON type is not its field's (as the exported JSON Schema says), as
+    ``field.path: expected an integer, got '2' (a string)``; None if every number, integer and boolean is one.
+
+    pydantic's lax mode would turn ``"2"`` into 2 and ``"yes"`` into True; a file is a contract, so no coercion.
+    """
+    if not isinstance(data, dict):
+        return None
+    by_key = {}
+    for name, field in model.model_fields.items():
+        by_key[name] = field
+        if field.alias:
+            by_key[field.alias] = field
+    for key, value in data.items():
+        field = by_key.get(key)
+        if field is not None:
+            problem = _strict_value(field.annotation, value, f"{path}{key}")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _strict_value(annotation: Any, value: Any, path: str) -> str | None:
+    if value is None or annotation is None:
+        return None
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _strict_value(args[0], value, path)
+    if origin in (Union, types.UnionType):
+        problems = [_strict_value(arg, value, path) for arg in args if arg is not type(None)]
+        return None if any(p is None for p in problems) else problems[0]
+    if annotation is bool:
+        return None if isinstance(value, bool) else _expected(path, "a boolean (true or false)", value)
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else _expected(path, "an integer", value)
+    if annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else _expected(path, "a number", value)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return strict_problem(annotation, value, path + ".")
+    if origin in (tuple, list, set, frozenset, abc.Sequence) and isinstance(value, list):
+        many = origin is not tuple or (len(args) == 2 and args[1] is Ellipsis)
+        for index, item in enumerate(value):
+            arg = (args[0] if args else None) if many else (args[index] if index < len(args) else None)
+            problem = _strict_value(arg, item, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+    if origin in (dict, abc.Mapping) and isinstance(value, dict) and len(args) == 2:
+        for key, item in value.items():
+            problem = _strict_value(args[1], item, f"{path}.{key}")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _expected(path: str, what: str, value: Any) -> str:
+    kind = {bool: "a boolean", str: "a string", float: "a number", int: "an integer", list: "an array"}.get(
+        type(value), "an object" if isinstance(value, dict) else type(value).__name__
+    )
+    shown = json.dumps(value) if isinstance(value, (str, bool, int, float)) else kind
+    return f"{path}: expected {what}, got {shown} ({kind}); files are not coerced"
 
 
 def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -25,8 +25,10 @@ def number(value: Any, key: str, source: str | None, *, what: str, positive: boo
     return float(value)
 
 
-def integer(value: Any, key: str, source: str | None, *, minimum: int = 1) -> int:
-    """An integer >= ``minimum``; accepts ``2``, ``2.0`` and ``"2"`` (the reference writes all three)."""
+def integer(value: Any, key: str, source: str | None, *, minimum: int = 1, text: bool = False) -> int:
+    """An integer >= ``minimum``; accepts ``2`` and ``2.0`` (the reference writes both), and ``"2"`` only where the
+    reference writes text (``text``: an item of a comma-separated list, a JSON object key). A string or a boolean
+    where the reference writes a number is refused, never coerced."""
     parsed: int | None = None
     if isinstance(value, bool):
         parsed = None
@@ -34,7 +36,7 @@ def integer(value: Any, key: str, source: str | None, *, minimum: int = 1) -> in
         parsed = value
     elif isinstance(value, float) and value.is_integer():
         parsed = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    elif text and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         parsed = int(value.strip())
     if parsed is None:
         raise SchemaError(f"{key}: expected an integer, got {_short(value)}", source=source)

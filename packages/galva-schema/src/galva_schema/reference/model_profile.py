@@ -498,7 +498,7 @@ class _MemoryFile:
         }
 
     def degree(self, key: str, where: str) -> int:
-        return integer(key, f"{where}.{key}", self.source)
+        return integer(key, f"{where}.{key}", self.source, text=True)
 
     def field(self, entry: dict[str, Any], where: str, name: str) -> Any:
         if name not in entry:

@@ -298,7 +298,10 @@ class _Reader:
             raise self.error(f'{key}: expected a comma-separated string such as "1,2,2", got {raw!r}')
         if not items:
             raise self.error(f"{key}: is empty")
-        values = [integer(item, f"{key}[{i}]", self.source, minimum=minimum) for i, item in enumerate(items)]
+        text = isinstance(raw, str)
+        values = [
+            integer(item, f"{key}[{i}]", self.source, minimum=minimum, text=text) for i, item in enumerate(items)
+        ]
         if length is not None and len(values) != length:
             reference = "tp_sizes_enc has" if key != "pp_division" else "pp_deg is"
             unit = " layers" if key != "pp_division" else ""
