@@ -88,9 +88,8 @@ def strict_problem(model: type[BaseModel], data: Any, path: str = "") -> str | N
         if field.alias:
             by_key[field.alias] = field
     for key, value in data.items():
-        field = by_key.get(key)
-        if field is not None:
-            problem = _strict_value(field.annotation, value, f"{path}{key}")
+        if key in by_key:
+            problem = _strict_value(by_key[key].annotation, value, f"{path}{key}")
             if problem is not None:
                 return problem
     return None
