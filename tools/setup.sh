@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command from a fresh clone: a project virtual environment (.venv) with all seven distributions installed
-# editable. On machines without an NVIDIA GPU, torch is pinned to its CPU build through constraints/cpu.txt.
+# One command from a fresh clone: a project virtual environment (.venv) with every distribution (the seven
+# stages and `galva`, the end-to-end pipeline) installed editable. On machines without an NVIDIA GPU, torch is pinned to its CPU build through constraints/cpu.txt.
 #   bash tools/setup.sh            # then: bash tools/test.sh
 # Environment: PYTHON (interpreter for the venv, default python3), GALVA_VENV (default .venv),
 #              GALVA_CONSTRAINTS (override the constraints file).
@@ -32,5 +32,6 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
   -e packages/galva-profiler \
   -e packages/galva-hp \
   -e packages/galva-models \
-  -e packages/galva-ckpt
+  -e packages/galva-ckpt \
+  -e packages/galva
 echo "[setup] done in $((SECONDS - start)) s; run the tests with: bash tools/test.sh"

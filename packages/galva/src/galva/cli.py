@@ -1,0 +1,171 @@
+"""The ``galva`` command.
+
+    galva run [--out DIR] [--nproc N] [--memory 1300MiB] [--train-iters 40] [--num-layers 8] ...   # the whole job
+    galva corpus -o corpus.jsonl [--documents 2000] [--seed 0]
+    galva tokenizer corpus.jsonl -o tokenizer/ [--vocab-size 512]
+    galva model-config -o model/ --tokenizer tokenizer/ [--num-layers 8 --hidden-size 128 ...]
+    galva generate HF_DIR [--prompt "The cat"] [--max-new-tokens 16]
+
+Bad input ends in one line ``galva: error: ...`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="galva",
+        description="Galva end to end: profile, search, train, save, export and generate on this machine.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run", help="the whole pipeline on this machine (the README's main command)",
+        description="Corpus, tokenizer, preprocess, model config, profile hardware and model, search a plan under a "
+        "memory budget, train it with a checkpoint, export to Hugging Face (g2h), generate with transformers, "
+        "report. One line per stage; every artefact's path at the end (also in OUT/run.json).",
+    )
+    run.add_argument("--out", help="output directory (default galva-run)")
+    run.add_argument("--force", action="store_true", default=None, help="replace a non-empty output directory")
+    run.add_argument("--nproc", type=_positive, help="ranks (default: the local GPUs, or 4 CPU ranks with gloo)")
+    run.add_argument("--quick", action="store_true",
+                     help="the CI variant: 4 layers, 8 steps, a smaller corpus (explicit flags still win)")
+    m = run.add_argument_group("model (a Llama-style decoder)")
+    m.add_argument("--num-layers", type=_positive, help="decoder layers (default 8)")
+    m.add_argument("--hidden-size", type=_positive, help="default 128")
+    m.add_argument("--num-attention-heads", type=_positive, help="default 4")
+    m.add_argument("--num-key-value-heads", type=_positive, help="default 2 (grouped-query attention)")
+    m.add_argument("--ffn-hidden-size", type=_positive, help="default 352")
+    m.add_argument("--seq-length", type=_positive, help="default 128")
+    m.add_argument("--vocab-size", type=_positive, help="tokenizer and model vocabulary (default 512)")
+    m.add_argument("--documents", type=_positive, help="documents in the generated corpus (default 2000)")
+    s = run.add_argument_group("plan and training")
+    s.add_argument("--memory", help="memory budget per device for the search, e.g. 1300MiB or 36GB (default 1300MiB)")
+    s.add_argument("--context-memory", help="framework context per device the search reserves (default 1024MiB)")
+    s.add_argument("--global-batch-size", type=_positive, help="default 16")
+    s.add_argument("--train-iters", type=_positive, help="training steps (default 40)")
+    s.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    s.add_argument("--prompt", help="prompt for the generation stage")
+    s.add_argument("--max-new-tokens", type=_positive, help="tokens to generate (default 16)")
+
+    c = sub.add_parser("corpus", help="write the synthetic JSONL corpus", description="A deterministic "
+                       "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.")
+    c.add_argument("-o", "--output", required=True, help="JSONL file to write")
+    c.add_argument("--documents", type=_positive, default=2000, help="number of documents (default 2000)")
+    c.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+
+    t = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a JSONL corpus",
+                       description="Train a byte-level BPE with the tokenizers library (nothing fetched) and save a "
+                       "Hugging Face tokenizer directory.")
+    t.add_argument("corpus", help="JSONL corpus")
+    t.add_argument("-o", "--output", required=True, help="tokenizer directory to write")
+    t.add_argument("--vocab-size", type=_positive, default=512, help="at most this many tokens (default 512)")
+    t.add_argument("--json-key", default="text", help="key holding the text (default text)")
+
+    mc = sub.add_parser("model-config", help="write a Llama-style Hugging Face config.json",
+                        description="A LlamaConfig directory sized by the flags, with the tokenizer's special tokens.")
+    mc.add_argument("-o", "--output", required=True, help="directory to write config.json into")
+    mc.add_argument("--tokenizer", help="tokenizer directory: its bos/eos/pad ids go into the config")
+    mc.add_argument("--num-layers", type=_positive, default=8)
+    mc.add_argument("--hidden-size", type=_positive, default=128)
+    mc.add_argument("--num-attention-heads", type=_positive, default=4)
+    mc.add_argument("--num-key-value-heads", type=_positive, default=2)
+    mc.add_argument("--ffn-hidden-size", type=_positive, default=352)
+    mc.add_argument("--vocab-size", type=_positive, default=512)
+    mc.add_argument("--seq-length", type=_positive, default=128, help="max_position_embeddings")
+
+    g = sub.add_parser("generate", help="load a Hugging Face directory with transformers and generate",
+                       description="Greedy generation from a local Hugging Face model directory (e.g. galva-ckpt "
+                       "g2h's output with a tokenizer), local files only.")
+    g.add_argument("model_dir", help="Hugging Face model directory (config.json, weights, tokenizer)")
+    g.add_argument("--prompt", default="The old farmer", help="text to continue")
+    g.add_argument("--max-new-tokens", type=_positive, default=16)
+    g.add_argument("--json", help="also write the result here as JSON")
+    return p
+
+
+def _model_config(args: argparse.Namespace) -> str:
+    from transformers import AutoTokenizer, LlamaConfig
+
+    if args.hidden_size % args.num_attention_heads:
+        raise ValueError(f"--hidden-size {args.hidden_size} is not a multiple of --num-attention-heads "
+                         f"{args.num_attention_heads}")
+    if args.num_attention_heads % args.num_key_value_heads:
+        raise ValueError(f"--num-attention-heads {args.num_attention_heads} is not a multiple of "
+                         f"--num-key-value-heads {args.num_key_value_heads}")
+    special: dict[str, Any] = {}
+    if args.tokenizer:
+        tok = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
+        if len(tok) > args.vocab_size:
+            raise ValueError(f"--vocab-size {args.vocab_size} is smaller than the tokenizer's {len(tok)} tokens")
+        special = {k: int(v) for k, v in (("bos_token_id", tok.bos_token_id), ("eos_token_id", tok.eos_token_id),
+                                          ("pad_token_id", tok.pad_token_id)) if v is not None}
+    config = LlamaConfig(
+        vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=args.ffn_hidden_size,
+        num_hidden_layers=args.num_layers, num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_key_value_heads, max_position_embeddings=args.seq_length,
+        tie_word_embeddings=False, **special,
+    )
+    config.save_pretrained(args.output)
+    return f"galva model-config: wrote {Path(args.output) / 'config.json'}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    from galva.pipeline import options_from_args, run_pipeline
+
+    run_pipeline(options_from_args(args))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "corpus":
+            from galva.data import write_corpus
+
+            path = write_corpus(args.output, args.documents, args.seed)
+            print(f"galva corpus: wrote {path} ({args.documents} documents)")
+        elif args.command == "tokenizer":
+            from galva.data import train_tokenizer
+
+            size = train_tokenizer(args.corpus, args.output, args.vocab_size, args.json_key)
+            print(f"galva tokenizer: wrote {args.output} ({size} tokens)")
+        elif args.command == "model-config":
+            print(_model_config(args))
+        elif args.command == "generate":
+            from galva.generate import generate
+
+            got = generate(args.model_dir, args.prompt, args.max_new_tokens)
+            result = {"prompt": got.prompt, "text": got.text, "new_tokens": got.new_tokens,
+                      "model_class": got.model_class, "num_parameters": got.num_parameters}
+            if args.json:
+                from galva_schema import write_text_atomic
+
+                write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+            print(f"galva generate: {got.model_class} ({got.num_parameters:,} parameters), {got.new_tokens} new "
+                  f"tokens: {got.text!r}")
+    except (ValueError, OSError) as err:
+        print(f"galva: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

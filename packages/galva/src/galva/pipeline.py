@@ -1,0 +1,279 @@
+"""``galva run``: the whole job on this machine, one stage after another, each stage one command a user could type.
+
+    corpus → tokenizer → preprocess → model config → profile hardware → profile model → search → train (+ save)
+    → export (g2h) → generate (transformers) → report
+
+Every stage runs as a subprocess of the same Python (the commands of the other distributions, exactly as installed),
+its output goes to ``OUT/logs/<stage>.log``, and ``galva run`` prints one line per stage with the time it took and
+the command, so any stage can be re-run on its own. At the end it prints where every artefact went and writes the
+same list as ``OUT/run.json``. A failing stage stops the run: its last log lines are printed and the exit status is 1.
+
+Resources: the local GPUs when there are some (NCCL, bf16), otherwise ``--nproc`` CPU ranks with gloo (fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from galva_schema import write_text_atomic
+
+__all__ = ["PipelineOptions", "StageResult", "detect_devices", "run_pipeline"]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What ``galva run`` does; the defaults finish in a few minutes on a 2-core CPU machine."""
+
+    out: Path = Path("galva-run")
+    nproc: int | None = None  # None: the local GPUs, or 4 CPU ranks without any
+    num_layers: int = 8
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    ffn_hidden_size: int = 352
+    seq_length: int = 128
+    vocab_size: int = 512
+    documents: int = 2000
+    memory: str = "1300MiB"  # per device; with the CPU context below it steers the search off plain dp
+    context_memory: str = "1024MiB"
+    global_batch_size: int = 16
+    train_iters: int = 40
+    lr: float = 3e-3
+    prompt: str = "The old farmer"
+    max_new_tokens: int = 16
+    force: bool = False
+
+
+@dataclass
+class StageResult:
+    name: str
+    seconds: float
+    command: str
+    artefacts: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+
+def detect_devices() -> tuple[int, str]:
+    """``(number of local GPUs, "gpu")`` or ``(0, "cpu")``."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:  # pragma: no cover - galva depends on torch through its stages
+        count = 0
+    return (count, "gpu") if count > 0 else (0, "cpu")
+
+
+def _python_command(*args: str) -> list[str]:
+    """``python -m module args``: the same interpreter and environment as this process, whatever PATH holds."""
+    return [sys.executable, "-m", *args]
+
+
+def _display(cmd: Sequence[str]) -> str:
+    """The command as a user would type it: entry points by name, not ``python -m``."""
+    names = {
+        "galva.cli": "galva",
+        "galva_models.cli.data": "galva-data",
+        "galva_profiler.cli": "galva-profile",
+        "galva_search.cli": "galva-search",
+        "galva_ckpt.cli": "galva-ckpt",
+        "galva_models.report": "galva-report",
+        "torch.distributed.run": "torchrun",
+    }
+    words = list(cmd)
+    if words[:2] == [sys.executable, "-m"]:
+        words = [names.get(words[2], f"python -m {words[2]}"), *words[3:]]
+    return " ".join(w if w.startswith(("python -m ", "galva", "torchrun")) else shlex.quote(w) for w in words)
+
+
+class _Runner:
+    def __init__(self, out: Path, total: int, stream: TextIO) -> None:
+        self.out, self.total, self.stream = out, total, stream
+        self.results: list[StageResult] = []
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+
+    def rel(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.out))
+        except ValueError:
+            return str(path)
+
+    def stage(self, name: str, cmd: Sequence[str] | None, artefacts: dict[str, Path],
+              work: Callable[[], str] | None = None) -> StageResult:
+        """Run ``cmd`` (logged to logs/NAME.log) and/or ``work`` (returns a note); print the stage line."""
+        index = len(self.results) + 1
+        log = self.out / "logs" / f"{name}.log"
+        start = time.perf_counter()
+        note = ""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if cmd is not None:
+            with log.open("w", encoding="utf-8") as f:
+                f.write("$ " + _display(cmd) + "\n")
+                f.flush()
+                code = subprocess.call(list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=self.out)
+            if code != 0:
+                self._fail(index, name, log, f"exit status {code}")
+        if work is not None:
+            try:
+                note = work()
+            except Exception as err:  # a stage's own failure: one line, then the log
+                with log.open("a", encoding="utf-8") as f:
+                    f.write(f"{type(err).__name__}: {err}\n")
+                self._fail(index, name, log, f"{type(err).__name__}: {err}".splitlines()[0])
+        seconds = time.perf_counter() - start
+        missing = [str(p) for p in artefacts.values() if not p.exists()]
+        if missing:
+            self._fail(index, name, log, f"did not write {', '.join(missing)}")
+        result = StageResult(name, seconds, _display(cmd) if cmd else "(in-process)",
+                             {k: self.rel(v) for k, v in artefacts.items()}, note)
+        self.results.append(result)
+        shown = ", ".join(result.artefacts.values())
+        extra = f" — {note}" if note else ""
+        print(f"[{index:2d}/{self.total}] {name:<17} {seconds:7.1f} s  {shown}{extra}", file=self.stream, flush=True)
+        return result
+
+    def _fail(self, index: int, name: str, log: Path, why: str) -> None:
+        print(f"[{index:2d}/{self.total}] {name:<17}  FAILED ({why}); last lines of {log}:", file=self.stream)
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
+        for line in lines[-25:]:
+            print(f"    {line}", file=self.stream)
+        raise SystemExit(1)
+
+
+def _strategy_note(path: Path) -> str:
+    from galva_schema import Strategy
+
+    s = Strategy.load(path)
+    runs: list[str] = []
+    for i in range(s.num_layers):
+        label = s.layer_summary(i)
+        if runs and runs[-1].split(" x")[0] == label:
+            head, count = runs[-1].split(" x")
+            runs[-1] = f"{head} x{int(count) + 1}"
+        else:
+            runs.append(f"{label} x1")
+    return f"pp {s.pp}, layers {', '.join(runs)}, {s.num_micro_batches} micro-batch(es)"
+
+
+def _metrics_note(path: Path) -> str:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
+    return f"{len(records)} steps, loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else f"{len(records)} steps"
+
+
+def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageResult]:
+    """Run every stage into ``o.out``; returns the stage results (also written to ``o.out/run.json``)."""
+    out = o.out.resolve()
+    if out.exists() and any(out.iterdir()):
+        if not o.force:
+            raise SystemExit(f"galva run: error: {out} is not empty; pass --force to replace it or --out elsewhere")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus, kind = detect_devices()
+    nproc = o.nproc or (gpus if gpus else 4)
+    precision = "bf16" if kind == "gpu" else "fp32"
+    print(f"galva run: {nproc} {'GPU' if kind == 'gpu' else 'CPU'} rank(s) ({'nccl' if kind == 'gpu' else 'gloo'}, "
+          f"{precision}), output in {out}", file=stream, flush=True)
+    started = time.perf_counter()
+    r = _Runner(out, 11, stream)
+    data, prof = out / "data", out / "profiles"
+    data.mkdir(exist_ok=True)
+    prof.mkdir(exist_ok=True)
+    corpus, tokenizer, model_dir = data / "corpus.jsonl", out / "tokenizer", out / "model"
+    prefix = data / "corpus"
+    hw, model_profile = prof / "hardware.json", prof / "model.json"
+    strategy, summary = out / "strategy.json", out / "summary.json"
+    metrics, ckpt, export, report = out / "metrics.jsonl", out / "checkpoints", out / "hf-export", out / "report.html"
+
+    r.stage("corpus", _python_command("galva.cli", "corpus", "-o", str(corpus), "--documents", str(o.documents)),
+            {"corpus": corpus})
+    r.stage("tokenizer", _python_command("galva.cli", "tokenizer", str(corpus), "-o", str(tokenizer),
+                                         "--vocab-size", str(o.vocab_size)), {"tokenizer": tokenizer})
+    r.stage("preprocess", _python_command("galva_models.cli.data", "preprocess", "--input", str(corpus),
+                                          "--tokenizer", str(tokenizer), "--output-prefix", str(prefix),
+                                          "--append-eod", "--quiet"),
+            {"tokens": prefix.with_suffix(".bin"), "index": prefix.with_suffix(".idx")})
+    r.stage("model-config", _python_command(
+        "galva.cli", "model-config", "-o", str(model_dir), "--tokenizer", str(tokenizer),
+        "--num-layers", str(o.num_layers), "--hidden-size", str(o.hidden_size),
+        "--num-attention-heads", str(o.num_attention_heads), "--num-key-value-heads", str(o.num_key_value_heads),
+        "--ffn-hidden-size", str(o.ffn_hidden_size), "--vocab-size", str(o.vocab_size),
+        "--seq-length", str(o.seq_length)), {"model config": model_dir / "config.json"})
+    r.stage("profile-hardware", _python_command(
+        "galva_profiler.cli", "hardware", "--nproc-per-node", str(nproc), "--quick", "-o", str(hw),
+        "--report", str(prof / "hardware-report.json"), "--quiet"), {"hardware profile": hw})
+    r.stage("profile-model", _python_command(
+        "galva_profiler.cli", "model", "--model-config", str(model_dir), "--seq-lengths", str(o.seq_length),
+        "--max-tp", str(nproc), "--precision", precision, "--quick", "-o", str(model_profile),
+        "--report", str(prof / "model-report.json"), "--quiet"), {"model profile": model_profile})
+    r.stage("search", _python_command(
+        "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,
+        "--context-memory", o.context_memory, "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",
+        "--mixed-precision", precision, "--output", str(strategy), "--summary-json", str(summary),
+        "--galvatron-output", str(out / "galvatron_config.json"), "--quiet"),
+        {"strategy": strategy, "summary": summary}, work=lambda: _strategy_note(strategy))
+    launcher = _python_command("torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc))
+    r.stage("train", [*launcher, "-m", "galva_models.cli.train", "--model-config", str(model_dir),
+                      "--strategy", str(strategy), "--seq-length", str(o.seq_length), "--data-path", str(prefix),
+                      "--train-iters", str(o.train_iters), "--lr", str(o.lr), "--lr-warmup-iters", "5",
+                      "--save", str(ckpt), "--metrics-jsonl", str(metrics), "--log-interval", "10", "--no-progress"],
+            {"metrics": metrics, "checkpoint": ckpt}, work=lambda: _metrics_note(metrics))
+    saved = ckpt / f"step-{o.train_iters:08d}"
+    r.stage("export", _python_command("galva_ckpt.cli", "g2h", str(saved), str(export), "--no-progress"),
+            {"hf export": export}, work=lambda: _copy_tokenizer(tokenizer, export))
+    generation = out / "generation.json"
+    r.stage("generate", _python_command("galva.cli", "generate", str(export), "--prompt", o.prompt,
+                                        "--max-new-tokens", str(o.max_new_tokens), "--json", str(generation)),
+            {"generation": generation}, work=lambda: repr(json.loads(generation.read_text())["text"]))
+    r.stage("report", _python_command("galva_models.report", str(metrics), "--strategy", str(strategy),
+                                      "--summary", str(summary), "-o", str(report)), {"report": report})
+    total = time.perf_counter() - started
+    artefacts = {k: str(out / v) for res in r.results for k, v in res.artefacts.items()}
+    artefacts["checkpoint"] = str(saved)
+    artefacts["logs"] = str(out / "logs")
+    run = {"kind": "galva.run", "devices": {"kind": kind, "ranks": nproc, "precision": precision},
+           "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()},
+           "total_s": total, "stages": [asdict(res) for res in r.results], "artefacts": artefacts}
+    write_text_atomic(out / "run.json", json.dumps(run, indent=2) + "\n")
+    print(f"\ngalva run: done in {total:.1f} s. Artefacts:", file=stream)
+    width = max(len(k) for k in artefacts)
+    for key, path in artefacts.items():
+        print(f"  {key:<{width}}  {path}", file=stream)
+    print(f"  {'run summary':<{width}}  {out / 'run.json'}", file=stream)
+    print("Stage times: " + ", ".join(f"{res.name} {res.seconds:.1f} s" for res in r.results), file=stream,
+          flush=True)
+    return r.results
+
+
+def _copy_tokenizer(tokenizer: Path, export: Path) -> str:
+    """The export holds what galva-train saved (config + weights); the tokenizer comes along for from_pretrained."""
+    if not (export / "config.json").is_file():
+        raise ValueError(f"{export}: g2h wrote no config.json")
+    copied = []
+    for f in sorted(tokenizer.iterdir()):
+        if f.is_file() and not (export / f.name).exists():
+            shutil.copy2(f, export / f.name)
+            copied.append(f.name)
+    return f"tokenizer files copied: {', '.join(copied) or 'none'}"
+
+
+def options_from_args(args: Any) -> PipelineOptions:
+    """The argparse namespace of ``galva run`` as options (``--quick``: the CI variant, a few steps)."""
+    kw = {k: getattr(args, k) for k in PipelineOptions.__dataclass_fields__ if getattr(args, k, None) is not None}
+    kw["out"] = Path(kw.get("out", "galva-run"))
+    if getattr(args, "quick", False):
+        kw.setdefault("train_iters", 8)
+        kw.setdefault("documents", 400)
+        kw.setdefault("num_layers", 4)
+        kw.setdefault("max_new_tokens", 4)
+    return PipelineOptions(**kw)

@@ -1,0 +1,77 @@
+"""galva run end to end (the README's main command, reduced as in CI) and its small stages."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from galva.cli import main
+from galva.data import documents, train_tokenizer, write_corpus
+
+
+def test_corpus_is_a_function_of_the_seed(tmp_path: Path) -> None:
+    a, b = write_corpus(tmp_path / "a.jsonl", 50, seed=3), write_corpus(tmp_path / "b.jsonl", 50, seed=3)
+    assert a.read_bytes() == b.read_bytes()
+    assert list(documents(50, seed=4)) != list(documents(50, seed=3))
+    lines = a.read_text().splitlines()
+    assert len(lines) == 50 and all(json.loads(line)["text"].endswith(".") for line in lines)
+
+
+def test_tokenizer_round_trips_through_transformers(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    corpus = write_corpus(tmp_path / "c.jsonl", 200)
+    size = train_tokenizer(corpus, tmp_path / "tok", vocab_size=400)
+    assert 260 <= size <= 400
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)
+    text = "The red fox watches the quiet river ."
+    assert tok.decode(tok(text)["input_ids"]) == text
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+
+
+def test_bad_input_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model-config", "-o", str(tmp_path / "m"), "--hidden-size", "100", "--num-attention-heads", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--hidden-size 100 is not a multiple of --num-attention-heads 3" in err
+    assert main(["tokenizer", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "t")]) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("keep me")
+    with pytest.raises(SystemExit, match="is not empty; pass --force"):
+        main(["run", "--out", str(tmp_path / "busy")])
+    assert (tmp_path / "busy" / "x").read_text() == "keep me"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
+    """The CI variant of the main command, as a user runs it: every stage, every artefact, and the export loads in
+    transformers and generates the asked number of tokens."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "galva.cli", "run", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stage_lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    names = ["corpus", "tokenizer", "preprocess", "model-config", "profile-hardware", "profile-model", "search",
+             "train", "export", "generate", "report"]
+    assert [re.match(r"\[\s*\d+/11\] (\S+)", line).group(1) for line in stage_lines] == names, proc.stdout
+    run = json.loads((out / "run.json").read_text())
+    assert [s["name"] for s in run["stages"]] == names and run["devices"]["ranks"] >= 1
+    for key, path in run["artefacts"].items():
+        assert Path(path).exists(), key
+        assert path in proc.stdout, key  # the final listing says where it went
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(8))
+    assert metrics[-1]["loss"] < metrics[0]["loss"]  # the model learns the corpus
+    assert (out / "checkpoints" / "step-00000008" / "manifest.json").is_file()
+    generation = json.loads((out / "generation.json").read_text())
+    assert generation["model_class"] == "LlamaForCausalLM" and generation["new_tokens"] == 4
+    assert generation["text"].startswith(generation["prompt"])
+    report = (out / "report.html").read_text()
+    for section in ('id="plan"', 'id="memory"', 'id="time"', 'id="training"', 'id="measured"', 'id="chart-loss"'):
+        assert section in report, section

@@ -1,0 +1,72 @@
+"""The planning-only example: galva-search on the shipped LLaMA-7B / 8-GPU profiles in a virtual environment that
+holds only galva-search and its dependencies (no torch), as examples/llama-7b-8gpu/README.md tells users."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from galva_schema import HardwareProfile, ModelProfile, Strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "llama-7b-8gpu"
+PLANNER = ("galva-schema", "galva-comm", "galva-search")
+
+
+def test_example_profiles_are_the_conversion_of_the_shipped_reference_files() -> None:
+    hardware, model = runpy.run_path(str(EXAMPLE / "build.py"))["convert"]()
+    assert HardwareProfile.load(EXAMPLE / "hardware.json").to_dict() == hardware.to_dict(), "run build.py"
+    assert ModelProfile.load(EXAMPLE / "model.json").to_dict() == model.to_dict(), "run build.py"
+    assert hardware.cluster.world_size == 8 and model.num_layers == 32
+
+
+@pytest.mark.slow
+def test_planning_example_runs_in_a_torch_free_venv(tmp_path: Path) -> None:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # wheels built with the project's build backends (galva-search's C++ core: scikit-build-core + pybind11) ...
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+         *(str(ROOT / "packages" / name) for name in PLANNER)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    # ... installed into a bare venv: only they and what they declare (pydantic, numpy) come in
+    venv.create(tmp_path / "venv", with_pip=True)
+    bin_dir = tmp_path / "venv" / "bin"
+    install = subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", *map(str, sorted(wheels.glob("*.whl")))],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    if install.returncode != 0 and re.search(r"No matching distribution|Could not find a version|network|resolve",
+                                             install.stderr):
+        pytest.skip(f"no package index reachable: {install.stderr.strip().splitlines()[-1]}")
+    assert install.returncode == 0, install.stderr[-3000:]
+    listed = subprocess.run([str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"],
+                            capture_output=True, text=True, check=True)
+    installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert set(PLANNER) <= installed
+    assert not {name for name in installed if name.startswith(("torch", "nvidia", "triton", "transformers"))}
+    no_torch = subprocess.run([str(bin_dir / "python"), "-c", "import torch"], capture_output=True, text=True)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+
+    plan, report = tmp_path / "plan.json", tmp_path / "plan.html"
+    run = subprocess.run(
+        [str(bin_dir / "galva-search"), "--hardware-profile", str(EXAMPLE / "hardware.json"),
+         "--model-profile", str(EXAMPLE / "model.json"), "--memory", "36GB", "--global-batch-size", "64",
+         "--sp-space", "tp+sp", "--output", str(plan), "--report-html", str(report), "--quiet"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("galva-search: 8 devices") and "samples/s" in run.stdout, run.stdout
+    strategy = Strategy.load(plan)
+    assert strategy.world_size == 8 and strategy.num_layers == 32 and strategy.global_batch_size == 64
+    assert 'id="plan"' in report.read_text() and 'id="time-breakdown"' in report.read_text()
