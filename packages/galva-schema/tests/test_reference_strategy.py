@@ -88,7 +88,7 @@ def test_global_batch_size_fallback_and_world_size_from_file():
         read_galvatron_strategy(data, world_size=None, source="cfg.json")
     plan = read_galvatron_strategy(data, world_size=None, global_batch_size=8)
     assert plan.world_size == 4 and plan.global_batch_size == 8
-    with pytest.raises(SchemaError, match="world_size: the file says 4 but world_size=8 was given"):
+    with pytest.raises(SchemaError, match="world_size: the file says 4 ranks but the run has 8"):
         read_galvatron_strategy({**data, "global_bsz": 8}, world_size=8)
 
 

@@ -7,7 +7,9 @@ Only the rank that owns the logger writes (galva-train gives one to global rank 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -42,6 +44,7 @@ class MetricsLogger:
     ) -> None:
         self.log_interval = max(1, log_interval)
         self._jsonl = None
+        self._jsonl_path = jsonl_path
         if jsonl_path is not None:
             path = Path(jsonl_path)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +66,18 @@ class MetricsLogger:
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+            try:
+                self._jsonl.write(json_line(record))
+                self._jsonl.flush()
+            except OSError as err:  # a full disk: metrics are not worth a dead run
+                print(
+                    f"galva-train: warning: --metrics-jsonl {self._jsonl_path}: cannot write step {step + 1} "
+                    f"({err.strerror or err}); no more metrics are written, training goes on",
+                    file=sys.stderr,
+                )
+                with contextlib.suppress(OSError):
+                    self._jsonl.close()
+                self._jsonl = None
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -82,9 +96,23 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.close()
         if self._jsonl is not None:
-            self._jsonl.close()
+            with contextlib.suppress(OSError):  # reported by log() already if the disk is full
+                self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def json_value(value: Any) -> Any:
+    """A record value as strict JSON: a non-finite float becomes the string ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"`` (bare NaN is not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """One ``--metrics-jsonl`` line: strict JSON (see :func:`json_value`)."""
+    return json.dumps({key: json_value(value) for key, value in record.items()}, allow_nan=False) + "\n"
 
 
 def _console_line(r: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ learning rate, grad norm, step time, TFLOP/s, peak memory), a header with run fa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -40,12 +39,21 @@ def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as err:
         raise ReportError(f"{p}: cannot read ({type(err).__name__}: {err})".splitlines()[0]) from None
     records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
+            if lineno == last and not text.endswith("\n") and records:
+                # the last line of a killed run, cut off mid-write: report the steps before it
+                print(
+                    f"galva-report: warning: {p}:{lineno}: incomplete last line skipped (a killed run?)",
+                    file=sys.stderr,
+                )
+                break
             raise ReportError(f"{p}:{lineno}: not JSON ({err.msg} at column {err.colno})") from None
         if not isinstance(record, dict):
             raise ReportError(f"{p}:{lineno}: expected a JSON object, got {type(record).__name__}")
@@ -105,7 +113,9 @@ def write_report(
 # ---------------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """``galva-report METRICS.jsonl -o report.html``: exit 0, or 2 with one line ``galva-report: error: ...``."""
-    p = argparse.ArgumentParser(prog="galva-report", description="Plot a galva-train --metrics-jsonl file as HTML.")
+    from galva_models.cli.errors import OneLineParser
+
+    p = OneLineParser(prog="galva-report", description="Plot a galva-train --metrics-jsonl file as HTML.")
     p.add_argument("metrics", help="metrics JSONL file written by galva-train --metrics-jsonl")
     p.add_argument("-o", "--output", help="HTML file to write (default: METRICS with the suffix .html)")
     p.add_argument("--title", default=None, help="page title (default: 'Galva training report: METRICS')")
@@ -119,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output) if args.output else src.with_suffix(".html")
     if out.resolve() == src.resolve():
         print(f"galva-report: error: output {out} would overwrite the metrics file", file=sys.stderr)
+        return 2
+    from galva_schema import output_problem
+
+    problem = output_problem(out)
+    if problem is not None:
+        print(f"galva-report: error: {'--output' if args.output else 'output'} {out}: {problem}", file=sys.stderr)
         return 2
     try:
         records = load_metrics(src)

@@ -16,7 +16,7 @@ from galva_schema.constraints import (
     plan_problems,
 )
 from galva_schema.errors import SchemaError
-from galva_schema.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from galva_schema.files import output_problem, write_bytes_atomic, write_json_atomic, write_text_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.model_profile import (
     BatchTime,
@@ -85,6 +85,7 @@ __all__ = [
     "VocabProfile",
     "VocabStrategy",
     "even_division",
+    "output_problem",
     "plan_problems",
     "write_bytes_atomic",
     "write_json_atomic",

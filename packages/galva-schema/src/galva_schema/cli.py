@@ -80,9 +80,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from galva_schema.files import output_problem
     from galva_schema.reference.strategy import read_galvatron_strategy, write_galvatron_strategy
     from galva_schema.strategy import Strategy
 
+    problem = output_problem(args.output)
+    if problem is not None:
+        print(f"galva-schema: error: --output {args.output}: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.from_galvatron_strategy:
             strategy = read_galvatron_strategy(

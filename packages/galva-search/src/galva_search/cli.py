@@ -7,9 +7,11 @@ missing profile entry, a bad option), reported on one line naming the file and k
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from galva_schema import (
     DataParallelType,
@@ -34,6 +36,14 @@ class _UsageError(Exception):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line, ``galva-search: error: ...`` (exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -45,7 +55,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="galva-search",
         description="Search the fastest per-layer hybrid-parallel strategy that fits the memory budget.",
     )
@@ -141,7 +151,49 @@ def _factors(path: str | None) -> TermFactors:
     return TermFactors.from_calibration(Calibration.load(path))
 
 
+_RANGES: dict[str, tuple[float, bool]] = {
+    # flag: (minimum, whether the minimum itself is allowed)
+    "nodes": (1, True), "gpus_per_node": (1, True), "global_batch_size": (1, True), "min_batch_size": (1, True),
+    "max_batch_size": (1, True), "batch_size_scale": (1, True), "num_micro_batches": (1, True), "max_tp": (1, True),
+    "max_pp": (1, True), "backward_coefficient": (0, False), "threads": (0, True),
+}  # fmt: skip
+_OUTPUTS = ("output", "summary_json", "galvatron_output", "log", "report_html")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every numeric flag in its range and every output writable, before any profile is read (exit 2, not 1)."""
+    import math
+
+    for dest, (low, inclusive) in _RANGES.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _UsageError(f"{_flag(dest)} must be a finite number, got {value}")
+        if value < low or (value == low and not inclusive):
+            raise _UsageError(f"{_flag(dest)} must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+    from galva_schema import output_problem
+
+    seen: dict[str, str] = {}
+    for dest in _OUTPUTS:
+        path = getattr(args, dest)
+        if path is None:
+            continue
+        problem = output_problem(path)
+        if problem is not None:
+            raise _UsageError(f"{_flag(dest)} {path}: {problem}")
+        key = os.path.abspath(path)
+        if key in seen:
+            raise _UsageError(f"{_flag(dest)} {path} is also the {seen[key]} file; use another name")
+        seen[key] = _flag(dest)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     hardware = load_hardware(args.hardware_profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     cluster = hardware.cluster
     if (args.nodes is not None and args.nodes != cluster.num_nodes) or (
@@ -229,6 +281,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if progress is not None and sys.stderr.isatty():
             sys.stderr.write("\n")
+    try:
+        _write_outputs(args, result)
+    except OSError as err:  # checked before the search; a disk that filled up since is still an output error
+        raise _UsageError(f"cannot write {err.filename or 'an output'}: {err.strerror or err}") from None
+    print(text_summary(result))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, result: Any) -> None:
     if args.log:
         write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
     if args.output:
@@ -241,8 +302,6 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.summary_json, json_summary(result))
     if args.report_html:
         write_html_report(args.report_html, result)
-    print(text_summary(result))
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

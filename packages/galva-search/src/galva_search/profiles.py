@@ -4,6 +4,7 @@ through galva_schema.reference's explicit converters. Every problem is a one-lin
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -52,6 +53,54 @@ def load_model(
             "reading reference model files needs --num-layers and --hidden-size (one value per layer type)",
             source=str(computation),
         )
+    _check_names_agree(computation, memory, hidden_sizes, seq_lengths)
+
+    try:
+        return _read_reference(
+            computation, memory, num_layers, hidden_sizes, seq_lengths, model_name, time_mode, memory_mode, megatron_sp
+        )
+    except SchemaError as err:  # the reader names its arguments; a user typed flags
+        message = str(err)
+        for argument, flag in _FLAG_NAMES.items():
+            message = message.replace(f"{argument}:", f"{flag}:").replace(f"{argument} has", f"{flag} has")
+        raise SchemaError(message) from None
+
+
+_FLAG_NAMES = {"num_layers": "--num-layers", "hidden_sizes": "--hidden-size", "seq_lengths": "--seq-length"}
+_NAME_FACTS = {"hidden": ("--hidden-size", "hidden size"), "seqlen": ("--seq-length", "sequence length")}
+
+
+def _check_names_agree(
+    computation: Path, memory: Path, hidden_sizes: Sequence[int], seq_lengths: Sequence[int] | None
+) -> None:
+    """The reference names its files after the model (``..._hidden4096_head32_seqlen2048.json``); a ``--hidden-size``
+    or ``--seq-length`` that the name contradicts plans for another model than the one profiled: refuse it."""
+    given = {"hidden": list(hidden_sizes), "seqlen": list(seq_lengths or [])}
+    for path in (computation, memory):
+        for key, (flag, what) in _NAME_FACTS.items():
+            match = re.search(rf"_{key}(\d+)(?=[_.])", path.name)
+            if match is None or not given[key]:
+                continue
+            named = int(match.group(1))
+            if named not in given[key]:
+                values = ",".join(map(str, given[key]))
+                raise SchemaError(
+                    f"the file name says {what} {named}, but {flag} is {values}; give the {what} it was profiled with",
+                    source=str(path),
+                )
+
+
+def _read_reference(
+    computation: Path,
+    memory: Path,
+    num_layers: Sequence[int],
+    hidden_sizes: Sequence[int],
+    seq_lengths: Sequence[int] | None,
+    model_name: str | None,
+    time_mode: Literal["static", "batch", "sequence"],
+    memory_mode: Literal["static", "sequence"],
+    megatron_sp: bool | None,
+) -> ModelProfile:
     from galva_schema.reference import read_galvatron_model_profile
 
     return read_galvatron_model_profile(

@@ -540,12 +540,24 @@ def _steady(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return vals[len(vals) // 2] if vals else None
 
 
+def _non_finite(value: Any) -> bool:
+    """A loss that is not a number: a float NaN/inf, or the strings galva-train's strict JSON writes for them."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, str) and value.strip().lower() in {"nan", "infinity", "-infinity", "inf", "-inf"}
+
+
 def training_facts(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Facts read off the step records themselves."""
-    facts: dict[str, str] = {"steps": str(len(records))}
+    facts: dict[str, str] = {}
+    diverged = next((r for r in records if _non_finite(r.get("loss"))), None)
+    if diverged is not None:  # first in the header: the curves and the numbers below end in a divergence
+        facts["DIVERGED"] = f"loss is {diverged.get('loss')} at step {int(diverged['step']) + 1}; the run diverged"
+    facts["steps"] = str(len(records))
     loss = [v for _, v in _series(records, "loss")]
     if loss:
-        facts["loss (first / last / min)"] = f"{_fmt(loss[0])} / {_fmt(loss[-1])} / {_fmt(min(loss))}"
+        last = str(diverged.get("loss")) if diverged is not None else _fmt(loss[-1])
+        facts["loss (first / last / min)"] = f"{_fmt(loss[0])} / {last} / {_fmt(min(loss))}"
     for key, label in (
         ("tokens_per_s", "median tokens/s"),
         ("step_time_s", "median step time (s)"),

@@ -116,6 +116,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     if problems:
         raise ConfigError(f"{plan_source.plan_label(args, name)}: " + "; ".join(problems))
     _check_run_options(args, adapter, config, name)
+    _check_load_family(args, config, name)
     return TrainConfig(
         model_name=name,
         model_config=config,
@@ -205,8 +206,49 @@ def _check_run_options(args: argparse.Namespace, adapter: FamilyAdapter, config:
         for suffix in (".bin", ".idx"):
             if not Path(args.data_path + suffix).is_file():
                 raise ConfigError(f"--data-path: {args.data_path}{suffix} does not exist")
+        from galva_models.data.indexed import check_dataset
+
+        try:  # truncated files and token ids beyond the vocabulary, before the first step
+            check_dataset(args.data_path, getattr(config, "vocab_size", None))
+        except ValueError as err:
+            raise ConfigError(f"--data-path: {err}") from None
+    _check_outputs(args)
     if args.data_path is None and adapter.task is Task.MASKED_LM and getattr(config, "vocab_size", 0) < 2:
         raise ConfigError("masked LM needs a vocabulary of at least 2 tokens")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output can be written before the first step (not a directory, not /proc, not a full disk)."""
+    from galva_schema import output_problem
+
+    outputs = (
+        ("--metrics-jsonl", args.metrics_jsonl, False),
+        ("--report-html", args.report_html, False),
+        ("--save", args.save, True),
+        ("--tensorboard-dir", args.tensorboard_dir, True),
+    )
+    for flag, path, directory in outputs:
+        if path is not None:
+            problem = output_problem(path, directory=directory)
+            if problem is not None:
+                raise ConfigError(f"{flag} {path}: {problem}")
+
+
+def _check_load_family(args: argparse.Namespace, config: Any, name: str) -> None:
+    """``--load`` with a model named by ``--model`` / ``--model-config``: the checkpoint must be of the same family."""
+    if args.load is None or (args.preset is None and args.model_config is None):
+        return
+    from galva_ckpt.errors import CheckpointError
+    from galva_ckpt.sources import open_weights
+
+    try:
+        theirs = open_weights(args.load, warn=False).config.get("model_type")
+    except (CheckpointError, ValueError, AttributeError):
+        return  # unreadable checkpoints are reported by the --load check itself
+    ours = getattr(config, "model_type", None)
+    if theirs and ours and theirs != ours:
+        flag = f"--model {args.preset}" if args.preset else f"--model-config {args.model_config}"
+        raise ConfigError(f"--load {args.load}: a {theirs} checkpoint, but {flag} is a {ours} model")
 
 
 def _optim(args: argparse.Namespace) -> OptimArgs:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from galva_models.cli.errors import OneLineParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="galva-data", description="Prepare training data for galva-train.")
+    parser = OneLineParser(prog="galva-data", description="Prepare training data for galva-train.")
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser(
         "preprocess", help="Tokenise a JSONL corpus into a Megatron indexed dataset (PREFIX.bin / PREFIX.idx)."
@@ -25,8 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.workers < 1:
-        print("galva-data: error: --workers must be >= 1", file=sys.stderr)
+        print(f"galva-data: error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2
+    from galva_schema import output_problem
+
+    for suffix in (".bin", ".idx"):
+        problem = output_problem(args.output_prefix + suffix)
+        if problem is not None:
+            print(f"galva-data: error: --output-prefix {args.output_prefix}{suffix}: {problem}", file=sys.stderr)
+            return 2
     from galva_models.data.preprocess import preprocess
 
     try:

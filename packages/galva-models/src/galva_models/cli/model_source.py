@@ -20,6 +20,9 @@ SHAPE_OVERRIDES = (
 )  # fmt: skip
 """Flags that change parameter shapes (a checkpoint's weights would no longer fit)."""
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+"""What a Hugging Face model directory holds its weights in."""
+
 
 def model_config(args: argparse.Namespace) -> tuple[Any, str]:
     """The transformers config named by ``--model`` / ``--model-config`` / ``--hf-checkpoint``, and a run name."""
@@ -43,6 +46,11 @@ def model_config(args: argparse.Namespace) -> tuple[Any, str]:
     directory = Path(args.model_config or args.hf_checkpoint)
     if not (directory / "config.json").is_file():
         raise ConfigError(f"{directory}: no config.json (expected a Hugging Face model or config directory)")
+    if args.hf_checkpoint is not None and not any(next(directory.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ConfigError(
+            f"--hf-checkpoint {directory}: a config.json but no weights (*.safetensors or pytorch_model*.bin); "
+            "for a fresh model use --model-config"
+        )
     from transformers import AutoConfig
 
     try:

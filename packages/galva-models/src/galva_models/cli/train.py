@@ -244,7 +244,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
             start = time.perf_counter()
             metrics = train_step(model, optimizer, batch.inputs, batch.labels)
             seconds = (metrics.step_ms / 1e3) if metrics.step_ms else time.perf_counter() - start
-            tokens = batch.inputs.numel() if batch.inputs.dim() == 2 else batch.size
+            tokens = _tokens(cfg, batch)
             if logger is not None:
                 record = {
                     "step": step,
@@ -253,6 +253,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
                     "grad_norm": metrics.grad_norm,
                     "step_time_s": seconds,
                     "tokens_per_s": tokens / seconds,
+                    "samples_per_s": batch.size / seconds,
                     "tflops": flops_per_token * tokens / seconds / world / 1e12,
                     "peak_memory_mib": metrics.peak_memory_mib,
                 }
@@ -278,6 +279,14 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _tokens(cfg: TrainConfig, batch: Any) -> int:
+    """Tokens of one global batch: token ids for text; for images, the patches entering the first layer per image
+    (an image is not a token: the per-token FLOP estimate then counts every patch)."""
+    if batch.inputs.dim() == 2:
+        return int(batch.inputs.numel())
+    return int(batch.size) * (cfg.layer_specs[0].seq_length if cfg.layer_specs else 1)
 
 
 def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int) -> None:

@@ -93,3 +93,37 @@ class IndexedTokenSource:
         rows = [self.windows.window(first + i) for i in range(self.global_batch_size)]
         tokens = torch.from_numpy(np.stack(rows))
         return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+
+def check_dataset(prefix: str, vocab_size: int | None = None) -> int:
+    """Check ``PREFIX.bin`` / ``PREFIX.idx`` before the first step: both exist, the index reads, the data file holds
+    every token the index points at, and (with ``vocab_size``) no token id is beyond the vocabulary. Returns the
+    number of tokens; raises :class:`ValueError` with one line naming the file."""
+    bin_path, idx_path = Path(prefix + ".bin"), Path(prefix + ".idx")
+    for path in (bin_path, idx_path):
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file (expected a Megatron indexed dataset prefix)")
+    from megatron.core.datasets.indexed_dataset import _IndexReader
+
+    try:
+        index = _IndexReader(str(idx_path), multimodal=False)
+        lengths = np.asarray(index.sequence_lengths, dtype=np.int64)
+        pointers = np.asarray(index.sequence_pointers, dtype=np.int64)
+        itemsize = np.dtype(index.dtype).itemsize
+    except Exception as err:  # a truncated or foreign index fails anywhere inside the reader
+        detail = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"{idx_path}: not a readable Megatron index (truncated?): {detail}") from None
+    needed = int(pointers[-1] + lengths[-1] * itemsize) if len(lengths) else 0
+    size = bin_path.stat().st_size
+    if size < needed:
+        raise ValueError(f"{bin_path}: truncated: {size} bytes, the index points at {needed}")
+    tokens = int(lengths.sum())
+    if vocab_size is not None and tokens:
+        data = np.memmap(bin_path, dtype=index.dtype, mode="r", shape=(needed // itemsize,))
+        top = int(data.max())
+        if top >= vocab_size:
+            raise ValueError(
+                f"{bin_path}: token id {top} is beyond the model's vocabulary of {vocab_size} "
+                "(tokenised with another tokenizer? --vocab-size)"
+            )
+    return tokens

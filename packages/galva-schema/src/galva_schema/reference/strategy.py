@@ -259,9 +259,9 @@ class _Reader:
     def world_size(self, given: int | None) -> int:
         in_file = self.int_key("world_size") if "world_size" in self.data else None
         if given is None and in_file is None:
-            raise self.error("world_size: not in the file; pass world_size= (num_nodes * gpus_per_node)")
+            raise self.error("world_size: not in the file; give the number of ranks (--world-size, nodes x GPUs)")
         if given is not None and in_file is not None and given != in_file:
-            raise self.error(f"world_size: the file says {in_file} but world_size={given} was given")
+            raise self.error(f"world_size: the file says {in_file} ranks but the run has {given} (--world-size)")
         return given if given is not None else in_file  # type: ignore[return-value]
 
     def int_key(self, key: str) -> int:

@@ -1,0 +1,213 @@
+"""Bad inputs and faults for galva-train, galva-data and galva-report (issue #12): each one ends with the expected
+exit status and exactly one line on stderr naming the file, field or flag; never a traceback.
+
+The commands run in-process through their ``main(argv)`` (everything here is refused before a process group
+exists), which is what the console scripts call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from galva_models.cli.data import main as data_main
+from galva_models.cli.train import main as train_main
+from galva_models.report import main as report_main
+from galva_schema import Strategy
+
+GPT2 = ["--model", "tiny-gpt2", "--seq-length", "16"]
+
+
+def one_line(capsys: pytest.CaptureFixture[str], code: int, expected_code: int, *names: str) -> str:
+    """Assert the exit status and one stderr line holding every name; return the line."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == expected_code, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+def _dataset(prefix: Path, top: int = 100) -> str:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for i in range(8):
+        builder.add_item(torch.arange(top - 64, top) - i)
+        builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+    return str(prefix)
+
+
+def _strategy(path: Path, **layer: object) -> Path:
+    data = Strategy.uniform(world_size=1, num_layers=2, global_batch_size=2).to_dict()
+    data["layers"] = [{**data["layers"][0], **layer}] * len(data["layers"])
+    path.write_text(json.dumps(data))
+    return path
+
+
+TRAIN_FLAGS = [
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--global-batch-size", "0"], "--global-batch-size must be >= 1, got 0"),
+    (["--chunks", "0"], "--chunks must be >= 1, got 0"),
+    (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1, got 0"),
+    (["--pp-deg", "0"], "--pp-deg must be >= 1"),
+    (["--num-micro-batches", "-2"], "--num-micro-batches must be >= 1"),
+    (["--train-iters", "0"], "--train-iters must be >= 1"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--adam-beta2", "1"], "--adam-beta2 must be < 1"),
+    (["--adam-eps", "0"], "--adam-eps must be > 0"),
+    (["--collective-timeout", "0"], "--collective-timeout must be > 0"),
+    (["--world-size", "0"], "--world-size must be >= 1"),
+    (["--tp", "2", "--tensor-model-parallel-size", "1"], "--tensor-model-parallel-size 1 contradicts --tp 2"),
+    (["--pp", "2", "--pp", "1"], "--pp 1 contradicts --pp 2"),
+    (["--sdp", "--default-dp-type", "ddp"], "--sdp"),
+    (["--use-distributed-optimizer", "--default-dp-type", "zero3"], "--use-distributed-optimizer"),
+    (["--no-such-flag"], "--no-such-flag"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "message"), TRAIN_FLAGS, ids=[" ".join(f) for f, _ in TRAIN_FLAGS])
+def test_train_flag_out_of_range_or_contradictory(flags, message, capsys):
+    line = one_line(capsys, train_main([*GPT2, *flags]), 2, message)
+    assert line.startswith("galva-train: error: ")
+    assert "_" not in line.split("error: ", 1)[1].split(" ")[0]  # a flag as typed, never a Python name
+
+
+@pytest.mark.parametrize(
+    ("layer", "field"), [({"tp": "2"}, "layers[0].tp"), ({"checkpoint": "yes"}, "layers[0].checkpoint")]
+)
+def test_train_strategy_file_values_are_not_coerced(tmp_path, layer, field, capsys):
+    plan = _strategy(tmp_path / "plan.json", **layer)
+    one_line(capsys, train_main([*GPT2, "--strategy", str(plan)]), 2, str(plan), field)
+
+
+def test_train_truncated_bin(tmp_path, capsys):
+    prefix = _dataset(tmp_path / "ds")
+    os.truncate(f"{prefix}.bin", 100)
+    one_line(capsys, train_main([*GPT2, "--data-path", prefix]), 2, "--data-path", f"{prefix}.bin", "truncated")
+
+
+def test_train_truncated_idx(tmp_path, capsys):
+    prefix = _dataset(tmp_path / "ds")
+    os.truncate(f"{prefix}.idx", 20)
+    one_line(capsys, train_main([*GPT2, "--data-path", prefix]), 2, f"{prefix}.idx")
+
+
+def test_train_token_ids_beyond_the_vocabulary(tmp_path, capsys):
+    prefix = _dataset(tmp_path / "ds", top=300)
+    one_line(
+        capsys, train_main([*GPT2, "--vocab-size", "128", "--data-path", prefix]), 2, f"{prefix}.bin", "token id 299"
+    )
+
+
+def test_train_hf_checkpoint_without_weights(tmp_path, capsys):
+    from galva_models.presets import preset_config
+
+    preset_config("tiny-gpt2").save_pretrained(tmp_path)
+    one_line(capsys, train_main(["--hf-checkpoint", str(tmp_path)]), 2, "--hf-checkpoint", "no weights")
+
+
+def test_train_model_of_one_family_with_a_checkpoint_of_another(tmp_path, capsys):
+    from galva_models.presets import preset_config
+
+    config = preset_config("tiny-llama")
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "llama")
+    capsys.readouterr()  # the save's progress bar
+    line = one_line(capsys, train_main([*GPT2, "--load", str(tmp_path / "llama")]), 2, "--load", "llama", "gpt2")
+    assert "--model tiny-gpt2" in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "target", "what"),
+    [
+        ("--metrics-jsonl", "/proc/galva-test/metrics.jsonl", "cannot write in /proc"),
+        ("--metrics-jsonl", "{tmp}", "is a directory"),
+        ("--metrics-jsonl", "/dev/full", "is not a regular file"),
+        ("--report-html", "/proc/galva-test.html", "cannot write in /proc"),
+        ("--save", "{tmp}/file", "is not a directory"),
+    ],
+)
+def test_train_outputs_checked_before_the_first_step(tmp_path, flag, target, what, capsys):
+    (tmp_path / "file").write_text("x")
+    target = target.format(tmp=tmp_path)
+    one_line(capsys, train_main([*GPT2, flag, target]), 2, f"{flag} {target}", what)
+
+
+def test_data_bad_flags_and_outputs(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a b"}\n')
+    base = ["preprocess", "--input", str(corpus), "--tokenizer", str(tmp_path)]
+    one_line(capsys, data_main([*base, "--output-prefix", str(tmp_path / "o"), "--workers", "0"]), 2, "--workers")
+    one_line(capsys, data_main([*base, "--output-prefix", "/proc/galva/ds"]), 2, "--output-prefix", "/proc")
+    (tmp_path / "d.bin").mkdir()
+    one_line(capsys, data_main([*base, "--output-prefix", str(tmp_path / "d")]), 2, "d.bin", "is a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        data_main(["preprocess", "--input", str(corpus)])
+    one_line(capsys, int(exit_info.value.code or 0), 2, "--tokenizer")
+
+
+def _metrics(path: Path, losses: list[object], tail: str = "") -> Path:
+    lines = [json.dumps({"step": i, "loss": loss, "lr": 1e-3, "tokens_per_s": 10.0}) for i, loss in enumerate(losses)]
+    path.write_text("\n".join(lines) + "\n" + tail)
+    return path
+
+
+def test_report_bad_inputs(tmp_path, capsys):
+    missing = tmp_path / "none.jsonl"
+    one_line(capsys, report_main([str(missing)]), 2, str(missing))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "lo\n{"step": 2, "loss": 1.0}\n')
+    one_line(capsys, report_main([str(bad)]), 2, f"{bad}:2")
+    good = _metrics(tmp_path / "m.jsonl", [2.0, 1.0])
+    one_line(capsys, report_main([str(good), "-o", "/proc/galva.html"]), 2, "--output /proc/galva.html")
+    one_line(capsys, report_main([str(good), "-o", str(tmp_path)]), 2, "is a directory")
+    one_line(capsys, report_main([str(good), "--strategy", "plan.json"]), 2, "--strategy", "--summary")
+    step = tmp_path / "step.jsonl"
+    step.write_text('{"step": "1", "loss": 1.0}\n')
+    one_line(capsys, report_main([str(step)]), 2, f"{step}:1", "'step'")
+
+
+def test_report_reads_a_truncated_last_line_with_a_warning(tmp_path, capsys):
+    cut = _metrics(tmp_path / "cut.jsonl", [2.0, 1.5, 1.0], tail='{"step": 3, "loss": 0.')
+    code = report_main([str(cut), "-o", str(tmp_path / "r.html")])
+    line = one_line(capsys, code, 0, f"{cut}:4", "incomplete last line")
+    assert line.startswith("galva-report: warning: ")
+    assert (tmp_path / "r.html").is_file()
+
+
+def test_report_after_a_nan_loss_has_a_divergence_banner_and_no_finite_last_loss(tmp_path, capsys):
+    from galva_models.metrics import json_line
+
+    path = tmp_path / "nan.jsonl"
+    records = [{"step": i, "loss": loss, "lr": 1e-3} for i, loss in enumerate([2.0, 1.5, float("nan")])]
+    path.write_text("".join(json_line(r) for r in records))
+
+    def bare(constant: str) -> None:
+        pytest.fail(f"bare {constant} in {path}")
+
+    for line in path.read_text().splitlines():
+        json.loads(line, parse_constant=bare)  # strict JSON
+    assert report_main([str(path), "-o", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "DIVERGED" in page and "loss is NaN at step 3" in page
+    assert " / NaN / " in page  # the last loss is the NaN, not the last finite one
+
+
+def test_metrics_on_a_full_disk_warn_once_and_training_goes_on(capsys):
+    from galva_models.metrics import MetricsLogger
+
+    logger = MetricsLogger(total_steps=3, jsonl_path="/dev/full", progress=False, log_interval=100)
+    for step in range(3):  # /dev/full: every write fails with ENOSPC, as on a full disk
+        logger.log({"step": step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
+    logger.close()
+    one_line(capsys, 0, 0, "--metrics-jsonl /dev/full", "No space left on device", "training goes on")
