@@ -2,7 +2,8 @@
 
 - Saved-activation bytes come from :func:`torch.autograd.graph.saved_tensors_hooks`: every tensor autograd keeps
   for backward is counted once per storage (views of one storage, and a parameter saved by several ops, count once;
-  parameters themselves are excluded so the number is activations only).
+  parameters and views of parameters, such as the ``weight.t()`` that ``nn.Linear``'s matmul saves, are excluded:
+  they are model states, so the number is activations only).
 - Peak memory is the device's own counter where it keeps one (CUDA: ``max_memory_allocated``); on CPU it is the
   process's peak resident set (``ru_maxrss``), which only grows, so it is a high-water mark, not a per-step value.
 """
@@ -43,13 +44,18 @@ class SavedActivationMeter:
     _seen: set[int] = field(default_factory=set)
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not isinstance(tensor, nn.Parameter) and not tensor.is_meta:
+        if not _is_parameter(tensor) and not tensor.is_meta:
             storage = tensor.untyped_storage()
             key = storage.data_ptr()
             if key not in self._seen:
                 self._seen.add(key)
                 self.bytes += storage.nbytes()
         return tensor
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    """A parameter or a view of one (``nn.Linear`` saves ``weight.t()``, a view sharing the weight's storage)."""
+    return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
 
 
 @contextmanager

@@ -1,9 +1,11 @@
 """Activation bytes a module keeps for backward, measured with saved-tensor hooks (exact on CPU).
 
 galva-hp's :func:`~galva_hp.hooks.saved_activation_meter` counts every distinct storage autograd saves during a
-forward pass, parameters excluded. A layer is measured at batch 1 and 2; the difference is the bytes *per sample*
-(what the cost model multiplies by the local batch), the rest is a per-call constant (e.g. rotary tables) that is
-reported but not in the profile.
+forward pass, parameters and views of parameters (``nn.Linear``'s ``weight.t()``) excluded: the same meter the runtime
+uses (``BuildOptions(measure_activations=True)``), so ``galva-profile check`` compares like with like. A layer is
+measured at batch 1 and 2; the difference is the bytes *per sample* (what the cost model multiplies by the local
+batch), the rest is a per-call constant (e.g. rotary cos/sin tables): the plain layer's is the profile's
+``activation_mib_per_call``, every form's is in the report.
 
 Per tensor-parallel degree ``t`` the layer's parallel form is built by the adapter's parallelizer in a real gloo
 group of ``t`` forked ranks (:func:`galva_comm.testing.run_distributed`) and measured on each rank: Megatron tp

@@ -50,6 +50,7 @@ class RankMeasurement:
     activation_bytes: int  # saved in the last step, every micro-batch together
     state_bytes: int
     rss_growth_mib: float
+    activation_bytes_by_unit: dict[str, int] = field(default_factory=dict)  # per unit: embedding, layers.i, head
 
 
 @dataclass
@@ -187,7 +188,7 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
         unit.module.register_forward_hook(sample)
     measuring, timing = model.options, replace(model.options, measure_activations=False)
     fb_ms, opt_ms = [], []
-    activation_bytes = 0
+    activation_bytes, by_unit = 0, {}
     total = options.warmup + options.steps + 1  # the last step measures bytes, untimed (hooks cost time)
     for step in range(total):
         last = step == total - 1
@@ -205,12 +206,15 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
         model.after_step()
         t2 = time.perf_counter()
         if last:
-            activation_bytes = sum(model.saved_bytes.values())
+            by_unit = dict(model.saved_bytes)
+            activation_bytes = sum(by_unit.values())
         elif step >= options.warmup:
             fb_ms.append((t1 - t0) * 1e3)
             opt_ms.append((t2 - t1) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return RankMeasurement(rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss)
+    return RankMeasurement(
+        rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss, by_unit
+    )
 
 
 def measure(config: Any, strategy: Strategy, options: CheckOptions) -> list[RankMeasurement]:

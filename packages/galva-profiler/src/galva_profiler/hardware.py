@@ -10,7 +10,8 @@ Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``m
 * all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups; an
   alpha-beta line fitted per group size with its residuals;
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups);
-* the overlap slowdown of compute and communication (:mod:`galva_profiler.overlap`).
+* the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
+  against one alone (:mod:`galva_profiler.overlap`).
 """
 
 from __future__ import annotations
@@ -233,5 +234,8 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         p2p=tuple(P2PBandwidth(pp=pp, bandwidth_gb_per_s=bw) for pp, bw in sorted(result.p2p.items())),
         allreduce_time=table(Collective.ALL_REDUCE),
         all_to_all_time=table(Collective.ALL_TO_ALL),
+        all_gather_time=table(Collective.ALL_GATHER),
+        reduce_scatter_time=table(Collective.REDUCE_SCATTER),
         overlap_slowdown=result.overlap.slowdown if result.overlap else 1.0,
+        compute_slowdown=result.overlap.concurrency_slowdown if result.overlap else 1.0,
     )

@@ -107,6 +107,7 @@ def summary(profile: HardwareProfile, result: SweepResult, world: World) -> str:
         o = result.overlap
         lines.append(
             f"  overlap: compute x{o.compute_slowdown:.3f}, communication x{o.comm_slowdown:.3f} "
-            f"-> overlap_slowdown {o.slowdown:.3f}"
+            f"-> overlap_slowdown {o.slowdown:.3f}; every rank computing at once x{o.concurrency_slowdown:.3f} "
+            f"-> compute_slowdown"
         )
     return "\n".join(lines)

@@ -196,6 +196,11 @@ def _forward_time(sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], s
     return SequenceTime(coefficients=(a, b, c))
 
 
+def _per_degree(acts: LayerActivations, mode: str) -> dict[int, float]:
+    """MiB per sample of ``mode`` at every measured degree above 1 (degree 1 is the plain layer, in the tp table)."""
+    return {d: b / MIB for d, b in acts.bytes_per_sample.get(mode, {}).items() if d > 1}
+
+
 def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
     """One validated ModelProfile per profiled sequence length."""
     options = sweep.options
@@ -215,6 +220,9 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     parameter_mib=m.parameter_bytes / MIB,
                     activation_mib_per_sample={d: b / MIB for d, b in acts.bytes_per_sample[act_mode].items()},
                     checkpoint_activation_mib_per_sample=acts.checkpoint_bytes_per_sample["tp"][1] / MIB,
+                    megatron_sp_activation_mib_per_sample=_per_degree(acts, "megatron_sp"),
+                    ulysses_activation_mib_per_sample=_per_degree(acts, "ulysses"),
+                    activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
                 )
             )
         vocab = sweep.vocab[seq]

@@ -5,6 +5,11 @@ Three timings on every rank: a matmul loop alone, a chain of all-reduces on the 
 collectives run on their own stream, on gloo in gloo's own threads). The loop is sized so that both take about the
 same time alone, which is where they interfere most. Each side's slowdown is its time together over its time alone;
 the profile's ``overlap_slowdown`` is the larger of the two (at least 1), as the reference defines it.
+
+A fourth timing gives the **compute slowdown of running every rank at once**: the same loop on rank 0 alone (the
+other ranks wait in a barrier) against every rank running it together. Where ranks share cores (4 CPU processes on 2
+cores) each runs about twice as slowly as the single-process model profile measured; with a device per rank the
+ratio is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ class OverlapResult:
     comm_ms: float
     compute_overlapped_ms: float
     comm_overlapped_ms: float
+    compute_alone_ms: float = 0.0  # the loop on rank 0 while the others wait (0: not measured)
+
+    @property
+    def concurrency_slowdown(self) -> float:
+        """Compute time with every rank running against one rank alone (at least 1; 1 when not measured)."""
+        return max(1.0, self.compute_ms / self.compute_alone_ms) if self.compute_alone_ms > 0 else 1.0
 
     @property
     def compute_slowdown(self) -> float:
@@ -48,6 +59,8 @@ class OverlapResult:
             "compute_slowdown": self.compute_slowdown,
             "comm_slowdown": self.comm_slowdown,
             "overlap_slowdown": self.slowdown,
+            "compute_alone_ms": self.compute_alone_ms,
+            "concurrency_slowdown": self.concurrency_slowdown,
         }
 
 
@@ -73,6 +86,9 @@ def measure_overlap(
             torch.mm(a, b)
 
     compute_ms = max_over_ranks(median_ms(compute, repeats, device, before=dist.barrier), device)
+    alone = median_ms(compute, repeats, device) if dist.get_rank() == 0 else 0.0
+    dist.barrier()
+    compute_alone_ms = max_over_ranks(alone, device)  # rank 0's, known to every rank
 
     together_compute, together_comm = [], []
     for index in range(repeats.warmup + repeats.repetitions):
@@ -98,6 +114,7 @@ def measure_overlap(
         comm_ms=comm_ms,
         compute_overlapped_ms=max_over_ranks(_median(together_compute), device),
         comm_overlapped_ms=max_over_ranks(_median(together_comm), device),
+        compute_alone_ms=compute_alone_ms,
     )
 
 

@@ -68,8 +68,20 @@ class HardwareProfile(GalvaFile):
     p2p: tuple[P2PBandwidth, ...] = Field((), description="Pipeline p2p bandwidth by pp degree.")
     allreduce_time: tuple[CollectiveTimes, ...] = Field((), description="All-reduce time against message size.")
     all_to_all_time: tuple[CollectiveTimes, ...] = Field((), description="All-to-all time against message size.")
+    all_gather_time: tuple[CollectiveTimes, ...] = Field(
+        (), description="All-gather time against message size (the gathered output per rank)."
+    )
+    reduce_scatter_time: tuple[CollectiveTimes, ...] = Field(
+        (), description="Reduce-scatter time against message size (the scattered input per rank)."
+    )
     overlap_slowdown: float = Field(
         1.0, ge=1.0, description="Factor (>= 1) by which compute and communication slow each other when overlapped."
+    )
+    compute_slowdown: float = Field(
+        1.0,
+        ge=1.0,
+        description="Factor (>= 1) by which compute runs slower with every rank of the profiled world computing at "
+        "once than with one rank alone (ranks sharing cores or memory bandwidth); the model profile is measured alone.",
     )
 
     @model_validator(mode="after")
@@ -84,7 +96,12 @@ class HardwareProfile(GalvaFile):
             seen.add(key)
             if entry.group_size > world:
                 problems.append(f"allreduce[{i}].group_size: {entry.group_size} exceeds the world size {world}")
-        for name, table in (("allreduce_time", self.allreduce_time), ("all_to_all_time", self.all_to_all_time)):
+        for name, table in (
+            ("allreduce_time", self.allreduce_time),
+            ("all_to_all_time", self.all_to_all_time),
+            ("all_gather_time", self.all_gather_time),
+            ("reduce_scatter_time", self.reduce_scatter_time),
+        ):
             sizes = [entry.group_size for entry in table]
             if len(sizes) != len(set(sizes)):
                 problems.append(f"{name}: more than one entry for the same group_size")

@@ -66,6 +66,21 @@ class LayerTypeProfile(GalvaModel):
     checkpoint_activation_mib_per_sample: NonNegativeFloat = Field(
         description="Activation memory per local sample when the layer is checkpointed (tp 1), MiB."
     )
+    megatron_sp_activation_mib_per_sample: dict[PositiveInt, NonNegativeFloat] = Field(
+        default_factory=dict,
+        description="Activation memory per local sample under Megatron-SP, MiB, by tp degree (the rank's input is "
+        "[b, s/tp, h]). Empty: not profiled (the search then uses activation_mib_per_sample).",
+    )
+    ulysses_activation_mib_per_sample: dict[PositiveInt, NonNegativeFloat] = Field(
+        default_factory=dict,
+        description="Activation memory per local sample under Ulysses sequence parallelism, MiB, by sp degree "
+        "(all-to-all buffers included). Empty: not profiled (the search then uses activation_mib_per_sample[1] / sp).",
+    )
+    activation_mib_per_call: NonNegativeFloat = Field(
+        0.0,
+        description="Activation memory one forward call of the layer keeps whatever the batch (e.g. rotary cos/sin "
+        "tables; measured on the plain layer), MiB, per micro-batch in flight; not kept by a checkpointed layer.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LayerTypeProfile:

@@ -18,9 +18,10 @@ class Collectives:
     """Collective and point-to-point times on one cluster.
 
     ``allreduce(n, consecutive, nbytes)``: bus-bandwidth model ``2(n-1)/n * nbytes / busbw``, or the measured
-    time-against-size curve of groups of ``n`` consecutive ranks when the profile has one. Reduce-scatter and
-    all-gather move half the bus volume of an all-reduce. ``all_to_all``: measured curve, else
-    ``(n-1)/n * nbytes / busbw`` with the all-reduce bus bandwidth of that group. ``p2p``: ``nbytes / bw(pp)``.
+    time-against-size curve of groups of ``n`` consecutive ranks when the profile has one. Reduce-scatter,
+    all-gather: their own measured curves when present, else half the bus volume of an all-reduce.
+    ``all_to_all``: measured curve, else ``(n-1)/n * nbytes / busbw`` with the all-reduce bus bandwidth of that
+    group. ``p2p``: ``nbytes / bw(pp)``.
     """
 
     def __init__(self, profile: HardwareProfile, source: str | None = None) -> None:
@@ -30,6 +31,8 @@ class Collectives:
         self.overlap_slowdown = float(profile.overlap_slowdown)
         self._allreduce_curves = {entry.group_size: entry for entry in profile.allreduce_time}
         self._all_to_all_curves = {entry.group_size: entry for entry in profile.all_to_all_time}
+        self._all_gather_curves = {entry.group_size: entry for entry in profile.all_gather_time}
+        self._reduce_scatter_curves = {entry.group_size: entry for entry in profile.reduce_scatter_time}
 
     # ------------------------------------------------------------------------------------------------ lookups
     def bus_bandwidth_gb_per_s(self, group_size: int, consecutive: bool) -> float:
@@ -62,11 +65,22 @@ class Collectives:
         return 2.0 * (n - 1) / n * nbytes / (bandwidth * GB)
 
     def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
-        """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank (half an all-reduce's bus volume)."""
-        return 0.5 * self.allreduce(n, consecutive, nbytes)
+        """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank: its measured curve (latency included)
+        when the profile has one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
+        return self._half_or_curve(self._reduce_scatter_curves, n, consecutive, nbytes)
 
     def all_gather(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
-        """Seconds for an all-gather whose *output* is ``nbytes`` per rank (half an all-reduce's bus volume)."""
+        """Seconds for an all-gather whose *output* is ``nbytes`` per rank: its measured curve when the profile has
+        one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
+        return self._half_or_curve(self._all_gather_curves, n, consecutive, nbytes)
+
+    def _half_or_curve(
+        self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float
+    ) -> np.ndarray:
+        nbytes = np.asarray(nbytes, dtype=float)
+        curve = curves.get(n)
+        if n > 1 and curve is not None and (consecutive or n == self.world_size):
+            return _curve_seconds(curve, nbytes)
         return 0.5 * self.allreduce(n, consecutive, nbytes)
 
     def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:

@@ -134,6 +134,7 @@ class _LayerStatic:
     checkpoint: np.ndarray
     zero3: np.ndarray
     sync: np.ndarray
+    gather: np.ndarray  # ZeRO-2/3: one all-gather of the layer's parameters (part of sync); 0 for ddp
     p2p_per_byte: np.ndarray
     comm_groups: list
     states: np.ndarray  # [not accumulating, accumulating][candidate]
@@ -191,7 +192,12 @@ class CostModel:
                 shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=self.settings.megatron_sp)
                 out[i] = layer.checkpoint_activation_mib_per_sample / shards
             elif c.ulysses:
-                out[i] = table[1] / c.tp  # every activation of a Ulysses layer is split along the sequence
+                # measured under Ulysses (all-to-all buffers included) where profiled; else every activation of
+                # the plain layer split along the sequence
+                ulysses = layer.ulysses_activation_mib_per_sample
+                out[i] = ulysses[c.tp] if c.tp in ulysses else table[1] / c.tp
+            elif c.tp > 1 and self.settings.megatron_sp and c.tp in layer.megatron_sp_activation_mib_per_sample:
+                out[i] = layer.megatron_sp_activation_mib_per_sample[c.tp]
             else:
                 if c.tp not in table and not self._runs_tp(type_index, c.tp):
                     out[i] = np.inf  # the model refuses this tp (ModelRules masks it): nobody profiles it
@@ -248,6 +254,7 @@ class CostModel:
         e = s.element_bytes
         grad_bytes = layer.parameter_mib * MIB / 4.0 / tp_degree * e  # parameter_mib is fp32 bytes
         sync = np.zeros(n)
+        gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
         groups: dict[tuple[str, int, bool], list[tuple[int, float, float]]] = {}
         pp = candidates[0].pp if candidates else 1
@@ -261,7 +268,12 @@ class CostModel:
                     (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
                 )
             if c.shard_degree > 1:
-                sync[i] = comm.allreduce(c.shard_degree, self.dp_group_consecutive(c), grad_bytes[i])
+                d, consecutive = c.shard_degree, self.dp_group_consecutive(c)
+                if c.dp_type in (ZERO2, ZERO3):  # reduce-scatter + all-gather, each with its own measured latency
+                    gather[i] = comm.all_gather(d, consecutive, grad_bytes[i])
+                    sync[i] = comm.reduce_scatter(d, consecutive, grad_bytes[i]) + gather[i]
+                else:
+                    sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
             if pp > 1:
                 shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
@@ -295,6 +307,7 @@ class CostModel:
             checkpoint=np.array([c.checkpoint for c in candidates]),
             zero3=zero3,
             sync=sync,
+            gather=gather,
             p2p_per_byte=p2p_per_byte,
             comm_groups=comm_groups,
             states=states,
@@ -321,7 +334,7 @@ class CostModel:
         comm = self.comm
         f = s.factors
         local = micro_batch / st.dp  # samples per rank
-        forward = _forward_seconds(layer, local / st.tp) * f.compute
+        forward = _forward_seconds(layer, local / st.tp) * (f.compute * self.hardware.compute_slowdown)
         recompute = np.where(st.checkpoint, forward, 0.0)
         backward = s.backward_coefficient * forward + recompute
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
@@ -333,13 +346,16 @@ class CostModel:
         # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
         # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
         # iteration, overlapped with that backward together with the all-gather (docs/cost-model.md §3).
-        gather_bwd = comm.overlapped(backward, 0.5 * sync)
-        zero3_wall = np.where(st.zero3, 0.5 * sync + gather_bwd - backward, 0.0)
+        gather = st.gather * f.dp_comm
+        gather_bwd = comm.overlapped(backward, gather)
+        zero3_wall = np.where(st.zero3, gather + gather_bwd - backward, 0.0)
         micro = forward + backward + tp_comm + zero3_wall
         exposed = np.where(
             st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
         )
-        act = local * st.activation_per_sample * f.activations
+        act = (local * st.activation_per_sample + np.where(st.checkpoint, 0.0, layer.activation_mib_per_call)) * (
+            f.activations
+        )
         transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
         return LayerTerms(
             forward_s=forward,
@@ -435,7 +451,8 @@ class CostModel:
         local = micro_batch / dp
         types = self.model.layer_types
         f = s.factors
-        forward = float(_forward_seconds_vocab(vocab.forward_time, local / k, types[-1].seq_length)) * f.compute
+        compute_scale = f.compute * self.hardware.compute_slowdown  # the model profile ran alone (docs §3)
+        forward = float(_forward_seconds_vocab(vocab.forward_time, local / k, types[-1].seq_length)) * compute_scale
         dp_type = ZERO3 if option.zero3 else s.default_dp_type
         shard = stage_ranks if option.sp else dp
         consecutive = option.sp or k == 1
@@ -451,10 +468,15 @@ class CostModel:
             states_full = memory.model_states_mib[1 if option.sp else k]
             states = states_full * float(self.state_fraction(dp_type, shard, accumulating)) * f.states
             grad_bytes = states_full * MIB / sum(s.state_bytes) * e
-            sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm if shard > 1 else 0.0
+            sync = gather = 0.0
+            if shard > 1 and dp_type in (ZERO2, ZERO3):
+                gather = float(comm.all_gather(shard, consecutive, grad_bytes)) * f.dp_comm
+                sync = float(comm.reduce_scatter(shard, consecutive, grad_bytes)) * f.dp_comm + gather
+            elif shard > 1:
+                sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm
             if dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
-                gather_bwd = float(comm.overlapped(bwd, 0.5 * sync))
-                micro = fwd + tp_time + 0.5 * sync + gather_bwd
+                gather_bwd = float(comm.overlapped(bwd, gather))
+                micro = fwd + tp_time + gather + gather_bwd
                 exposed = float(comm.overlapped(bwd, sync)) - gather_bwd
             else:
                 micro = fwd + bwd + tp_time
