@@ -10,6 +10,8 @@ calibrations. Not part of the test suite.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from galva_schema import LayerStrategy, Strategy
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
-HW = ["--quick", "--quiet"]
+HW = ["--quick", "--repetitions", "7", "--quiet"]  # 7 repetitions: medians robust to a shared box
 
 
 def plan(world: int, layers: list[dict], pp: int = 1, c: int = 1, **kw: object) -> Strategy:
@@ -47,6 +49,25 @@ def strategies(world: int) -> dict[str, Strategy]:
     return out
 
 
+def ranking(report_path: Path) -> str:
+    """Plan ranking: over the pairs of strategies whose times differ by more than the measured noise (half the range
+    of the timed steps of each, summed) both predicted and measured, how often the faster-predicted one is faster."""
+    report = json.loads(report_path.read_text())
+    predicted = {r["strategy"]: r["predicted_time_s"] for r in report["rows"]}
+    items = [(s["name"], predicted[s["name"]], s["measured_time_s"], s["time_spread_s"]) for s in report["strategies"]]
+    clear, right, wrong = 0, 0, []
+    for (a, pa, ma, na), (b, pb, mb, nb) in itertools.combinations(items, 2):
+        noise = na + nb
+        if abs(pa - pb) > noise and abs(ma - mb) > noise:
+            clear += 1
+            if (pa < pb) == (ma < mb):
+                right += 1
+            else:
+                wrong.append(f"{a}/{b}")
+    pairs = len(items) * (len(items) - 1) // 2
+    return f"{clear} of {pairs} pairs clear of the noise, {right} ranked right; wrong: {', '.join(wrong) or 'none'}"
+
+
 def run(args: list[str]) -> None:
     result = subprocess.run(args, cwd=WORK, capture_output=True, text=True)
     if result.returncode != 0:
@@ -68,6 +89,7 @@ def main() -> int:
              "--preset", "tiny-llama", "--strategy", str(directory), "--steps", "5", "--warmup", "2",
              "-o", f"check{world}.json", "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"])
         print((WORK / f"table{world}.md").read_text())
+        print(f"plan ranking, {world} ranks:", ranking(WORK / f"check{world}.json"))
     return 0
 
 
