@@ -259,8 +259,14 @@ class CostModel:
         groups: dict[tuple[str, int, bool], list[tuple[int, float, float]]] = {}
         pp = candidates[0].pp if candidates else 1
         for i, c in enumerate(candidates):
-            if c.tp > 1 and not c.ulysses:
-                # 2 all-reduce equivalents forward, 2 backward, 2 more when recomputing (Megatron-SP: RS + AG pairs)
+            if c.tp > 1 and not c.ulysses and s.megatron_sp:
+                # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
+                # own measured curve (latency included); without the curves a pair is one all-reduce, as below
+                count = 6.0 if c.checkpoint else 4.0
+                groups.setdefault(("all_gather", c.tp, c.consecutive), []).append((i, 1.0, count))
+                groups.setdefault(("reduce_scatter", c.tp, c.consecutive), []).append((i, 1.0, count))
+            elif c.tp > 1 and not c.ulysses:
+                # 2 all-reduces forward, 2 backward, 2 more when recomputing
                 groups.setdefault(("allreduce", c.tp, c.consecutive), []).append((i, 1.0, 6.0 if c.checkpoint else 4.0))
             elif c.ulysses:
                 # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
@@ -341,7 +347,7 @@ class CostModel:
         tp_comm = np.zeros(len(candidates))
         for op, size, consecutive, index, scale, count in st.comm_groups:
             per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
-            tp_comm[index] = per * count * f.tp_comm
+            tp_comm[index] += per * count * f.tp_comm
         sync = st.sync * f.dp_comm
         # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
         # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
