@@ -33,10 +33,13 @@ def sliding_window_mask(seq: int, window: int, device: torch.device | None = Non
     return (j <= i) & (j > i - window)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: int | None = None) -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: int | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """Softmax attention, causal (decoders) or unmasked (``causal=False``: encoders such as BERT and ViT), optionally
     restricted to a causal sliding window of ``window`` keys: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]`` with
-    ``hq % hkv == 0``."""
+    ``hq % hkv == 0``. ``dropout_p``: dropout on the attention probabilities, drawn from the global RNG (callers
+    holding a shard of the heads wrap the call in :func:`galva_hp.parallel.rng.rank_stream`)."""
     hq, hkv = q.shape[2], k.shape[2]
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
@@ -47,14 +50,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: i
         if _flash_ok(q):
             from flash_attn import flash_attn_func  # optional extra (GPU only)
 
-            return flash_attn_func(q, k, v, causal=True, window_size=(window - 1, 0))
+            return flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True, window_size=(window - 1, 0))
         mask = sliding_window_mask(seq, window, q.device)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=hq != hkv
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            enable_gqa=hq != hkv,
         )
         return out.transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=hq != hkv
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        is_causal=causal,
+        dropout_p=dropout_p,
+        enable_gqa=hq != hkv,
     )
     return out.transpose(1, 2)
 

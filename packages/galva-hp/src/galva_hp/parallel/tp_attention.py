@@ -8,6 +8,8 @@ embeddings (:class:`~galva_hp.parallel.attention.Rotary`) are applied to the ful
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -21,6 +23,7 @@ from galva_hp.parallel.mappings import (
     group_rank,
     group_size,
 )
+from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.tp_regions import (
     column_parallel_linear,
     enter_tp_region,
@@ -41,7 +44,8 @@ class TensorParallelAttention(nn.Module):
     column-parallel ``qkv`` (its local rows are ``[q_r; k_r; v_r]``) and the matching input columns of the
     row-parallel ``o_proj``. ``rotary`` (if any) is applied to the full sequence of the local heads. ``causal=False``
     drops the causal mask (bidirectional encoders such as BERT and ViT); ``window`` restricts causal attention to a
-    sliding window of that many keys (Mistral, Qwen2), on the full sequence.
+    sliding window of that many keys (Mistral, Qwen2), on the full sequence. ``dropout``: attention-probability
+    dropout in training; this rank holds its own heads, so it draws from its own stream (:mod:`.rng`).
     """
 
     def __init__(
@@ -62,9 +66,10 @@ class TensorParallelAttention(nn.Module):
         rotary: Rotary | None = None,
         causal: bool = True,
         window: int | None = None,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.window = window
+        self.window, self.dropout = window, float(dropout)
         if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
             raise ValueError("q_bias, k_bias and v_bias must be given together or not at all")
         tp, rank = group_size(group), group_rank(group)
@@ -156,5 +161,7 @@ class TensorParallelAttention(nn.Module):
         q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = attention(q, k, v, causal=self.causal, window=self.window).reshape(b, s, hq * d)
+        p = self.dropout if self.training else 0.0
+        with rank_stream(self.group, x.device) if p else contextlib.nullcontext():
+            out = attention(q, k, v, causal=self.causal, window=self.window, dropout_p=p).reshape(b, s, hq * d)
         return row_output(self.o_proj, out, self.sequence_parallel)

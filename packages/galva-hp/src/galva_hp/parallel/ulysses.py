@@ -17,6 +17,7 @@ Weight gradients on each rank cover only its tokens: the runtime sums them over 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from torch import Tensor, nn
@@ -24,6 +25,7 @@ from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.attention import Rotary, attention
 from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
+from galva_hp.parallel.rng import rank_stream
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
 
@@ -46,6 +48,7 @@ class UlyssesAttention(nn.Module):
     and back for ``o_proj``; they are used as given (pass copies). ``rotary`` is applied after the exchange, to the
     whole sequence. ``causal=False`` drops the causal mask (bidirectional encoders such as BERT and ViT); ``window``
     restricts causal attention to a sliding window of that many keys (Mistral, Qwen2), applied to the whole sequence.
+    ``dropout``: attention-probability dropout in training, from this rank's own stream (it holds its own heads).
     """
 
     def __init__(
@@ -62,9 +65,10 @@ class UlyssesAttention(nn.Module):
         rotary: Rotary | None = None,
         causal: bool = True,
         window: int | None = None,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.window = window
+        self.window, self.dropout = window, float(dropout)
         self.causal = causal
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -83,6 +87,8 @@ class UlyssesAttention(nn.Module):
         q, k, v = (differentiable_all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        out = attention(q, k, v, causal=self.causal, window=self.window)  # [b, s, heads/sp, d]
+        p = self.dropout if self.training else 0.0
+        with rank_stream(self.group, x.device) if p else contextlib.nullcontext():  # this rank's heads
+            out = attention(q, k, v, causal=self.causal, window=self.window, dropout_p=p)  # [b, s, heads/sp, d]
         out = differentiable_all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

@@ -42,6 +42,7 @@ from galva_models.adapters.base import (
 from galva_models.adapters.modules import HFEmbeddings, HFLayer, token_loss_sum
 from galva_models.adapters.parallel import (
     PostNormLayer,
+    dropout_form,
     encoder_attention_form,
     layer_norm_form,
     mlp_form,
@@ -127,6 +128,15 @@ class WordEmbeddingShard(nn.Module):
         return exit_tp_region(out, self.group, self.sequence_parallel)
 
 
+def _embedding_dropout(drop: nn.Module, offset_group: ProcessGroup | None) -> nn.Module:
+    """Replicated embeddings draw one mask on every rank; a sequence slice draws its own (galva-hp's rng rule)."""
+    if offset_group is None or not getattr(drop, "p", 0.0):
+        return copy.deepcopy(drop)
+    from galva_hp.parallel.rng import ShardedDropout
+
+    return ShardedDropout(float(getattr(drop, "p", 0.0)), offset_group)
+
+
 class BertParallelEmbedding(nn.Module):
     """``BertEmbeddings`` for a rank that holds a vocabulary shard (``word`` a :class:`WordEmbeddingShard`) and/or
     a slice of the sequence (``offset_group``: rank ``r`` holds positions ``[r*s_local, (r+1)*s_local)``).
@@ -153,7 +163,7 @@ class BertParallelEmbedding(nn.Module):
             position_embeddings=copy.deepcopy(embeddings.position_embeddings),
             token_type_embeddings=copy.deepcopy(embeddings.token_type_embeddings),
             LayerNorm=norm,
-            dropout=copy.deepcopy(embeddings.dropout),
+            dropout=_embedding_dropout(embeddings.dropout, offset_group),
         )
         self.offset_group, self.sum_grads = offset_group, sum_grads
 
@@ -271,11 +281,12 @@ class BertParallelizer(SingleRankParallelizer):
         sa, out = layer.attention.self, layer.attention.output
         weights = (sa.query.weight, sa.key.weight, sa.value.weight, out.dense.weight)
         biases = (sa.query.bias, sa.key.bias, sa.value.bias, out.dense.bias)
-        attention = encoder_attention_form(weights, biases, self.config.num_attention_heads, ctx)
+        heads, p_attn = self.config.num_attention_heads, self.config.attention_probs_dropout_prob
+        attention = encoder_attention_form(weights, biases, heads, ctx, dropout=p_attn)
         mlp = mlp_form(layer.intermediate.dense, layer.output.dense, layer.intermediate.intermediate_act_fn, ctx)
         return PostNormLayer(
             attention, layer_norm_form(out.LayerNorm, ctx), mlp, layer_norm_form(layer.output.LayerNorm, ctx),
-            copy.deepcopy(out.dropout), copy.deepcopy(layer.output.dropout), rename=_BERT_NAMES,
+            dropout_form(out.dropout, ctx), dropout_form(layer.output.dropout, ctx), rename=_BERT_NAMES,
         )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from galva_models.adapters.parallel import (
     LMHeadParallelizer,
     PreNormLayer,
     SequenceOffsetEmbedding,
+    dropout_form,
     fuse_rows,
     layer_norm_form,
     linear_from,
@@ -99,6 +100,7 @@ class GPT2Parallelizer(LMHeadParallelizer):
             attention = UlyssesAttention(
                 linear_from(q_w, q_b), linear_from(k_w, k_b), linear_from(v_w, v_b), linear_from(o_w, o_b),
                 heads=heads, kv_heads=heads, head_dim=hidden // heads, group=ctx.sp_group,
+                dropout=self.config.attn_pdrop,
             )  # fmt: skip
         else:
             from galva_hp.parallel.tensor_parallel import TensorParallelAttention
@@ -106,13 +108,14 @@ class GPT2Parallelizer(LMHeadParallelizer):
             attention = TensorParallelAttention(
                 q_w, k_w, v_w, o_w, q_b, k_b, v_b, o_b,
                 heads=heads, kv_heads=heads, group=_tp_group(ctx), sequence_parallel=ctx.megatron_sp,
+                dropout=self.config.attn_pdrop,
             )  # fmt: skip
         up = linear_from(mlp.c_fc.weight.t(), mlp.c_fc.bias)
         down = linear_from(mlp.c_proj.weight.t(), mlp.c_proj.bias)
         feed_forward = mlp_form(up, down, mlp.act, ctx)
         return PreNormLayer(
             layer_norm_form(block.ln_1, ctx), attention, layer_norm_form(block.ln_2, ctx), feed_forward,
-            copy.deepcopy(attn.resid_dropout), copy.deepcopy(mlp.dropout), rename=_gpt2_names,
+            dropout_form(attn.resid_dropout, ctx), dropout_form(mlp.dropout, ctx), rename=_gpt2_names,
         )  # fmt: skip
 
     def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
@@ -122,9 +125,11 @@ class GPT2Parallelizer(LMHeadParallelizer):
             tokens = VocabParallelEmbedding(module.wte.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp)
             sliced = ctx.megatron_sp
             group = ctx.tp_group if sliced else None
-            return SequenceOffsetEmbedding(tokens, module.wpe, module.drop, group, sum_position_grad=sliced)
-        if ctx.vocab_sp:  # ids arrive as this rank's sequence slice: shift the positions
-            return SequenceOffsetEmbedding(copy.deepcopy(module.wte), module.wpe, module.drop, ctx.sp_group)
+            drop = dropout_form(module.drop, ctx)
+            return SequenceOffsetEmbedding(tokens, module.wpe, drop, group, sum_position_grad=sliced)
+        if ctx.vocab_sp:  # ids arrive as this rank's sequence slice: shift the positions, draw this rank's mask
+            drop = dropout_form(module.drop, ctx)
+            return SequenceOffsetEmbedding(copy.deepcopy(module.wte), module.wpe, drop, ctx.sp_group)
         return module
 
 
@@ -150,14 +155,11 @@ def decompose(model: Any) -> LayeredModel:
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
-    """Every form runs; the parallel attention has neither attention dropout nor GPT-2's optional score scalings."""
-    reasons = []
+    """Every form runs (dropout included); the parallel attention lacks GPT-2's optional score scalings."""
+    unsupported = {}
     if not config.scale_attn_weights or config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn:
-        reasons.append("parallel attention supports only the default 1/sqrt(head_dim) attention scaling")
-    if config.attn_pdrop:
-        reasons.append("attn_pdrop: parallel attention has no attention dropout; set it to 0")
-    reason = "; ".join(reasons)
-    unsupported = {ParallelForm.TP: reason, ParallelForm.ULYSSES: reason} if reasons else {}
+        reason = "parallel attention supports only the default 1/sqrt(head_dim) attention scaling"
+        unsupported = {ParallelForm.TP: reason, ParallelForm.ULYSSES: reason}
     return uniform_constraints(
         "gpt2", "gpt2", config.n_layer, config.n_head, unsupported=unsupported, max_seq_length=config.n_positions
     )

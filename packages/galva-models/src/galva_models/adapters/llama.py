@@ -24,7 +24,7 @@ from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_c
 from galva_models.adapters.modules import LMHead, first_output, positions
 from galva_models.adapters.parallel import HFRotary, LMHeadParallelizer, PreNormLayer, layer_norm_form, renamer
 from galva_models.adapters.parallel import tp_group as _tp_group
-from galva_schema import ModelConstraints, ParallelForm
+from galva_schema import ModelConstraints
 from galva_schema.constraints import uniform_constraints
 
 
@@ -118,6 +118,7 @@ class LlamaParallelizer(LMHeadParallelizer):
         kv = getattr(self.config, "num_key_value_heads", None) or heads
         rotary = HFRotary(module.rotary, self._apply_rotary)
         window = module.window
+        dropout = float(getattr(self.config, "attention_dropout", 0.0) or 0.0)
         attention: nn.Module
         if ctx.sp_size > 1:
             from galva_hp.parallel.ulysses import UlyssesAttention
@@ -125,7 +126,7 @@ class LlamaParallelizer(LMHeadParallelizer):
             parts = [copy.deepcopy(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
             attention = UlyssesAttention(
                 *parts, heads=heads, kv_heads=kv, head_dim=attn.head_dim, group=ctx.sp_group, rotary=rotary,
-                window=window,
+                window=window, dropout=dropout,
             )  # fmt: skip
             feed_forward = copy.deepcopy(mlp)
         else:
@@ -135,7 +136,7 @@ class LlamaParallelizer(LMHeadParallelizer):
             attention = TensorParallelAttention(
                 q.weight, k.weight, v.weight, o.weight, q.bias, k.bias, v.bias, o.bias,
                 heads=heads, kv_heads=kv, group=_tp_group(ctx), sequence_parallel=ctx.megatron_sp, rotary=rotary,
-                window=window,
+                window=window, dropout=dropout,
             )  # fmt: skip
             feed_forward = TensorParallelMLP(
                 [mlp.gate_proj.weight, mlp.up_proj.weight],
@@ -190,15 +191,17 @@ def decompose(model: Any) -> LayeredModel:
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
-    """GQA heads; every form runs, except that the parallel attention has no attention dropout."""
-    unsupported = {}
-    if getattr(config, "attention_dropout", 0.0):
-        reason = "attention_dropout: parallel attention has no dropout; set it to 0"
-        unsupported = {ParallelForm.TP: reason, ParallelForm.ULYSSES: reason}
+    """GQA heads; every form runs (attention dropout included)."""
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     family = config.model_type
-    return uniform_constraints(family, family, config.num_hidden_layers, heads, kv, unsupported=unsupported)
+    return uniform_constraints(
+        family,
+        family,
+        config.num_hidden_layers,
+        heads,
+        kv,
+    )
 
 
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:

@@ -151,6 +151,20 @@ def layer_norm_form(norm: nn.Module, ctx: ParallelContext) -> nn.Module:
     return copy.deepcopy(norm)
 
 
+def dropout_form(drop: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """A boundary (hidden / residual / embedding) dropout's copy for the module's layout. Where the activation is
+    replicated (plain tp) it is a copy: every rank draws the same mask from the global RNG. Where it is a sequence
+    slice (Megatron-SP over tp, Ulysses or vocabulary sp over the sp group) each rank draws its own mask
+    (:class:`galva_hp.parallel.rng.ShardedDropout`)."""
+    p = float(getattr(drop, "p", 0.0))
+    group = ctx.sp_group if ctx.sp_size > 1 else ctx.tp_group if ctx.sequence_parallel_tp else None
+    if group is None or p == 0.0:
+        return copy.deepcopy(drop)
+    from galva_hp.parallel.rng import ShardedDropout
+
+    return ShardedDropout(p, group)
+
+
 def linear_from(weight: Tensor, bias: Tensor | None) -> nn.Linear:
     """An ``nn.Linear`` holding copies of ``weight`` (``[out, in]``) and ``bias``."""
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
@@ -181,7 +195,7 @@ class SequenceOffsetEmbedding(nn.Module):
         super().__init__()
         self.wte = wte
         self.wpe = copy.deepcopy(wpe)
-        self.drop = copy.deepcopy(drop)
+        self.drop = drop  # already in the module's layout (``dropout_form``)
         self.offset_group = offset_group
         self.sum_position_grad = sum_position_grad
 
@@ -203,23 +217,24 @@ def encoder_attention_form(
     biases: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None],
     heads: int,
     ctx: ParallelContext,
+    dropout: float = 0.0,
 ) -> nn.Module:
     """The bidirectional attention (BERT, ViT) for a tp or Ulysses context: galva-hp's ``TensorParallelAttention`` /
-    ``UlyssesAttention`` with ``causal=False`` (weights in ``nn.Linear`` layout, copied). Either way its gathered
-    state is ``q_proj / k_proj / v_proj / o_proj`` weights and biases."""
+    ``UlyssesAttention`` with ``causal=False`` (weights in ``nn.Linear`` layout, copied) and attention-probability
+    ``dropout``. Either way its gathered state is ``q_proj / k_proj / v_proj / o_proj`` weights and biases."""
     if ctx.sp_size > 1:
         from galva_hp.parallel.ulysses import UlyssesAttention
 
         projections = [linear_from(w, b) for w, b in zip(weights, biases)]
         return UlyssesAttention(
             *projections, heads=heads, kv_heads=heads, head_dim=weights[0].shape[0] // heads,
-            group=ctx.sp_group, causal=False,
+            group=ctx.sp_group, causal=False, dropout=dropout,
         )  # fmt: skip
     from galva_hp.parallel.tensor_parallel import TensorParallelAttention
 
     return TensorParallelAttention(
         *weights, *biases, heads=heads, kv_heads=heads, group=tp_group(ctx),
-        sequence_parallel=ctx.megatron_sp, causal=False,
+        sequence_parallel=ctx.megatron_sp, causal=False, dropout=dropout,
     )  # fmt: skip
 
 

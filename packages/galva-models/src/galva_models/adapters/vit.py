@@ -9,7 +9,6 @@ Galva modules:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from torch import nn
@@ -28,6 +27,7 @@ from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, HFLayer
 from galva_models.adapters.parallel import (
     ImageVocabForms,
     PreNormLayer,
+    dropout_form,
     encoder_attention_form,
     layer_norm_form,
     mlp_form,
@@ -60,11 +60,12 @@ class ViTParallelizer(ImageVocabForms, SingleRankParallelizer):
         a, mlp = layer.attention, layer.mlp
         weights = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight)
         biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.bias)
-        attention = encoder_attention_form(weights, biases, self.config.num_attention_heads, ctx)
+        p_attn = float(getattr(self.config, "attention_probs_dropout_prob", 0.0) or 0.0)
+        attention = encoder_attention_form(weights, biases, self.config.num_attention_heads, ctx, dropout=p_attn)
         feed_forward = mlp_form(mlp.fc1, mlp.fc2, mlp.activation_fn, ctx)
         return PreNormLayer(
             layer_norm_form(layer.layernorm_before, ctx), attention, layer_norm_form(layer.layernorm_after, ctx),
-            feed_forward, copy.deepcopy(layer.dropout), copy.deepcopy(layer.dropout), rename=_VIT_NAMES,
+            feed_forward, dropout_form(layer.dropout, ctx), dropout_form(layer.dropout, ctx), rename=_VIT_NAMES,
         )  # fmt: skip
 
 

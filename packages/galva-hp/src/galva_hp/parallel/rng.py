@@ -1,0 +1,73 @@
+"""Dropout random streams across parallel ranks: Megatron's RNG tracker, without state of its own.
+
+Rule (as in Megatron): where an activation is *replicated* over a group (plain tp outside the parallel matmuls), every
+rank draws the same mask from the global RNG, which the same seed and the same sequence of random ops keep equal on
+every rank of the group; where it is *sharded* (attention heads under tp or Ulysses, the sequence slice under
+Megatron-SP, Ulysses or vocabulary sp), each rank draws from its own stream, so the shards get independent masks.
+
+A sharded region forks the global RNG (CPU, and the tensor's CUDA device), seeds it from one number drawn from the
+global CPU generator and this rank's index in the group, runs, and restores the global state advanced by that one
+draw. Hence:
+
+- reproducible from the seed: the per-rank stream is a function of the global RNG state, itself of the seed;
+- identical draws on every rank of the group keep the global stream in step across ranks (each draws once);
+- activation checkpointing replays the masks: ``torch.utils.checkpoint`` restores the global RNG state before
+  recomputing, so the recomputation draws the same number and seeds the same per-rank stream. No tracker state
+  needs saving beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from galva_hp.parallel.mappings import group_rank, group_size
+
+__all__ = ["ShardedDropout", "rank_stream", "sharded_dropout"]
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+@contextlib.contextmanager
+def rank_stream(group: ProcessGroup | None, device: torch.device) -> Iterator[None]:
+    """Within the block, the global RNG (CPU and ``device``) is this rank's own stream for ``group``; afterwards it
+    is the global stream advanced by one draw (the same on every rank of the group). ``group=None``: one rank."""
+    base = int(torch.randint(0, 2**62, (), generator=torch.default_generator))
+    seed = (base * _MIX + group_rank(group) + 1) % (2**63)
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
+def sharded_dropout(x: Tensor, p: float, group: ProcessGroup | None, training: bool = True) -> Tensor:
+    """``F.dropout`` on an activation sharded over ``group``: each rank's own stream (the global one on one rank)."""
+    if not training or p == 0.0:
+        return x
+    if group_size(group) == 1:
+        return F.dropout(x, p, True)
+    with rank_stream(group, x.device):
+        return F.dropout(x, p, True)
+
+
+class ShardedDropout(nn.Module):
+    """``nn.Dropout(p)`` for an activation sharded over ``group``: a distinct, seed-reproducible mask per rank."""
+
+    def __init__(self, p: float, group: ProcessGroup | None) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p, self.group = float(p), group
+
+    def forward(self, x: Tensor) -> Tensor:
+        return sharded_dropout(x, self.p, self.group, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, ranks={group_size(self.group)}"
