@@ -105,9 +105,9 @@ CASES: dict[str, tuple[Any, dict[str, Any], int | None, list[str]]] = {
     ),
     "vit vocabulary and heads": (
         _config("tiny-vit", num_attention_heads=2),
-        _plan([{"tp": 4}, {}], vocab={"tp": 2}),
+        _plan([{"tp": 4}, {}], vocab={"tp": 2, "sp": True}),  # image models run vocab tp, not vocab sp
         None,
-        ["layers[0].tp: tp 4 does not divide the 2 attention heads", "vocab.tp: the vocabulary cannot run"],
+        ["layers[0].tp: tp 4 does not divide the 2 attention heads", "vocab.sp: the vocabulary cannot run"],
     ),
     "swin merged grid": (
         _config("tiny-swin", image_size=24),
