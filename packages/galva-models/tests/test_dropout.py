@@ -110,6 +110,8 @@ PLANS = {
     "pp2-ulysses2-vsp2-ckpt": _plan({"tp": 2, "ulysses": True, "checkpoint": True}, vocab={"tp": 2, "sp": True}),
 }
 CASES = [(family, plan) for family in ("gpt2", "bert") for plan in PLANS]
+# the other families' sharded dropouts: T5's FFN middle and heads under tp, ViT / Swin heads, Swin sequence slices
+OTHER_CASES = [("t5", "pp2-tp2-ckpt"), ("vit", "pp2-tp2-ckpt"), ("swin", "pp2-ulysses2-vsp2-ckpt")]
 
 
 def stock_config(family: str, p: float):
@@ -117,31 +119,43 @@ def stock_config(family: str, p: float):
     config = preset_config(f"tiny-{family}")
     if family == "gpt2":
         config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = p
+    elif family == "t5":
+        config.dropout_rate = p
     else:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = p
     return config
 
 
-def _batches(family: str, vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(family: str, config) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    from galva_models.cli.train import _Seq2SeqRandom
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+
     if family == "gpt2":
         ids, labels = batch()
         return [(ids[s], labels[s]) for s in range(STEPS)]
-    from galva_models.data import RandomMaskedTokenSource
-
-    source = RandomMaskedTokenSource(vocab, ENC_SEQ, 8, mask_token_id=3, seed=5)
+    if family == "bert":
+        source = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5)
+    elif family == "t5":
+        source = _Seq2SeqRandom(config, ENC_SEQ, 6, 8, seed=5)
+    else:
+        source = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5)
     return [(b.inputs, b.labels) for b in (source.batch(s) for s in range(STEPS))]
 
 
 def run_plan(family: str, plan: str, p: float, seed: int = 0) -> list[float]:
     torch.manual_seed(0)
-    _, layered = build_layered(stock_config(family, p))
+    config = stock_config(family, p)
+    _, layered = build_layered(config, **({"encoder_seq_length": ENC_SEQ} if family == "t5" else {}))
     fields = PLANS[plan]
+    if family in ("t5", "vit", "swin"):
+        fields = {key: value for key, value in fields.items() if key != "vocab"}  # vocab degree 1
     strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})
-    built = build(layered, strategy, BuildOptions(seq_len=SEQ if family == "gpt2" else ENC_SEQ))
+    seq_len = {"gpt2": SEQ, "bert": ENC_SEQ}.get(family)
+    built = build(layered, strategy, BuildOptions(seq_len=seq_len))
     optimizer = GalvaOptimizer(built.param_records(), OPTIM)
     torch.manual_seed(seed)  # the dropout streams start here, as galva-train seeds them
     losses = []
-    for inputs, labels in _batches(family, _vocab(family)):
+    for inputs, labels in _batches(family, config):
         losses.append(train_step(built, optimizer, inputs, labels).loss)
     return losses
 
@@ -168,4 +182,15 @@ def test_stock_gpt2_and_bert_train_with_dropout_under_tp():
         assert all(0.5 * math.log(vocab) < x < 1.5 * math.log(vocab) for x in first), (case, first)
         assert first[-1] < first[0] * 1.05, (case, first)
         for rank_result in results:  # every rank reports the same global loss
+            assert rank_result[case][0] == first, case
+
+
+@pytest.mark.distributed
+def test_t5_vit_swin_train_with_dropout_in_sharded_regions():
+    results = run_distributed(train_with_dropout, 4, OTHER_CASES, timeout=400)
+    for case, (first, again, no_dropout) in results[0].items():
+        assert all(math.isfinite(x) for x in first), (case, first)
+        assert first == again, f"{case}: same seed and plan, different losses {first} vs {again}"
+        assert first != no_dropout, f"{case}: dropout 0.1 gave the dropout-0 losses {first}"
+        for rank_result in results:
             assert rank_result[case][0] == first, case

@@ -16,6 +16,7 @@ re-shards the merged tokens. A sequence-sharding degree must divide every grid i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -33,7 +34,7 @@ from galva_models.adapters.base import (
     tie_and_check,
 )
 from galva_models.adapters.modules import ClassifierHead, HFEmbeddings, first_output
-from galva_models.adapters.parallel import ImageVocabForms, linear_from, tp_group
+from galva_models.adapters.parallel import ImageVocabForms, dropout_form, linear_from, tp_group
 from galva_schema import LayerTypeConstraints, ModelConstraints
 
 
@@ -202,9 +203,11 @@ class SwinWindowAttention(nn.Module):
         q, k, v = (t.view(windows, n, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if mask is not None:  # [n_windows, n, n] per image, images outermost (window_partition's order)
             bias = bias + mask.unsqueeze(1).repeat(windows // mask.shape[0], 1, 1, 1)
-        out = nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scaling
-        )
+        from galva_hp.parallel.rng import rank_stream
+
+        p = self.dropout_p if self.training else 0.0
+        with rank_stream(self.group, q.device) if p else contextlib.nullcontext():  # this rank's heads
+            out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=self.scaling)
         return out.transpose(1, 2).reshape(windows, n, -1)
 
     def forward(self, hidden: Tensor) -> Tensor:
@@ -310,6 +313,7 @@ class SwinParallelBlock(nn.Module):
         norms = [sequence_parallel_norm(n, group) if sp_norms else copy.deepcopy(n)
                  for n in (layer.layernorm_before, layer.layernorm_after)]  # fmt: skip
         self.block: _SwinLayerParts = _SwinLayerParts(norms[0], attention, norms[1], mlp, layer)
+        self.block.dropout = dropout_form(layer.dropout, ctx)  # a sequence slice draws its own mask
         self.grid = module.grid
         self.downsample: nn.Module | None = None
         if module.downsample is not None:

@@ -30,6 +30,7 @@ supported: a sequence slice of ``[encoder ; decoder]`` would not respect the two
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 from collections.abc import Callable
@@ -207,18 +208,22 @@ class T5TPAttention(nn.Module):
         k, v = (
             t.view(b, s_kv, self.local_heads, self.head_dim).transpose(1, 2) for t in self.kv(source)[0].chunk(2, -1)
         )
+        from galva_hp.parallel.rng import rank_stream
+
         dropout = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=1.0)
+        with rank_stream(self.group, x.device) if dropout else contextlib.nullcontext():  # this rank's heads
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=1.0)
         out = out.transpose(1, 2).reshape(b, s, -1)
         return exit_tp_region(F.linear(out, self.o.weight), self.group, False)
 
 
 class _Activation(nn.Module):
-    """T5's FFN middle: ``dropout(act(h))``, or ``dropout(act(gate) * up)`` for the gated form."""
+    """T5's FFN middle: ``dropout(act(h))``, or ``dropout(act(gate) * up)`` for the gated form. ``dropout`` is used
+    as given: under tp the middle is split over the ranks, so it is a ``ShardedDropout`` (a mask per rank)."""
 
     def __init__(self, act: nn.Module, dropout: nn.Module) -> None:
         super().__init__()
-        self.act, self.dropout = copy.deepcopy(act), copy.deepcopy(dropout)
+        self.act, self.dropout = copy.deepcopy(act), dropout
 
     def forward(self, h: Tensor, up: Tensor | None = None) -> Tensor:
         h = self.act(h)
@@ -227,12 +232,15 @@ class _Activation(nn.Module):
 
 def _ffn_form(ff: Any, group: ProcessGroup) -> nn.Module:
     """``DenseReluDense`` (``wi`` / ``wo``) or the gated form (``wi_0``, ``wi_1`` / ``wo``), column/row parallel."""
+    from galva_hp.parallel.rng import ShardedDropout
     from galva_hp.parallel.tensor_parallel import TensorParallelMLP
 
     names = ["wi_0", "wi_1"] if hasattr(ff, "wi_0") else ["wi"]
     ups = [getattr(ff, n).weight.detach() for n in names]
+    p = float(getattr(ff.dropout, "p", 0.0))
+    dropout = ShardedDropout(p, group) if p else copy.deepcopy(ff.dropout)
     return TensorParallelMLP(
-        ups, [None] * len(ups), ff.wo.weight.detach(), None, _Activation(ff.act, ff.dropout),
+        ups, [None] * len(ups), ff.wo.weight.detach(), None, _Activation(ff.act, dropout),
         group=group, names=(names, "wo"),
     )  # fmt: skip
 
