@@ -9,7 +9,8 @@ Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``m
   (galva_comm.layout's two layouts; the world-sized group has one layout);
 * all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups; an
   alpha-beta line fitted per group size with its residuals;
-* p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups);
+* p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
+  the latency of one send (a 4 KiB send's time less what the bandwidth explains);
 * the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
   against one alone (:mod:`galva_profiler.overlap`).
 """
@@ -32,6 +33,7 @@ from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
 from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, HardwareProfile, P2PBandwidth
 
+P2P_LATENCY_BYTES = 4096  # a send this small is latency-bound on every interconnect
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
 
@@ -142,6 +144,7 @@ class SweepResult:
     bandwidth: dict[tuple[int, bool], float] = field(default_factory=dict)
     times: dict[tuple[Collective, int], dict[float, float]] = field(default_factory=dict)
     p2p: dict[int, float] = field(default_factory=dict)
+    p2p_latency_ms: dict[int, float] = field(default_factory=dict)
     overlap: OverlapResult | None = None
 
     def fit(self, collective: Collective, n: int) -> Fit:
@@ -191,6 +194,9 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.p2p_mib * MIB)
             ms = time_p2p(pipeline_groups(world.size, step.group_size), message, world, options.repeats)
             result.p2p[step.group_size] = message / (ms * 1e-3) / 1e9
+            small_ms = time_p2p(pipeline_groups(world.size, step.group_size), P2P_LATENCY_BYTES, world, options.repeats)
+            explained_ms = P2P_LATENCY_BYTES / (result.p2p[step.group_size] * 1e9) * 1e3
+            result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
         else:
             result.overlap = measure_overlap(
                 world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats
@@ -231,7 +237,10 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
             AllreduceBandwidth(group_size=n, consecutive=c, bus_bandwidth_gb_per_s=bw)
             for (n, c), bw in sorted(result.bandwidth.items(), key=lambda item: (-item[0][0], not item[0][1]))
         ),
-        p2p=tuple(P2PBandwidth(pp=pp, bandwidth_gb_per_s=bw) for pp, bw in sorted(result.p2p.items())),
+        p2p=tuple(
+            P2PBandwidth(pp=pp, bandwidth_gb_per_s=bw, latency_ms=result.p2p_latency_ms.get(pp, 0.0))
+            for pp, bw in sorted(result.p2p.items())
+        ),
         allreduce_time=table(Collective.ALL_REDUCE),
         all_to_all_time=table(Collective.ALL_TO_ALL),
         all_gather_time=table(Collective.ALL_GATHER),

@@ -102,7 +102,7 @@ def summary(profile: HardwareProfile, result: SweepResult, world: World) -> str:
             f"(max residual {100 * fit.max_relative_residual:.1f}%)"
         )
     for p2p in profile.p2p:
-        lines.append(f"  p2p pp={p2p.pp}: {p2p.bandwidth_gb_per_s:.3f} GB/s")
+        lines.append(f"  p2p pp={p2p.pp}: {p2p.bandwidth_gb_per_s:.3f} GB/s, latency {p2p.latency_ms:.3f} ms per send")
     if result.overlap:
         o = result.overlap
         lines.append(

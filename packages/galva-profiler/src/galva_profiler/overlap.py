@@ -6,8 +6,9 @@ collectives run on their own stream, on gloo in gloo's own threads). The loop is
 same time alone, which is where they interfere most. Each side's slowdown is its time together over its time alone;
 the profile's ``overlap_slowdown`` is the larger of the two (at least 1), as the reference defines it.
 
-A fourth timing gives the **compute slowdown of running every rank at once**: the same loop on rank 0 alone (the
-other ranks wait in a barrier) against every rank running it together. Where ranks share cores (4 CPU processes on 2
+A fourth timing gives the **compute slowdown of running every rank at once**: the same loop run by every rank together
+and then by rank 0 alone (the other ranks wait in a barrier), paired repetition by repetition; the median of the
+paired ratios (pairs cancel slow drifts of a shared machine's load). Where ranks share cores (4 CPU processes on 2
 cores) each runs about twice as slowly as the single-process model profile measured; with a device per rank the
 ratio is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
 """
@@ -15,6 +16,7 @@ ratio is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +33,12 @@ class OverlapResult:
     compute_overlapped_ms: float
     comm_overlapped_ms: float
     compute_alone_ms: float = 0.0  # the loop on rank 0 while the others wait (0: not measured)
+    concurrency_ratio: float = 1.0  # median over paired repetitions of (every rank at once) / (rank 0 alone)
 
     @property
     def concurrency_slowdown(self) -> float:
-        """Compute time with every rank running against one rank alone (at least 1; 1 when not measured)."""
-        return max(1.0, self.compute_ms / self.compute_alone_ms) if self.compute_alone_ms > 0 else 1.0
+        """Compute time with every rank running against one rank alone (at least 1)."""
+        return max(1.0, self.concurrency_ratio)
 
     @property
     def compute_slowdown(self) -> float:
@@ -86,9 +89,7 @@ def measure_overlap(
             torch.mm(a, b)
 
     compute_ms = max_over_ranks(median_ms(compute, repeats, device, before=dist.barrier), device)
-    alone = median_ms(compute, repeats, device) if dist.get_rank() == 0 else 0.0
-    dist.barrier()
-    compute_alone_ms = max_over_ranks(alone, device)  # rank 0's, known to every rank
+    compute_alone_ms, concurrency_ratio = _concurrency(compute, repeats, device)
 
     together_compute, together_comm = [], []
     for index in range(repeats.warmup + repeats.repetitions):
@@ -115,7 +116,30 @@ def measure_overlap(
         compute_overlapped_ms=max_over_ranks(_median(together_compute), device),
         comm_overlapped_ms=max_over_ranks(_median(together_comm), device),
         compute_alone_ms=compute_alone_ms,
+        concurrency_ratio=concurrency_ratio,
     )
+
+
+def _timed_ms(run: Callable[[], None], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _concurrency(compute: Callable[[], None], repeats: Repeats, device: torch.device) -> tuple[float, float]:
+    """(rank 0 alone ms, median of paired ratios every-rank-at-once / alone); the same values on every rank."""
+    alone, ratios = [], []
+    for index in range(repeats.warmup + repeats.repetitions):
+        dist.barrier()
+        together = max_over_ranks(_timed_ms(compute, device), device)
+        dist.barrier()
+        one = max_over_ranks(_timed_ms(compute, device) if dist.get_rank() == 0 else 0.0, device)
+        if index >= repeats.warmup:
+            alone.append(one)
+            ratios.append(together / one)
+    return _median(alone), _median(ratios)
 
 
 def _median(values: list[float]) -> float:

@@ -24,6 +24,9 @@ class P2PBandwidth(GalvaModel):
 
     pp: int = Field(ge=2)
     bandwidth_gb_per_s: PositiveFloat
+    latency_ms: NonNegativeFloat = Field(
+        0.0, description="Time of a small send not explained by the bandwidth (ms per send); 0: not measured."
+    )
 
 
 class CollectiveTimes(GalvaModel):
@@ -118,6 +121,10 @@ class HardwareProfile(GalvaFile):
                 return entry.bus_bandwidth_gb_per_s
         layout = "consecutive" if consecutive else "strided"
         raise SchemaError(f"allreduce: no entry for group_size {group_size} ({layout})")
+
+    def p2p_latency_ms(self, pp: int) -> float:
+        """Per-send latency between neighbouring stages of a pipeline of degree ``pp`` (0 when not profiled)."""
+        return next((entry.latency_ms for entry in self.p2p if entry.pp == pp), 0.0)
 
     def p2p_bandwidth(self, pp: int) -> float:
         for entry in self.p2p:

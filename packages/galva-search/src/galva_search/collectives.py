@@ -94,8 +94,12 @@ class Collectives:
         bandwidth = self.bus_bandwidth_gb_per_s(n, consecutive)
         return (n - 1) / n * nbytes / (bandwidth * GB)
 
+    def p2p_latency(self, pp: int) -> float:
+        """Seconds of one send's latency between neighbouring stages (the profile's ``latency_ms``, 0 if absent)."""
+        return self.profile.p2p_latency_ms(pp) * 1e-3 if pp > 1 else 0.0
+
     def p2p(self, pp: int, nbytes: np.ndarray | float) -> np.ndarray:
-        """Seconds to send ``nbytes`` from one pipeline stage to the next."""
+        """Seconds to send ``nbytes`` from one pipeline stage to the next (bandwidth only; see p2p_latency)."""
         nbytes = np.asarray(nbytes, dtype=float)
         if pp <= 1:
             return np.zeros_like(nbytes)

@@ -371,7 +371,7 @@ class CostModel:
             micro_batch_s=micro,
             grad_sync_s=sync,
             exposed_sync_s=exposed,
-            p2p_s=st.p2p_per_byte * act_bytes * f.p2p,
+            p2p_s=(st.p2p_per_byte * act_bytes + comm.p2p_latency(candidates[0].pp if candidates else 1)) * f.p2p,
             states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
             activation_mib=act,
             transient_mib=transient,
