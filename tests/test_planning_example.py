@@ -3,7 +3,6 @@ holds only galva-search and its dependencies (no torch), as examples/llama-7b-8g
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import runpy
@@ -28,35 +27,33 @@ def test_example_profiles_are_the_conversion_of_the_shipped_reference_files() ->
     assert hardware.cluster.world_size == 8 and model.num_layers == 32
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a C++ build (~45 s of CPU); CI runs slow tests too
 def test_planning_example_runs_in_a_torch_free_venv(tmp_path: Path) -> None:
+    """The README's planner-only install, done exactly (galva-schema and galva-comm are not on the package index, so
+    the three come from the repo), into a fresh venv: no torch comes in, and the example plans (issue #11, #12)."""
+    readme = (ROOT / "README.md").read_text()
+    command = "pip install ./packages/galva-schema ./packages/galva-comm\n./packages/galva-search"
+    assert command in readme or command.replace("\n", " ") in readme, "the README must give the install command"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    # wheels built with the project's build backends (galva-search's C++ core: scikit-build-core + pybind11) ...
-    wheels = tmp_path / "wheels"
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-         *(str(ROOT / "packages" / name) for name in PLANNER)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
-    assert build.returncode == 0, build.stderr[-3000:]
-    # ... installed into a bare venv: only they and what they declare (pydantic, numpy) come in
-    venv.create(tmp_path / "venv", with_pip=True)
+    venv.create(tmp_path / "venv", with_pip=False)
     bin_dir = tmp_path / "venv" / "bin"
     install = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", *map(str, sorted(wheels.glob("*.whl")))],
+        [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet",
+         *(str(ROOT / "packages" / name) for name in PLANNER)],
         capture_output=True, text=True, env=env, timeout=600,
-    )
-    if install.returncode != 0 and re.search(r"No matching distribution|Could not find a version|network|resolve",
-                                             install.stderr):
+    )  # fmt: skip
+    offline = re.search(r"No matching distribution|Could not find a version|network", install.stderr)
+    if install.returncode != 0 and offline:
         pytest.skip(f"no package index reachable: {install.stderr.strip().splitlines()[-1]}")
     assert install.returncode == 0, install.stderr[-3000:]
-    listed = subprocess.run([str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"],
-                            capture_output=True, text=True, check=True)
-    installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
-    assert set(PLANNER) <= installed
+    names = "import importlib.metadata as m; print('\\n'.join(d.metadata['Name'] for d in m.distributions()))"
+    listed = subprocess.run([str(bin_dir / "python"), "-c", names], capture_output=True, text=True, check=True)
+    installed = {line.strip().lower().replace("_", "-") for line in listed.stdout.splitlines() if line.strip()}
+    assert set(PLANNER) <= installed, installed
     assert not {name for name in installed if name.startswith(("torch", "nvidia", "triton", "transformers"))}
-    no_torch = subprocess.run([str(bin_dir / "python"), "-c", "import torch"], capture_output=True, text=True)
-    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    check = "import sys, galva_search.cli; print('torch' in sys.modules)"
+    imported = subprocess.run([str(bin_dir / "python"), "-c", check], capture_output=True, text=True)
+    assert imported.stdout.strip() == "False", imported.stderr
 
     plan, report = tmp_path / "plan.json", tmp_path / "plan.html"
     run = subprocess.run(
