@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +28,28 @@ from galva_schema.checkpoint import CheckpointManifest, TensorInfo
 __all__ = ["GalvaWeights", "HFDirectory", "WeightSource", "open_weights", "resolve"]
 
 
-class WeightSource:
+class WeightSource(ABC):
     """What a loader asks of a checkpoint. ``manifest`` is None for a Hugging Face directory."""
 
     directory: Path
     manifest: CheckpointManifest | None = None
 
     @property
+    @abstractmethod
     def config(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The Hugging Face config as a dict."""
 
+    @abstractmethod
     def info(self, tensor: str) -> TensorInfo | None:
         """Full shape and dtype of a stored tensor (None if absent)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def where(self, tensor: str) -> Path:
         """The file that holds (or should hold) ``tensor``, for messages."""
-        raise NotImplementedError
 
+    @abstractmethod
     def read_slice(self, tensor: str, index: tuple[slice, ...]) -> torch.Tensor:
-        raise NotImplementedError
+        """The ``index`` slice of a stored tensor, read without loading the rest."""
 
     def read_optimizer_slice(self, tensor: str, state: str, index: tuple[slice, ...]) -> torch.Tensor:
         raise CheckpointError(f"{self.directory}: holds no optimizer state (a Hugging Face checkpoint)")
