@@ -44,6 +44,7 @@ def attention(
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
     seq = q.shape[1]
+    mask = None
     if window is not None and window < seq:
         if not causal:
             raise ValueError("a sliding window is only supported with causal attention")
@@ -51,21 +52,13 @@ def attention(
             from flash_attn import flash_attn_func  # optional extra (GPU only)
 
             return flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True, window_size=(window - 1, 0))
-        mask = sliding_window_mask(seq, window, q.device)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            enable_gqa=hq != hkv,
-        )
-        return out.transpose(1, 2)
+        mask = sliding_window_mask(seq, window, q.device)  # causal too: is_causal must then be off
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        is_causal=causal,
+        attn_mask=mask,
+        is_causal=causal and mask is None,
         dropout_p=dropout_p,
         enable_gqa=hq != hkv,
     )
