@@ -133,6 +133,20 @@ def test_explicit_dp_type_other_than_default_cannot_be_written():
     assert to_galvatron_strategy(same)["dp_types_enc"] == "0,0"
 
 
+@pytest.mark.parametrize(("schedule", "virtual"), [("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_schedules_the_reference_cannot_run_are_refused_in_one_line(schedule, virtual):
+    plan = Strategy.from_dict(
+        {"world_size": 4, "pp": 2, "global_batch_size": 8, "num_micro_batches": 4, "layers": [{}] * 4,
+         "pipeline_schedule": schedule, "virtual_stages": virtual}
+    )
+    with pytest.raises(SchemaError) as info:
+        to_galvatron_strategy(plan)
+    assert str(info.value) == (
+        f"pipeline_schedule: {schedule} cannot be written as a reference strategy; "
+        "the reference runs only gpipe and 1f1b (pipedream_flush)"
+    )
+
+
 def test_reader_settings_not_in_the_file():
     plan = read_galvatron_strategy(PIPELINE, world_size=8, mixed_precision="fp16", megatron_sp=True)
     assert plan.mixed_precision is Precision.FP16 and plan.megatron_sp

@@ -76,3 +76,39 @@ def test_unrunnable_plans_name_the_field(fields, expected):
 def test_strategy_rejects_nan_and_infinity():
     with pytest.raises(SchemaError, match="global_batch_size"):
         _plan(global_batch_size=float("nan"))
+
+
+def test_interleaved_chunks_are_derived_from_one_division():
+    plan = _plan(pipeline_schedule="interleaved-1f1b", virtual_stages=3)  # 6 layers, pp 2 -> 6 chunks of 1
+    assert plan.num_chunks == 6 and plan.pp_division == (1,) * 6
+    assert plan.stage_chunks(0) == (0, 2, 4) and plan.stage_chunks(1) == (1, 3, 5)
+    assert plan.layer_stages == (0, 1, 0, 1, 0, 1)
+    assert plan.stage_layers(1) == (1, 3, 5)
+    uneven = _plan(pipeline_schedule="interleaved-1f1b", virtual_stages=2, pp_division=[1, 2, 2, 1])
+    assert uneven.layer_chunks == (0, 1, 1, 2, 2, 3)
+    assert uneven.stage_layers(0) == (0, 3, 4) and list(uneven.chunk_layers(1)) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"virtual_stages": 2}, "virtual_stages: 2 model chunks per stage need pipeline_schedule interleaved-1f1b"),
+        ({"pipeline_schedule": "interleaved-1f1b"}, "virtual_stages: interleaved-1f1b needs 2 or more"),
+        ({"pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2, "num_micro_batches": 2,
+          "global_batch_size": 16, "pp": 4, "world_size": 8},
+         "num_micro_batches: interleaved-1f1b needs a multiple of pp 4, got 2"),
+        ({"pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2, "pp_division": [3, 3]},
+         "pp_division: has 2 chunks but pp x virtual_stages is 2 x 2 = 4"),
+        ({"pipeline_schedule": "zb-h1", "virtual_stages": 2}, "need pipeline_schedule interleaved-1f1b, not zb-h1"),
+        ({"pipeline_schedule": "interleaved-1f1b", "virtual_stages": 4},
+         "pp_division: sums to 8 layers but the strategy has 6 layers"),
+    ],
+)
+def test_schedule_problems_name_the_field(fields, expected):
+    with pytest.raises(SchemaError, match=expected.replace("(", r"\(")):
+        _plan(**fields)
+
+
+def test_zero_bubble_keeps_one_chunk_per_stage():
+    plan = _plan(pipeline_schedule="zb-h1")
+    assert plan.num_chunks == 2 and plan.stage_layers(0) == (0, 1, 2)

@@ -79,7 +79,7 @@ class HybridParallelModel(nn.Module):
     def is_last(self) -> bool:
         return self.stage == self.strategy.pp - 1
 
-    def layer_indices(self) -> range:
+    def layer_indices(self) -> tuple[int, ...]:
         return self.strategy.stage_layers(self.stage)
 
     def param_records(self) -> list[ParamRecord]:

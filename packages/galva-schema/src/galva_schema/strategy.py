@@ -63,9 +63,16 @@ class Strategy(GalvaFile):
     world_size: PositiveInt = Field(description="Number of ranks (GPUs or CPU processes).")
     pp: PositiveInt = Field(1, description="Pipeline-parallel degree.")
     pp_division: tuple[PositiveInt, ...] = Field(
-        description="Transformer layers per pipeline stage; defaults to an even split, remainder on the last stage."
+        description=(
+            "Transformer layers per model chunk, in model order: one chunk per stage (pp entries), or pp x "
+            "virtual_stages entries for an interleaved schedule, chunk c running on stage c % pp. Defaults to an "
+            "even split, remainder on the last chunk."
+        )
     )
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: PositiveInt = Field(
+        1, description="Model chunks per pipeline stage (interleaved-1f1b: 2 or more; every other schedule: 1)."
+    )
     num_micro_batches: PositiveInt = Field(1, description="Micro-batches per iteration (gradient accumulation).")
     global_batch_size: PositiveInt = Field(description="Samples per optimizer step over the whole world.")
     mixed_precision: Precision = Precision.BF16
@@ -81,9 +88,9 @@ class Strategy(GalvaFile):
     @classmethod
     def _default_division(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("pp_division") is None:
-            layers, pp = data.get("layers"), data.get("pp", 1)
-            if isinstance(layers, (list, tuple)) and isinstance(pp, int) and pp > 0:
-                data = {**data, "pp_division": even_division(len(layers), pp)}
+            layers, pp, v = data.get("layers"), data.get("pp", 1), data.get("virtual_stages", 1)
+            if isinstance(layers, (list, tuple)) and isinstance(pp, int) and isinstance(v, int) and pp > 0 and v > 0:
+                data = {**data, "pp_division": even_division(len(layers), pp * v)}
         return data
 
     @model_validator(mode="after")
@@ -97,8 +104,13 @@ class Strategy(GalvaFile):
         out: list[str] = []
         if self.world_size % self.pp:
             return [f"pp: {self.pp} does not divide world_size {self.world_size}"]
-        if len(self.pp_division) != self.pp:
-            out.append(f"pp_division: has {len(self.pp_division)} stages but pp is {self.pp}")
+        out.extend(self._schedule_problems())
+        if len(self.pp_division) != self.num_chunks:
+            expected = f"pp is {self.pp}" if self.virtual_stages == 1 else (
+                f"pp x virtual_stages is {self.pp} x {self.virtual_stages} = {self.num_chunks}"
+            )
+            unit = "stages" if self.virtual_stages == 1 else "chunks"
+            out.append(f"pp_division: has {len(self.pp_division)} {unit} but {expected}")
         elif sum(self.pp_division) != len(self.layers):
             out.append(
                 f"pp_division: sums to {sum(self.pp_division)} layers but the strategy has {len(self.layers)} layers"
@@ -129,6 +141,23 @@ class Strategy(GalvaFile):
             out.append(f"vocab{vocab_problem[0]}: {vocab_problem[1]}")
         return out
 
+    def _schedule_problems(self) -> list[str]:
+        schedule, v = self.pipeline_schedule, self.virtual_stages
+        if schedule is PipelineSchedule.INTERLEAVED_1F1B:
+            if self.pp == 1:
+                return ["pipeline_schedule: interleaved-1f1b needs pp > 1"]
+            if v < 2:
+                return ["virtual_stages: interleaved-1f1b needs 2 or more model chunks per stage (with 1 it is 1f1b)"]
+            if self.num_micro_batches % self.pp:
+                return [
+                    f"num_micro_batches: interleaved-1f1b needs a multiple of pp {self.pp}, "
+                    f"got {self.num_micro_batches}"
+                ]
+        elif v != 1:
+            return [f"virtual_stages: {v} model chunks per stage need pipeline_schedule interleaved-1f1b, not "
+                    f"{schedule.value}"]
+        return []
+
     # ----------------------------------------------------------------------------------------------- derived values
     @property
     def num_layers(self) -> int:
@@ -145,16 +174,42 @@ class Strategy(GalvaFile):
         return self.global_batch_size // self.num_micro_batches
 
     @property
-    def layer_stages(self) -> tuple[int, ...]:
-        """Pipeline stage of each layer."""
-        return tuple(stage for stage, count in enumerate(self.pp_division) for _ in range(count))
+    def num_chunks(self) -> int:
+        """Model chunks over the whole pipeline, ``pp * virtual_stages`` (one per stage unless interleaved)."""
+        return self.pp * self.virtual_stages
 
-    def stage_layers(self, stage: int) -> range:
-        """Indices of the layers held by ``stage``."""
+    def chunk_stage(self, chunk: int) -> int:
+        """Pipeline stage that runs model chunk ``chunk``: the one place that maps chunks onto stages."""
+        if not 0 <= chunk < self.num_chunks:
+            raise IndexError(f"chunk {chunk} out of range for {self.num_chunks} chunks")
+        return chunk % self.pp
+
+    def stage_chunks(self, stage: int) -> tuple[int, ...]:
+        """Model chunks run by ``stage``, in model order."""
         if not 0 <= stage < self.pp:
             raise IndexError(f"stage {stage} out of range for pp={self.pp}")
-        start = sum(self.pp_division[:stage])
-        return range(start, start + self.pp_division[stage])
+        return tuple(c for c in range(self.num_chunks) if self.chunk_stage(c) == stage)
+
+    def chunk_layers(self, chunk: int) -> range:
+        """Indices of the layers in model chunk ``chunk`` (a contiguous run)."""
+        if not 0 <= chunk < self.num_chunks:
+            raise IndexError(f"chunk {chunk} out of range for {self.num_chunks} chunks")
+        start = sum(self.pp_division[:chunk])
+        return range(start, start + self.pp_division[chunk])
+
+    @property
+    def layer_chunks(self) -> tuple[int, ...]:
+        """Model chunk of each layer."""
+        return tuple(chunk for chunk, count in enumerate(self.pp_division) for _ in range(count))
+
+    @property
+    def layer_stages(self) -> tuple[int, ...]:
+        """Pipeline stage of each layer."""
+        return tuple(self.chunk_stage(chunk) for chunk in self.layer_chunks)
+
+    def stage_layers(self, stage: int) -> tuple[int, ...]:
+        """Indices of the layers held by ``stage``, in model order (several runs when interleaved)."""
+        return tuple(index for chunk in self.stage_chunks(stage) for index in self.chunk_layers(chunk))
 
     def layer_dp(self, index: int) -> int:
         """Data-parallel degree of layer ``index`` (batch split); Ulysses layers shard states over dp * sp."""
@@ -217,7 +272,7 @@ class Strategy(GalvaFile):
 
 
 def even_division(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage for an even split, the remainder on the last stage (the reference default)."""
+    """Layers per chunk for an even split into ``pp`` chunks, the remainder on the last (the reference default)."""
     if pp <= 0 or num_layers < pp:
         return [1] * pp  # invalid; validation reports the mismatch with a clear message
     base = num_layers // pp

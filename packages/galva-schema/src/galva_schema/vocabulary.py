@@ -35,6 +35,11 @@ class PipelineSchedule(str, Enum):
 
     GPIPE = "gpipe"  # all forwards, then all backwards
     ONE_F_ONE_B = "1f1b"  # warm-up forwards, then alternate one forward / one backward (PipeDream-flush)
+    # 1F1B over ``virtual_stages`` model chunks per rank (chunk c on stage c % pp): a smaller bubble, more p2p
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    # zero-bubble ZB-H1: backward split into input-gradient and weight-gradient passes, weight-gradient work
+    # deferred into the bubble; 1F1B's activation memory in flight
+    ZB_H1 = "zb-h1"
 
 
 class Precision(str, Enum):

@@ -316,7 +316,7 @@ def _layer_cell(s: Strategy, index: int, x: float, y: float, w: float, h: float)
 def _layer_map(plan: PlanFacts) -> str:
     s = plan.strategy
     width, left, row_h, gap, top = _WIDTH, 70, 40, 8, 10
-    per_row = max(s.pp_division)
+    per_row = max(len(s.stage_layers(stage)) for stage in range(s.pp))
     cell_w = (width - left - 20) / per_row
     height = top + s.pp * (row_h + gap) + 10
     parts = [f'<svg id="layer-map" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
@@ -326,10 +326,10 @@ def _layer_map(plan: PlanFacts) -> str:
              '</pattern></defs>']
     for stage in range(s.pp):
         y = top + stage * (row_h + gap)
-        layers = s.stage_layers(stage)
+        runs = ", ".join(f"{r.start}–{r.stop - 1}" for r in (s.chunk_layers(c) for c in s.stage_chunks(stage)))
         parts.append(f'<text x="{left - 8}" y="{y + row_h / 2 - 2:.1f}" font-size="12" text-anchor="end">'
                      f'stage {stage}</text><text x="{left - 8}" y="{y + row_h / 2 + 12:.1f}" font-size="10" '
-                     f'text-anchor="end" fill="#777">{layers.start}–{layers.stop - 1}</text>')
+                     f'text-anchor="end" fill="#777">{runs}</text>')
         for k, index in enumerate(s.stage_layers(stage)):
             parts.append(_layer_cell(s, index, left + k * cell_w, y, cell_w, row_h))
     parts.append("</svg>")

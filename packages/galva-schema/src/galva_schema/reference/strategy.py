@@ -117,9 +117,14 @@ def to_galvatron_strategy(strategy: Strategy) -> dict[str, Any]:
     """The reference file's dict for ``strategy`` (keys in the order the reference search writes them).
 
     Raises:
-        SchemaError: a layer or the vocabulary uses an explicit ``ddp``/``zero2`` different from
-        ``default_dp_type``, which the reference format cannot express.
+        SchemaError: the schedule is not one the reference runs (gpipe, 1f1b), or a layer or the vocabulary uses
+        an explicit ``ddp``/``zero2`` different from ``default_dp_type``: the reference format cannot express them.
     """
+    if strategy.pipeline_schedule not in _SCHEDULE_NAMES:
+        raise SchemaError(
+            f"pipeline_schedule: {strategy.pipeline_schedule.value} cannot be written as a reference strategy; "
+            "the reference runs only gpipe and 1f1b (pipedream_flush)"
+        )
     ranks_per_stage = strategy.ranks_per_stage
     dp_types: list[int] = []
     bad: dict[str, list[int]] = {}
