@@ -9,7 +9,8 @@
 4. convert each module with the model's parallelizer and a :class:`~galva_hp.model.ParallelContext` of its layer;
 5. wrap activation checkpointing, then data parallelism (ddp / zero2 / zero3 over the layer's sharding group);
 6. insert a redistribution wherever a layer's input layout differs from its predecessor's output layout;
-7. tie the embedding and head copies of shared weights (one rank when pp == 1, the tie group otherwise).
+7. tie the embedding and head copies of shared weights (one rank when pp == 1, the tie group otherwise);
+   parameters shared between layers get one copy per rank of their readers' stages (:mod:`galva_hp.shared_params`).
 
 The result is a :class:`~galva_hp.runtime.HybridParallelModel`. Plan validation lives in :mod:`galva_hp.plan_check`
 and the options in :mod:`galva_hp.options`; both are re-exported here.
@@ -29,12 +30,13 @@ from galva_hp.activation_checkpoint import Checkpointed
 from galva_hp.data_parallel import DdpUnit, wrap
 from galva_hp.deferred_init import is_meta, materialize
 from galva_hp.grad_buckets import BucketReducer
-from galva_hp.model import LayeredModel, ParallelContext
+from galva_hp.model import LayeredModel, ParallelContext, Parallelizer
 from galva_hp.options import BuildOptions
 from galva_hp.parallel.redistribute import Redistribute
 from galva_hp.plan_check import check_plan
 from galva_hp.precision import PrecisionPolicy
 from galva_hp.runtime import HybridParallelModel
+from galva_hp.shared_params import SharedParameters
 from galva_schema import GroupKind, Strategy
 
 __all__ = ["BuildOptions", "HybridParallelModel", "build", "check_plan"]
@@ -53,8 +55,11 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     layout = RankLayout(strategy)
     groups = ProcessGroupCache()
     groups.create_for_layout(layout)  # includes the groups of every boundary's forward and backward exchange
+    SharedParameters.create_groups(model.shared, strategy, layout, groups)
 
     out = HybridParallelModel(strategy, layout, groups, rank, options, precision)
+    compute_dtype = precision.param_dtype if precision.low_precision else None
+    out.shared = SharedParameters.for_stage(model.shared, strategy, layout, groups, rank, compute_dtype, options.device)
     parallelizer = model.parallelizer
     if out.is_first:
         ctx = _context(layout.vocab_first, rank, groups, strategy.megatron_sp, strategy.vocab.sp)
@@ -63,8 +68,9 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     for index in out.layer_indices():
         name, layer_type = f"layers.{index}", model.layer_types[index]
         ctx = _context(layout.layers[index], rank, groups, strategy.megatron_sp, False)
-        convert = partial(parallelizer.layer, layer_type=layer_type, ctx=ctx)
+        convert = partial(_convert_layer, parallelizer, layer_type, ctx, out.shared, index)
         module = _convert(name, model.layers[index], options, convert)
+        out.shared.release(index, module)  # a shared parameter lives in out.shared, outside data parallelism
         checkpoint = strategy.layers[index].checkpoint
         out.layers[str(index)] = _wrap(out, name, module, layout.layers[index], ctx, checkpoint, index)
     if out.is_last:
@@ -91,6 +97,18 @@ def _convert(
     if was_meta and converted is not module:
         module.to_empty(device="meta")
     return converted.to(options.device)
+
+
+def _convert_layer(
+    parallelizer: Parallelizer,
+    layer_type: str,
+    ctx: ParallelContext,
+    shared: SharedParameters,
+    index: int,
+    module: nn.Module,
+) -> nn.Module:
+    shared.capture(index, module)  # materialised: the home of a shared parameter gives its first value
+    return parallelizer.layer(module, layer_type=layer_type, ctx=ctx)
 
 
 def _context(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor, nn
 
+from galva_hp.shared_params import SharedWeight
 from galva_schema import ModelConstraints
 from galva_schema.sharding import sequence_shards
 
@@ -93,6 +94,7 @@ class LayeredModel:
     - ``tied_weights``: pairs of parameter names (``"embedding.<name>"``, ``"head.<name>"``) that must stay equal
     - ``constraints``: what the model can run (heads, unsupported forms, shared parameters), which
       :func:`galva_hp.build` checks a plan against with :func:`galva_schema.plan_problems`
+    - ``shared``: parameters read by several layers (:class:`~galva_hp.shared_params.SharedWeight`), on any stages
     """
 
     embedding: nn.Module
@@ -103,6 +105,7 @@ class LayeredModel:
     tied_weights: list[tuple[str, str]] = field(default_factory=list)
     name: str = "model"
     constraints: ModelConstraints = field(kw_only=True)
+    shared: list[SharedWeight] = field(default_factory=list, kw_only=True)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.layers):
@@ -112,6 +115,11 @@ class LayeredModel:
             raise ValueError(
                 f"{self.name}: constraints declare layer types {declared}, the model has {self.layer_types}"
             )
+        for weight in self.shared:
+            if weight.users[-1] >= len(self.layers):
+                raise ValueError(f"{self.name}: shared {weight.name!r} names layer {weight.users[-1]}")
+            if self.layers[weight.home].get_parameter(weight.path) is not weight.param:
+                raise ValueError(f"{self.name}: shared {weight.name!r} is not layers[{weight.home}].{weight.path}")
 
     @property
     def num_layers(self) -> int:

@@ -27,6 +27,7 @@ from galva_hp.options import BuildOptions
 from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
 from galva_hp.pipeline import PipelineStage, run_schedule
 from galva_hp.precision import PrecisionPolicy
+from galva_hp.shared_params import SharedParameters
 from galva_schema import Strategy
 
 __all__ = ["HybridParallelModel"]
@@ -55,6 +56,7 @@ class HybridParallelModel(nn.Module):
         self.units: list[DataParallelUnit] = []
         self.reducer: BucketReducer | None = None  # set by build() once every unit exists
         self.replicated = DeferredGradSums()  # parameters whose gradient is summed over tp once per iteration
+        self.shared = SharedParameters()  # parameters shared between layers: this rank's copies (set by build())
         self._unit_tp: dict[str, int] = {}  # unit name -> tp degree of its module
         self._tp_partitioned: dict[str, set[str]] = {}  # unit name -> parameter names split over tp
         self._ties: list[tuple[nn.Parameter | None, nn.Parameter | None, dist.ProcessGroup | None, int]] = []
@@ -98,7 +100,7 @@ class HybridParallelModel(nn.Module):
                         counted=id(param) not in skipped,
                     )
                 )
-        return records
+        return records + self.shared.records()
 
     def local_state(self) -> dict[str, Tensor]:
         """fp32 master parameters of this rank, gathered over data parallelism (tp shards stay shards)."""
@@ -198,10 +200,11 @@ class HybridParallelModel(nn.Module):
 
     def finish_gradients(self) -> None:
         """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
-        tp-replicated parameters over their groups, then add up the tied copies."""
+        tp-replicated parameters over their groups, then add up the tied copies and the layers' shared parameters."""
         if self.reducer is not None:
             self.reducer.finish()
         self._sum_replicated_grads()
+        self.shared.reduce_grads()
         for emb, head, group, _ in self._ties:
             if emb is not None and head is not None:  # both copies on this rank (pp == 1)
                 ge, gh = _grad_or_zero(emb), _grad_or_zero(head)
@@ -232,9 +235,11 @@ class HybridParallelModel(nn.Module):
             all_reduce_flat(grads, group, grads[0].dtype)
 
     def after_step(self) -> None:
-        """Refresh compute weights from the master weights (bf16 ddp units)."""
+        """Refresh compute weights from the master weights (bf16 ddp units) and the other stages' copies of shared
+        parameters from their home stage."""
         for unit in self.units:
             unit.after_step()
+        self.shared.sync()
 
     def sync_tied_weights(self) -> None:
         """Make the head copy of every tied weight equal to the embedding copy."""

@@ -8,6 +8,8 @@ converts it with the same parallel form and context as the live model, and reads
 came from. The result is compressed into boxes: runs of local dim-0 rows that are one rectangular block of one
 single-process tensor, possibly with its axes permuted (``perm[k]`` is the source axis of local axis k).
 
+A copy of a parameter shared between layers (:mod:`galva_hp.shared_params`) is always the whole tensor: one box.
+
 Saving writes each box into its place in the full tensor; loading reads each box with a slice read and copies it
 in. No collective is needed: every rank converts only its own modules, under a forked RNG (the conversion must
 not move the training RNG).
@@ -117,6 +119,10 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
                 continue
             parts = [lab[key] for lab in labelled]
             out[record] = _boxes(record, parts, sources, offsets)
+    for shared in model.shared.records():  # a shared parameter's copy is the whole single-process tensor
+        shape = tuple(shared.param.shape)
+        dims = tuple(range(len(shape)))
+        out[shared.name] = [ShardBox((0, shape[0] if shape else 1), shared.name, (0,) * len(shape), shape, dims)]
     return out
 
 

@@ -113,6 +113,10 @@ def parallel_form(built: HybridParallelModel, model: LayeredModel) -> dict[str, 
             module = par.layer(copy.deepcopy(model.layers[index]), model.layer_types[index], ctx)
         for pname, p in module.named_parameters():
             out[f"{name}.{pname}"] = p.detach().float()
+    for weight in model.shared:  # held whole, outside its home layer's form, by the home stage
+        out.pop(weight.record_name, None)
+        if f"layers.{weight.home}" in built.contexts:
+            out[weight.record_name] = weight.param.detach().float()
     return out
 
 
