@@ -133,6 +133,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         (["--preset", "tiny-llama", "--strategy", str(tmp_path / "missing.json")], "no such file"),
         (["--search", "--preset", "tiny-lama"], "unknown model preset"),
         (["--search", "--preset", "tiny-llama"], "hw.json"),
+        (["--top", "-1", "--preset", "tiny-llama"], "--top must be >= 1"),
+        (["--top", "3", "--preset", "tiny-llama"], "hw.json"),
     ):
         result = _run([*PROFILE, "check", "--hardware-profile", str(tmp_path / "hw.json"), "--model-profile",
                        str(tmp_path / "hw.json"), *args], tmp_path)

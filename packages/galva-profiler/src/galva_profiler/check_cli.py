@@ -22,8 +22,10 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", action="append", default=[], metavar="PATH",
                    help="a Strategy JSON file or a directory of them (repeatable)")
     p.add_argument("--search", action="store_true", help="also check the plan galva-search picks on these profiles")
-    p.add_argument("--memory", default="4GiB", help="--search: memory budget per device (default 4GiB)")
-    p.add_argument("--global-batch-size", type=int, default=4, help="--search: global batch size (default 4)")
+    p.add_argument("--top", type=int, default=0, metavar="N",
+                   help="also check the N fastest distinct plans galva-search ranks on these profiles")
+    p.add_argument("--memory", default="4GiB", help="--search/--top: memory budget per device (default 4GiB)")
+    p.add_argument("--global-batch-size", type=int, default=4, help="--search/--top: global batch size (default 4)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--backward-coefficient", type=float, default=2.0, help="as galva-search's (default 2)")
@@ -56,8 +58,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.warmup < 0:
         raise ProfileError("--steps must be >= 1 and --warmup >= 0")
-    if not args.strategy and not args.search:
-        raise ProfileError("nothing to check: give --strategy PATH (a file or a directory) or --search")
+    if args.top < 0:
+        raise ProfileError("--top must be >= 1")
+    if not args.strategy and not args.search and not args.top:
+        raise ProfileError("nothing to check: give --strategy PATH (a file or a directory), --search or --top N")
     outputs = [(args.output, "--output"), (args.table, "--table"), (args.calibration_output, "--calibration-output")]
     for path, flag in outputs:
         if path:
@@ -73,7 +77,12 @@ def run_check(args: argparse.Namespace) -> int:
     seq = model.layer_types[0].seq_length
     options = CheckOptions(args.steps, args.warmup, seq, timeout_s=args.timeout,
                            backward_coefficient=args.backward_coefficient)
-    if args.search:
+    if args.top:
+        top = _top(hardware, model, args)
+        named += [(f"galva-search-top{i + 1}", strategy) for i, strategy in enumerate(top)]
+        if args.search:  # the first of the top N is galva-search's plan
+            named.append(("galva-search", top[0]))
+    elif args.search:
         named.append(("galva-search", _searched(hardware, model, args)))
     constraints = model.constraints
     for name, strategy in named:
@@ -121,3 +130,19 @@ def _searched(hardware: HardwareProfile, model: ModelProfile, args: argparse.Nam
         return search(cost, SearchOptions(memory_budget_mib=budget, batch_sizes=(args.global_batch_size,))).strategy
     except (NoFeasibleStrategy, ValueError) as err:
         raise ProfileError(f"--search: {err}") from None
+
+
+def _top(hardware: HardwareProfile, model: ModelProfile, args: argparse.Namespace) -> list[Strategy]:
+    from galva_search.cost_model import CostModel, CostSettings
+    from galva_search.profiles import parse_memory
+    from galva_search.search import NoFeasibleStrategy, SearchOptions
+    from galva_search.top import top_plans
+
+    settings = CostSettings(precision=model.precision, backward_coefficient=args.backward_coefficient)
+    cost = CostModel(hardware, model, settings)
+    try:
+        budget = parse_memory(args.memory)
+        options = SearchOptions(memory_budget_mib=budget, batch_sizes=(args.global_batch_size,))
+        return [plan.strategy for plan in top_plans(cost, options, args.top)]
+    except (NoFeasibleStrategy, ValueError) as err:
+        raise ProfileError(f"--top: {err}") from None
