@@ -18,21 +18,20 @@ def to_strategy(
     choices: Sequence[Sequence[int]],
     iteration_time_s: float,
 ) -> Strategy:
-    """The plan of a solved task (``choices[s]``: candidate index of every layer of stage ``s``), validated."""
+    """The plan of a solved task (``choices[s]``: candidate index of every layer of stage ``s``, its model chunks in
+    model order), validated. The schedule and model chunks per stage are the task's."""
     layers = []
     stage_ranks = world_size // task.pp
-    for choice in choices:
-        for index in choice:
-            cand = task.tables.candidates[index]
-            layers.append(
-                LayerStrategy(
-                    tp=cand.tp,
-                    tp_consecutive=cand.consecutive or cand.tp in (1, stage_ranks),
-                    ulysses=cand.ulysses,
-                    dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
-                    checkpoint=cand.checkpoint,
-                )
+    for cand in model_order(task, choices):
+        layers.append(
+            LayerStrategy(
+                tp=cand.tp,
+                tp_consecutive=cand.consecutive or cand.tp in (1, stage_ranks),
+                ulysses=cand.ulysses,
+                dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
+                checkpoint=cand.checkpoint,
             )
+        )
     zero3 = DataParallelType.ZERO3
     vocab = VocabStrategy(
         tp=task.vocab.tp,
@@ -44,7 +43,8 @@ def to_strategy(
         world_size=world_size,
         pp=task.pp,
         pp_division=task.division,
-        pipeline_schedule=settings.pipeline_schedule,
+        pipeline_schedule=task.schedule,
+        virtual_stages=task.virtual_stages,
         num_micro_batches=task.micro_batches,
         global_batch_size=task.batch_size,
         mixed_precision=settings.precision,
@@ -56,6 +56,20 @@ def to_strategy(
             f"galva-search: model {model_name}, predicted {t:.6f} s per iteration, {task.batch_size / t:.3f} samples/s"
         ),
     )
+
+
+def model_order(task: Task, choices: Sequence[Sequence[int]]) -> list[Candidate]:
+    """The candidate of every layer in model order, from per-stage ``choices`` (stage ``s`` holds the chunks
+    ``s, s + pp, ...``)."""
+    division, pp = task.division, task.pp
+    starts = [sum(division[:k]) for k in range(len(division))]
+    out: list[Candidate | None] = [None] * sum(division)
+    for stage, choice in enumerate(choices):
+        indices = [i for k in range(stage, len(division), pp) for i in range(starts[k], starts[k] + division[k])]
+        for i, index in zip(indices, choice):
+            out[i] = task.tables.candidates[index]
+    assert all(c is not None for c in out), "a layer without a candidate"
+    return [c for c in out if c is not None]
 
 
 def candidate_of(strategy: Strategy, index: int) -> Candidate:

@@ -9,7 +9,7 @@ Python inside the dynamic programme.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -122,8 +122,11 @@ class LayerTerms:
     states_mib: np.ndarray  # parameters + gradients + optimizer states
     activation_mib: np.ndarray  # activations kept for ONE in-flight micro-batch
     transient_mib: np.ndarray  # held only while this layer runs (ZeRO-3 gather, recomputation, Megatron-SP gather)
+    # weight-gradient (W) share of backward_s, the work zb-h1 defers into the bubble: half the backward compute
+    # without recomputation (a matmul's input-gradient and weight-gradient cost the same FLOPs; docs §7)
+    weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
-    def memory_mib(self, in_flight: int) -> np.ndarray:
+    def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
 
 
@@ -154,6 +157,7 @@ class VocabTerms:
     memory_mib: float  # states + activations of the in-flight micro-batches
     states_mib: float = 0.0
     activation_mib: float = 0.0  # activations of ONE micro-batch
+    weight_grad_s: float = 0.0  # weight-gradient (W) share of the backward per micro-batch (zb-h1)
 
 
 class CostModel:
@@ -375,6 +379,7 @@ class CostModel:
             states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
             activation_mib=act,
             transient_mib=transient,
+            weight_grad_s=0.5 * s.backward_coefficient * forward,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
@@ -442,7 +447,7 @@ class CostModel:
         return out
 
     def vocab_terms(
-        self, pp: int, option: VocabOption, micro_batch: int, num_micro_batches: int, in_flight: Sequence[int]
+        self, pp: int, option: VocabOption, micro_batch: int, num_micro_batches: int, in_flight: Sequence[float]
     ) -> list[VocabTerms]:
         """Vocabulary costs per stage (``pp`` entries; stages in the middle hold none).
 
@@ -465,7 +470,9 @@ class CostModel:
         accumulating = num_micro_batches > 1
         e = s.element_bytes
 
-        def position(memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: int) -> VocabTerms:
+        def position(
+            memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: float
+        ) -> VocabTerms:
             fwd = forward * share
             bwd = s.backward_coefficient * fwd
             tp_time = 0.0
@@ -488,7 +495,7 @@ class CostModel:
                 micro = fwd + bwd + tp_time
                 exposed = float(comm.overlapped(bwd, sync)) - bwd
             act = memory.activation_mib_per_sample[k] * local * f.activations
-            return VocabTerms(micro, exposed, states + act * n, states, act)
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd)
 
         first, last = types[0], types[-1]
         if pp == 1:
@@ -502,32 +509,111 @@ class CostModel:
         return out
 
     # ----------------------------------------------------------------------------------------------- pipeline
-    def in_flight(self, pp: int, num_micro_batches: int) -> list[int]:
-        """Micro-batches whose activations each stage holds at its peak.
+    def in_flight(
+        self,
+        pp: int,
+        num_micro_batches: int,
+        schedule: PipelineSchedule | None = None,
+        virtual_stages: int = 1,
+    ) -> list[float]:
+        """Activations each stage holds at its peak, in micro-batches of the whole stage (the multiplier of one
+        micro-batch's activations; docs/cost-model.md §4). ``schedule`` defaults to the settings' schedule.
 
         pp 1: one (micro-batches run one after another). GPipe: all ``c`` (every forward runs before any backward).
-        1F1B: ``min(pp - s, c)`` at stage ``s``.
+        1F1B: ``min(pp - s, c)`` at stage ``s``. zb-h1: ``min(pp, c)`` on every stage (1F1B's ``pp - s`` forwards
+        plus the ``s`` micro-batches whose deferred weight-gradient pass still holds their inputs). Interleaved
+        1F1B with ``v`` chunks: :func:`interleaved_chunks_in_flight` micro-batch-chunks, each holding ``1/v`` of the
+        stage's activations.
         """
         c = num_micro_batches
         if pp == 1:
             return [1]
-        if self.settings.pipeline_schedule is PipelineSchedule.GPIPE:
+        schedule = self.settings.pipeline_schedule if schedule is None else schedule
+        if schedule is PipelineSchedule.GPIPE:
             return [c] * pp
+        if schedule is PipelineSchedule.ZB_H1:
+            return [min(pp, c)] * pp
+        if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
+            return [n / virtual_stages for n in interleaved_chunks_in_flight(pp, c, virtual_stages)]
         return [min(pp - stage, c) for stage in range(pp)]
 
 
-def iteration_time(stage_micro_s: Sequence[float], stage_exposed_s: Sequence[float], num_micro_batches: int) -> float:
-    """Seconds per iteration of a pipeline whose stage ``s`` takes ``U_s`` per micro-batch.
+def interleaved_chunks_in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> list[int]:
+    """Micro-batch-chunks whose activations stage ``s`` holds at its peak under Megatron's interleaved 1F1B:
+    ``min(2 (pp - s - 1) + (v - 1) pp + 1, v c)`` (its warm-up forwards, then one more forward before the first
+    backward; every later step runs one forward and one backward, so the count never grows again)."""
+    v, c = virtual_stages, num_micro_batches
+    return [min(2 * (pp - s - 1) + (v - 1) * pp + 1, v * c) for s in range(pp)]
 
-    ``T = sum_s U_s + (c - 1) * max_s U_s`` (fill and drain once, the slowest stage for the other micro-batches),
-    plus the gradient-synchronisation tail ``max(0, max_s (E_s - sum_{k<s} U_k))``: stage ``s`` finishes its last
-    backward that long before stage 0 does, which hides part of its exposed sync ``E_s``.
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """An iteration split into its parts (seconds): ``steady + bubble + tail = total``."""
+
+    total: float
+    steady: float  # c micro-batches of the slowest stage
+    bubble: float  # fill and drain
+    tail: float  # gradient synchronisation after the last backward
+    slowest: int  # the stage that sets the pace
+
+
+def pipeline_time(
+    stage_micro_s: Sequence[float],
+    stage_exposed_s: Sequence[float],
+    num_micro_batches: int,
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+    virtual_stages: int = 1,
+    stage_weight_grad_s: Sequence[float] | None = None,
+) -> PipelineTime:
+    """Seconds per iteration of a pipeline whose stage ``s`` takes ``U_s`` per micro-batch (docs §7).
+
+    With ``k`` the slowest stage, ``T = c·U_k + bubble + tail``, the bubble being what the other stages add while
+    the pipeline fills and drains:
+
+    * 1F1B, GPipe: ``Σ_{s≠k} U_s`` (so ``T = Σ_s U_s + (c − 1)·U_k``);
+    * interleaved 1F1B with ``v`` chunks per stage: ``Σ_{s≠k} U_s / v`` (fill and drain walk one chunk of each
+      stage, ``1/v`` of its work; equal stages give Megatron's ``(pp − 1)·U/v``);
+    * zb-h1: ``Σ_{s≠k} max(0, U_s − 2·W_s)`` with ``W_s`` the stage's weight-gradient work, deferred into the
+      bubble (equal stages: the paper's ``(pp − 1)(F + B − W)``); with ``c < pp`` no stage can defer enough weight
+      gradients and the 1F1B bubble is kept.
+
+    The tail is ``max(0, max_s (E_s − lead_s))``: stage ``s`` finishes its last backward ``lead_s`` before stage 0
+    (``Σ_{k<s}`` of the same per-stage bubble terms), which hides part of its exposed sync ``E_s``.
     """
     u = np.asarray(stage_micro_s, dtype=float)
     e = np.asarray(stage_exposed_s, dtype=float)
-    slack = np.concatenate([[0.0], np.cumsum(u)[:-1]])
-    tail = max(0.0, float(np.max(e - slack)))
-    return float(u.sum() + (num_micro_batches - 1) * u.max() + tail)
+    c, pp = num_micro_batches, len(u)
+    if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
+        fill = u / virtual_stages
+    elif schedule is PipelineSchedule.ZB_H1 and stage_weight_grad_s is not None and c >= pp:
+        fill = np.maximum(0.0, u - 2.0 * np.asarray(stage_weight_grad_s, dtype=float))
+    else:
+        fill = u
+    slowest = int(np.argmax(u))
+    bubble = float(fill.sum() - fill[slowest])
+    lead = np.concatenate([[0.0], np.cumsum(fill)[:-1]])
+    tail = max(0.0, float(np.max(e - lead)))
+    steady = float(c * u[slowest])
+    return PipelineTime(steady + bubble + tail, steady, bubble, tail, slowest)
+
+
+def iteration_time(
+    stage_micro_s: Sequence[float],
+    stage_exposed_s: Sequence[float],
+    num_micro_batches: int,
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+    virtual_stages: int = 1,
+    stage_weight_grad_s: Sequence[float] | None = None,
+) -> float:
+    """Seconds per iteration (:func:`pipeline_time`'s total).
+
+    1F1B: ``T = sum_s U_s + (c - 1) * max_s U_s`` (fill and drain once, the slowest stage for the other micro-batches),
+    plus the gradient-synchronisation tail ``max(0, max_s (E_s - sum_{k<s} U_k))``: stage ``s`` finishes its last
+    backward that long before stage 0 does, which hides part of its exposed sync ``E_s``.
+    """
+    return pipeline_time(
+        stage_micro_s, stage_exposed_s, num_micro_batches, schedule, virtual_stages, stage_weight_grad_s
+    ).total
 
 
 def _forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from galva_schema import DataParallelType, SchemaError, Strategy
+from galva_schema import DataParallelType, PipelineSchedule, SchemaError, Strategy
 from galva_search.convert import candidate_of
-from galva_search.cost_model import CostModel, VocabOption, iteration_time
+from galva_search.cost_model import CostModel, VocabOption, interleaved_chunks_in_flight, pipeline_time
 from galva_search.tasks import LayerSequence, Task, build_tables
 
 
@@ -24,93 +24,121 @@ class PlanCost:
     stage_time_s: list[float]  # seconds per micro-batch
     stage_states_mib: list[float] = field(default_factory=list)  # model states (layers + vocabulary)
     stage_activation_mib: list[float] = field(default_factory=list)  # activations of ONE micro-batch
-    stage_in_flight: list[int] = field(default_factory=list)  # micro-batches whose activations are held at the peak
+    # micro-batches whose activations are held at the peak; interleaved: micro-batch-chunks, each 1/v of the stage's
+    # activations of one micro-batch (stage_activation_mib * stage_in_flight / virtual_stages is the stage's peak)
+    stage_in_flight: list[int] = field(default_factory=list)
     stage_transient_mib: list[float] = field(default_factory=list)  # the largest transient of any layer of the stage
     stage_exposed_s: list[float] = field(default_factory=list)  # gradient-sync tail per stage
     # stage_time_s split by kind (each list sums, over its stage, to stage_time_s): layer forward + backward +
     # recomputation and the vocabulary layers (their tp all-reduces included); tp / Megatron-SP / Ulysses
     # collectives; ZeRO-3 gathers; p2p sends; re-sharding between layers of different layouts
     stage_parts_s: dict[str, list[float]] = field(default_factory=dict)
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    stage_weight_grad_s: list[float] = field(default_factory=list)  # weight-gradient work per micro-batch (zb-h1)
+    bubble_s: float | None = None  # fill and drain of the pipeline (cost_model.pipeline_time); None: 1F1B's
 
     def time_breakdown_s(self, num_micro_batches: int) -> dict[str, float]:
         """Seconds of one iteration by kind: ``compute``, ``tp``, ``dp``, ``p2p``, ``redistribution``, ``bubble``.
 
         The slowest stage sets the pace: its micro-batch time, split by kind, counts ``num_micro_batches`` times;
-        the other stages' micro-batch times (pipeline fill and drain) are the ``bubble``; the gradient-sync tail
-        after the last backward is ``dp``. The parts sum to ``iteration_time_s``.
+        what the schedule's fill and drain add is the ``bubble``; the gradient-sync tail after the last backward is
+        ``dp``. The parts sum to ``iteration_time_s``.
         """
         if not self.stage_time_s or not self.stage_parts_s:
             return {}
         slowest = max(range(len(self.stage_time_s)), key=lambda k: self.stage_time_s[k])
         out = {kind: num_micro_batches * parts[slowest] for kind, parts in self.stage_parts_s.items()}
-        out["bubble"] = sum(self.stage_time_s) - self.stage_time_s[slowest]
+        out["bubble"] = (
+            self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
+        )
         out["dp"] = out.get("dp", 0.0) + max(0.0, self.iteration_time_s - sum(out.values()))
         return out
 
 
 def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Sequence[Sequence[int]]) -> PlanCost:
-    """Cost of ``task`` when stage ``s`` runs its layers under ``task.tables.candidates[choices[s][i]]``.
+    """Cost of ``task`` when stage ``s`` runs its layers (``layers.stage_layers``: its model chunks in model order)
+    under ``task.tables.candidates[choices[s][i]]``.
 
-    Every re-sharding the runtime does is priced where it happens: between neighbours of a stage, from the
+    Every re-sharding the runtime does is priced where it happens: between neighbours of a chunk, from the
     embedding into the first layer, from the last layer into the head, and on the receiving stage after a p2p
-    (which carries the sending layer's layout both ways, so the backward p2p is sized by that layer too).
+    (which carries the sending layer's layout both ways, so the backward p2p is sized by that layer too). Every
+    boundary between model chunks is one p2p each way (``pp·v − 1`` of them, the interleaved wrap from the last
+    stage back to stage 0 included), the forward send charged to the sending stage, the backward one to the
+    receiving stage.
     """
-    c = task.micro_batches
+    c, pp = task.micro_batches, task.pp
     tables = task.tables
-    in_flight = cost.in_flight(task.pp, c)
+    in_flight = cost.in_flight(pp, c, task.schedule, task.virtual_stages)
+    chunks_held = (
+        interleaved_chunks_in_flight(pp, c, task.virtual_stages)
+        if task.schedule is PipelineSchedule.INTERLEAVED_1F1B and task.virtual_stages > 1 and pp > 1
+        else [round(n) for n in in_flight]
+    )
     from_embedding, to_head = cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
-    u_list, e_list, mem_list, states_list, act_list, transient_list = [], [], [], [], [], []
-    parts: dict[str, list[float]] = {k: [] for k in ("compute", "tp", "dp", "p2p", "redistribution")}
-    prev: tuple[int, int] | None = None  # (type, candidate) of the layer before, on this stage or the previous one
-    for stage, (types, choice) in enumerate(zip(layers.stage_types(task.division), choices)):
-        vt = task.vocab_terms[stage]
-        u, e = vt.micro_batch_s, vt.exposed_sync_s
-        mem = vt.memory_mib + cost.settings.context_mib
-        states, act, transient = vt.states_mib, vt.activation_mib, 0.0
-        part = dict.fromkeys(parts, 0.0)
-        part["compute"] = vt.micro_batch_s
-        for pos, (t, s) in enumerate(zip(types, choice)):
+    kinds = ("compute", "tp", "dp", "p2p", "redistribution")
+    u_list = [vt.micro_batch_s for vt in task.vocab_terms]
+    e_list = [vt.exposed_sync_s for vt in task.vocab_terms]
+    w_list = [vt.weight_grad_s for vt in task.vocab_terms]
+    mem_list = [vt.memory_mib + cost.settings.context_mib for vt in task.vocab_terms]
+    states_list = [vt.states_mib for vt in task.vocab_terms]
+    act_list = [vt.activation_mib for vt in task.vocab_terms]
+    transient_list = [0.0] * pp
+    parts: dict[str, list[float]] = {k: [0.0] * pp for k in kinds}
+    parts["compute"] = list(u_list)
+    candidate_of: dict[int, int] = {}
+    for stage, held in enumerate(layers.stage_layers(task.division, pp)):
+        candidate_of.update(zip(held, choices[stage]))
+    chunks = layers.chunk_layers(task.division)
+    prev: tuple[int, int] | None = None  # (type, candidate) of the layer before in the model
+    for chunk, indices in enumerate(chunks):
+        stage = chunk % pp
+        for pos, i in enumerate(indices):
+            t, s = layers.type_of[i], candidate_of[i]
             terms = tables.terms[t]
-            u += float(terms.micro_batch_s[s])
-            part["compute"] += float(terms.forward_s[s] + terms.backward_s[s])
-            part["tp"] += float(terms.tp_comm_s[s])
-            part["dp"] += float(terms.zero3_comm_s[s])
-            e += float(terms.exposed_sync_s[s])
-            mem += float(terms.memory_mib(in_flight[stage])[s])
-            states += float(terms.states_mib[s])
-            act += float(terms.activation_mib[s])
-            transient = max(transient, float(terms.transient_mib[s]))
+            u = float(terms.micro_batch_s[s])
+            parts["compute"][stage] += float(terms.forward_s[s] + terms.backward_s[s])
+            parts["tp"][stage] += float(terms.tp_comm_s[s])
+            parts["dp"][stage] += float(terms.zero3_comm_s[s])
+            e_list[stage] += float(terms.exposed_sync_s[s])
+            if len(terms.weight_grad_s):
+                w_list[stage] += float(terms.weight_grad_s[s])
+            mem_list[stage] += float(terms.memory_mib(in_flight[stage])[s])
+            states_list[stage] += float(terms.states_mib[s])
+            act_list[stage] += float(terms.activation_mib[s])
+            transient_list[stage] = max(transient_list[stage], float(terms.transient_mib[s]))
             reshard = float(from_embedding[s]) if prev is None else float(tables.redistribution[t][prev[1], s])
             u += reshard
-            part["redistribution"] += reshard
+            parts["redistribution"][stage] += reshard
             if pos == 0 and prev is not None:
-                u += float(tables.terms[prev[0]].p2p_s[prev[1]])  # backward gradient sent to the previous stage
-                part["p2p"] += float(tables.terms[prev[0]].p2p_s[prev[1]])
-            if pos == len(types) - 1 and stage < task.pp - 1:
-                u += float(terms.p2p_s[s])  # forward activation sent to the next stage
-                part["p2p"] += float(terms.p2p_s[s])
+                back = float(tables.terms[prev[0]].p2p_s[prev[1]])  # backward gradient sent to the previous chunk
+                u += back
+                parts["p2p"][stage] += back
+            if pos == len(indices) - 1 and chunk < len(chunks) - 1:
+                fwd = float(terms.p2p_s[s])  # forward activation sent to the next chunk
+                u += fwd
+                parts["p2p"][stage] += fwd
+            u_list[stage] += u
             prev = (t, s)
-        u_list.append(u)
-        e_list.append(e)
-        mem_list.append(mem + transient)
-        states_list.append(states)
-        act_list.append(act)
-        transient_list.append(transient)
-        for kind, value in part.items():
-            parts[kind].append(value)
     if prev is not None:
         u_list[-1] += float(to_head[prev[1]])
         parts["redistribution"][-1] += float(to_head[prev[1]])
+    mem_list = [m + tr for m, tr in zip(mem_list, transient_list)]
+    timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
     return PlanCost(
-        iteration_time(u_list, e_list, c),
+        timing.total,
         mem_list,
         u_list,
         states_list,
         act_list,
-        in_flight,
+        chunks_held,
         transient_list,
         e_list,
         parts,
+        task.schedule,
+        task.virtual_stages,
+        w_list,
+        timing.bubble,
     )
 
 
@@ -152,8 +180,12 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
     vocab = VocabOption(
         tp=strategy.vocab.tp, sp=strategy.vocab.sp, zero3=strategy.vocab_dp_type is DataParallelType.ZERO3
     )
-    vocab_terms = cost.vocab_terms(pp, vocab, micro, c, cost.in_flight(pp, c))
-    task = Task(strategy.global_batch_size, c, pp, tuple(strategy.pp_division), vocab, tables, vocab_terms)
+    schedule, v = strategy.pipeline_schedule, strategy.virtual_stages
+    vocab_terms = cost.vocab_terms(pp, vocab, micro, c, cost.in_flight(pp, c, schedule, v))
+    task = Task(
+        strategy.global_batch_size, c, pp, tuple(strategy.pp_division), vocab, tables, vocab_terms,
+        schedule=schedule, virtual_stages=v,
+    )
     layers = LayerSequence([lt.num_layers for lt in cost.model.layer_types])
     choices = [[index[per_layer[i]] for i in strategy.stage_layers(stage)] for stage in range(pp)]
     got = task_cost(cost, layers, task, choices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from galva_schema import Strategy
+from galva_schema import PipelineSchedule, Strategy
 from galva_search.space import Candidate, SpaceOptions
 
 GIB = 1024.0  # MiB per GiB
@@ -27,6 +27,9 @@ class SearchOptions:
     partitions: tuple[str, ...] = ("even", "memory", "time")
     refine_division: bool = True  # refine the best pipelined plan: its partition, then its stage boundaries
     exhaustive: bool = False  # solve every task whose memory bound fits (no pruning by time bound): tests, debugging
+    # pipeline schedules to choose from (pp > 1); None: the cost model's own (CostSettings.pipeline_schedule) alone
+    schedules: tuple[PipelineSchedule, ...] | None = None
+    virtual_stages: tuple[int, ...] = (2, 4)  # model chunks per stage tried with interleaved-1f1b (each >= 2)
 
     @property
     def reserve_mib(self) -> float:
@@ -64,13 +67,15 @@ class TaskRecord:
     bound_s: float
     status: str  # "best", "solved", "infeasible", "pruned-bound", "pruned-memory", "... (refined)"
     time_s: float | None = None
+    schedule: str = "1f1b"  # pipeline schedule, with ":v" chunks per stage when interleaved
 
     def line(self) -> str:
         t = f"{self.time_s:.6f}s" if self.time_s is not None else "-"
         thr = f"{self.batch_size / self.time_s:.3f}/s" if self.time_s else "-"
         div = ",".join(map(str, self.division))
         return (
-            f"bsz={self.batch_size} chunks={self.micro_batches} pp={self.pp} division=[{div}] {self.vocab} "
+            f"bsz={self.batch_size} chunks={self.micro_batches} pp={self.pp} division=[{div}] "
+            f"schedule={self.schedule} {self.vocab} "
             f"bound={self.bound_s:.6f}s status={self.status} time={t} throughput={thr}"
         )
 

@@ -31,30 +31,35 @@ def refine_division(
     log: list[TaskRecord],
     counts: dict[str, int],
 ) -> Best:
-    """Hill-climb the partition of ``best``; every move tried is logged with a ``(refined)`` status."""
+    """Hill-climb the partition of ``best``: one layer moves from a model chunk of the slowest stage to a neighbouring
+    chunk (one chunk per stage: to a neighbouring stage); every move tried is logged with a ``(refined)`` status."""
     per_sample, task, sols = best
     seen = {task.division}
+    n = len(task.division)
     for _ in range(4 * task.pp):
         slow = int(np.argmax(score(task, sols).stage_time_s))
         moves = []
-        for target in (slow - 1, slow + 1):
-            if 0 <= target < task.pp and task.division[slow] > 1:
-                division = list(task.division)
-                division[slow] -= 1
-                division[target] += 1
-                if tuple(division) not in seen and not tasks.rules.cuts_shared(division):
-                    seen.add(tuple(division))
-                    moves.append(
-                        tasks.make_task(
-                            task.batch_size,
-                            task.micro_batches,
-                            task.pp,
-                            tuple(division),
-                            task.vocab,
-                            task.tables,
-                            task.vocab_terms,
+        for chunk in range(slow, n, task.pp):
+            for target in (chunk - 1, chunk + 1):
+                if 0 <= target < n and task.division[chunk] > 1:
+                    division = list(task.division)
+                    division[chunk] -= 1
+                    division[target] += 1
+                    if tuple(division) not in seen and not tasks.rules.cuts_shared(division):
+                        seen.add(tuple(division))
+                        moves.append(
+                            tasks.make_task(
+                                task.batch_size,
+                                task.micro_batches,
+                                task.pp,
+                                tuple(division),
+                                task.vocab,
+                                task.tables,
+                                task.vocab_terms,
+                                schedule=task.schedule,
+                                virtual_stages=task.virtual_stages,
+                            )
                         )
-                    )
         moves = [m for m in moves if math.isfinite(m.bound_s) and m.bound_s / m.batch_size < per_sample]
         if not moves:
             break
@@ -81,11 +86,18 @@ def refine_boundaries(
     log: list[TaskRecord],
     counts: dict[str, int],
 ) -> Best:
-    """Re-solve stages 1, 2, ... of ``best`` with the exact cost of re-sharding what the previous stage sends; an
+    """Re-solve every stage of ``best`` that receives from another chunk with the exact cost of re-sharding what
+    arrives (stages 1, 2, ... in order; with interleaving stage 0 too, its later chunks fed by the last stage); an
     improvement updates the task's line of the log."""
     per_sample, task, sols = best
-    for stage in range(1, task.pp):
-        again = solver.solve_after(task, stage, sols[stage - 1].choice[-1])
+    layers = solver.tasks.layers
+    stage_layers = layers.stage_layers(task.division, task.pp)
+    starts = layers.stage_chunk_starts(task.division, task.pp)
+    stages = [*range(1, task.pp), *([0] if task.virtual_stages > 1 else [])]
+    for stage in stages:
+        candidate = {i: s for st, sol in enumerate(sols) for i, s in zip(stage_layers[st], sol.choice)}
+        before = {pos: candidate[stage_layers[stage][pos] - 1] for pos in starts[stage] if stage_layers[stage][pos] > 0}
+        again = solver.solve_after(task, stage, before)
         if again is None or again.choice == sols[stage].choice:
             continue
         trial = [*sols[:stage], again, *sols[stage + 1 :]]
@@ -99,9 +111,11 @@ def refine_boundaries(
 
 def _record_of(task: Task, log: list[TaskRecord]) -> TaskRecord:
     """The log line of a solved task (the last one: a refined partition is logged after the task it came from)."""
-    key = (task.batch_size, task.micro_batches, task.pp, task.division, task.vocab.label())
+    key = (task.batch_size, task.micro_batches, task.pp, task.division, task.vocab.label(), task.schedule_label)
     for record in reversed(log):
-        same = (record.batch_size, record.micro_batches, record.pp, record.division, record.vocab) == key
+        same = (
+            record.batch_size, record.micro_batches, record.pp, record.division, record.vocab, record.schedule
+        ) == key
         if same and record.status.startswith("solved"):
             return record
     raise AssertionError(f"no log line for the solved task {key}")

@@ -1,4 +1,5 @@
-"""The outer search (reference §6): batch size, micro-batches, pipeline degree and partition, vocabulary plan.
+"""The outer search (reference §6): batch size, micro-batches, pipeline degree, schedule and partition, vocabulary
+plan.
 
 Every combination is a task (:mod:`galva_search.tasks`) with a cheap lower bound on its time and a cheap memory
 test; tasks are solved best-bound first in waves through the stage DPs (:mod:`galva_search.stages`), scored by
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from galva_schema import SchemaError
 from galva_search import dp as dp_core
-from galva_search.convert import to_strategy
+from galva_search.convert import model_order, to_strategy
 from galva_search.cost_model import CostModel
 from galva_search.evaluation import Evaluation, PlanCost, evaluate_strategy, task_cost
 from galva_search.options import (
@@ -146,7 +147,12 @@ class _Planner:
         got = self.score(task, best_sols)
         t = got.iteration_time_s
         for record in log:
-            if record.status.startswith("solved") and record.time_s == t and record.division == task.division:
+            if (
+                record.status.startswith("solved")
+                and record.time_s == t
+                and record.division == task.division
+                and record.schedule == task.schedule_label
+            ):
                 record.status = "best"
                 break
         choices = [sol.choice for sol in best_sols]
@@ -161,7 +167,7 @@ class _Planner:
             memory_budget_mib=o.memory_budget_mib,
             usable_memory_mib=o.usable_mib,
             search_time_s=time.perf_counter() - start,
-            candidates=[task.tables.candidates[s] for choice in choices for s in choice],
+            candidates=model_order(task, choices),
             log=log,
             counts=dict(self.counts),
             time_breakdown_s=got.time_breakdown_s(task.micro_batches),

@@ -2,7 +2,7 @@
 
 A stage problem is the DP input of one pipeline stage: per layer and candidate, the time over the iteration and the
 memory; per pair of neighbouring layers, the transition cost. Problems that repeat between tasks (same pipeline
-degree, micro-batch, micro-batch count, in-flight count, layer types and boundary flags) are built once; a solution
+degree, micro-batch, micro-batch count, in-flight count, layer types and chunk flags) are built once; a solution
 found under a larger budget that fits a smaller one is reused (it is optimal there too).
 
 Transients (a ZeRO-3 layer's gathered parameters, a checkpointed layer's recomputation) are held by one layer at a
@@ -37,20 +37,31 @@ class StageSolver:
         self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
-        """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration)."""
+        """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration).
+
+        The stage's layers are its model chunks one after another (several runs when interleaved). The first layer
+        of a chunk that receives from another chunk pays the backward p2p, the last layer of a chunk that sends to
+        another pays the forward p2p; between two chunks of the stage there is no transition (they are not
+        neighbours in the model), so the DP's transition there is free."""
         c, pp = task.micro_batches, task.pp
         layers = self.tasks.layers
         rules = self.tasks.rules
-        indices = layers.stage_layers(task.division)[stage]
+        indices = layers.stage_layers(task.division, pp)[stage]
+        starts = layers.stage_chunk_starts(task.division, pp)[stage]
         types = tuple(layers.type_of[i] for i in indices)
         ends = tuple(layers.type_ends[i] for i in indices)
         tied = tuple(rules.tied(i) for i in indices)
-        in_flight = self.cost.in_flight(pp, c)[stage]
-        first_recv = stage > 0
-        last_send = stage < pp - 1
+        in_flight = self.tasks.in_flight(task)[stage]
+        last_layer = len(layers) - 1
+        breaks = tuple(pos for pos in starts if pos > 0)  # a chunk of this stage begins after another one ends
+        recv = tuple(pos for pos in starts if indices[pos] > 0)  # chunk starts fed by another chunk
+        chunk_ends = [pos - 1 for pos in starts[1:]] + [len(indices) - 1]
+        send = tuple(pos for pos in chunk_ends if indices[pos] < last_layer)  # chunk ends feeding another chunk
+        embedding = indices[0] == 0
+        head = indices[-1] == last_layer
         # the first stage receives from the embedding, the last one sends to the head: their layouts matter there
-        vocab = (task.vocab.tp, task.vocab.sp) if not (first_recv and last_send) else None
-        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, first_recv, last_send, vocab)
+        vocab = (task.vocab.tp, task.vocab.sp) if embedding or head else None
+        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, recv, send, breaks, embedding, head, vocab)
         hit = self._problems.get(key)
         if hit is not None:
             return key, hit
@@ -64,19 +75,19 @@ class StageSolver:
         for pos, t in enumerate(types):
             terms = tables.terms[t]
             row = c * terms.micro_batch_s + terms.exposed_sync_s
-            if pos == 0 and first_recv:
-                row = row + c * terms.p2p_s  # backward gradient sent to the previous stage
-            if pos == L - 1 and last_send:
-                row = row + c * terms.p2p_s  # forward activation sent to the next stage
-            if pos == 0 and not first_recv:
+            if pos in recv:
+                row = row + c * terms.p2p_s  # backward gradient sent to the previous chunk's stage
+            if pos in send:
+                row = row + c * terms.p2p_s  # forward activation sent to the next chunk's stage
+            if pos == 0 and embedding:
                 row = row + c * from_embedding  # re-shard the embedding's output into this layer's layout
-            if pos == L - 1 and not last_send:
+            if pos == L - 1 and head:
                 row = row + c * to_head  # re-shard this layer's output into the head's layout
             allowed = tables.allowed_at_end[t] if ends[pos] else tables.allowed[t]
             intra[pos] = np.where(allowed, row, np.inf)  # +inf: a form the model cannot run
             memory[pos] = terms.memory_mib(in_flight)
             transient[pos] = terms.transient_mib
-            if pos > 0:
+            if pos > 0 and pos not in breaks:
                 inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
                 if tied[pos]:  # layers sharing a parameter keep one tp layout: other transitions are forbidden
                     inter[pos] = np.where(self._same_layout(task), inter[pos], np.inf)
@@ -148,15 +159,21 @@ class StageSolver:
             out.append(per_stage)
         return out
 
-    def solve_after(self, task: Task, stage: int, previous: int) -> dp_core.StageSolution | None:
-        """Stage ``stage`` (> 0) re-solved knowing that the previous stage ends with candidate ``previous``: its first
-        layer then pays the exact re-sharding from that layout and the backward p2p in it (a constant, left out)
-        instead of the p2p in its own layout that :meth:`stage_problem` assumes."""
+    def solve_after(
+        self, task: Task, stage: int, previous: int | dict[int, int]
+    ) -> dp_core.StageSolution | None:
+        """Stage ``stage`` re-solved knowing the candidate that the layer before each of its chunks runs (``previous``:
+        position in the stage -> candidate; an int is the candidate before position 0): each such first layer then
+        pays the exact re-sharding from that layout and the backward p2p in it (a constant, left out) instead of the
+        p2p in its own layout that :meth:`stage_problem` assumes."""
         key, (intra, memory, inter) = self.stage_problem(task, stage)
-        t = self.tasks.layers.stage_types(task.division)[stage][0]
+        before = {0: previous} if isinstance(previous, int) else previous
+        types = self.tasks.layers.stage_types(task.division, task.pp)[stage]
         c = task.micro_batches
         intra = intra.copy()
-        intra[0] += c * (task.tables.redistribution[t][previous] - task.tables.terms[t].p2p_s)
+        for pos, cand in before.items():
+            t = types[pos]
+            intra[pos] += c * (task.tables.redistribution[t][cand] - task.tables.terms[t].p2p_s)
         best: dp_core.StageSolution | None = None
         for _, budget, arrays in self.levels(key, (intra, memory, inter), self.tasks.stage_budgets(task)[stage]):
             self.counts["dp_problems"] += 1

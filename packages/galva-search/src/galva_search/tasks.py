@@ -1,9 +1,10 @@
 """Tasks of the outer search and their lower bounds (docs/cost-model.md §9).
 
-A *task* fixes the global batch size, the micro-batch count, the pipeline degree, the partition of the layers into
-stages and the vocabulary plan; the stage DPs then choose every layer's candidate. Before any DP runs, each task gets
-a lower bound on its iteration time (weak Lagrangian duality per stage) and a memory test, so that the search can
-solve tasks best-bound first and stop early.
+A *task* fixes the global batch size, the micro-batch count, the pipeline degree and schedule (with its model
+chunks per stage), the partition of the layers into model chunks (one per stage unless interleaved) and the
+vocabulary plan; the stage DPs then choose every layer's candidate. Before any DP runs, each task gets a lower bound
+on its iteration time (weak Lagrangian duality per stage) and a memory test, so that the search can solve tasks
+best-bound first and stop early.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from galva_schema import DataParallelType
+from galva_schema import DataParallelType, PipelineSchedule
 from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
 from galva_search.options import SearchOptions, TaskRecord
 from galva_search.partition import balanced_division, even_division
@@ -33,35 +34,49 @@ class LayerSequence:
         self.runs = [(t, count) for t, count in enumerate(num_layers_per_type)]  # (type, layers), in model order
         self.type_of = [t for t, count in self.runs for _ in range(count)]
         self.type_ends = [i + 1 == len(self.type_of) or self.type_of[i + 1] != t for i, t in enumerate(self.type_of)]
-        self._counts: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}
+        self._counts: dict[tuple[tuple[int, ...], int | None], list[list[tuple[int, int]]]] = {}
 
     def __len__(self) -> int:
         return len(self.type_of)
 
-    def stage_types(self, division: Sequence[int]) -> list[list[int]]:
-        """Per stage, the type index of each layer it holds."""
-        out, start = [], 0
-        for count in division:
-            out.append(self.type_of[start : start + count])
-            start += count
-        return out
-
-    def stage_layers(self, division: Sequence[int]) -> list[range]:
-        """Per stage, the global indices of its layers."""
+    def chunk_layers(self, division: Sequence[int]) -> list[range]:
+        """Per model chunk (per stage when there is one chunk per stage), the global indices of its layers."""
         starts = np.cumsum([0, *division])
         return [range(int(a), int(b)) for a, b in pairwise(starts)]
 
-    def stage_type_counts(self, division: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+    def stage_layers(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
+        """Per stage, the global indices of its layers in model order: the chunks ``s, s + pp, ...`` (chunk ``c``
+        runs on stage ``c % pp``, galva_schema's ``Strategy.chunk_stage``); ``pp`` defaults to one chunk per stage."""
+        pp = len(division) if pp is None else pp
+        chunks = self.chunk_layers(division)
+        return [[i for k in range(stage, len(chunks), pp) for i in chunks[k]] for stage in range(pp)]
+
+    def stage_types(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
+        """Per stage, the type index of each layer it holds."""
+        return [[self.type_of[i] for i in indices] for indices in self.stage_layers(division, pp)]
+
+    def stage_chunk_starts(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
+        """Per stage, the positions (in :meth:`stage_layers` order) where one of its chunks begins."""
+        pp = len(division) if pp is None else pp
+        out: list[list[int]] = [[] for _ in range(pp)]
+        sizes = [0] * pp
+        for k, count in enumerate(division):
+            out[k % pp].append(sizes[k % pp])
+            sizes[k % pp] += count
+        return out
+
+    def stage_type_counts(self, division: tuple[int, ...], pp: int | None = None) -> list[list[tuple[int, int]]]:
         """Per stage, ``(type, count)`` of the layers it holds (cached: bounds ask for it per task)."""
-        hit = self._counts.get(division)
+        key = (division, pp)
+        hit = self._counts.get(key)
         if hit is None:
             hit = []
-            for types in self.stage_types(division):
+            for types in self.stage_types(division, pp):
                 counts: dict[int, int] = {}
                 for t in types:
                     counts[t] = counts.get(t, 0) + 1
                 hit.append(sorted(counts.items()))
-            self._counts[division] = hit
+            self._counts[key] = hit
         return hit
 
 
@@ -76,9 +91,9 @@ class CostTables:
     fastest: list[int]  # per layer type: allowed candidate of least micro-batch time
     allowed: list[np.ndarray]  # per layer type: candidates the model can run (ModelRules.allowed)
     allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
-    dual_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
+    dual_cache: dict[tuple[int, float], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
 
-    def dual(self, t: int, in_flight: int) -> tuple[np.ndarray, float]:
+    def dual(self, t: int, in_flight: float) -> tuple[np.ndarray, float]:
         """``g(lam) = min_s (U(s) + lam * M(s))`` over :data:`LAMBDAS`, and ``min_s M(s)``, for one layer of type
         ``t`` holding ``in_flight`` micro-batches (U: seconds per micro-batch, M: MiB)."""
         key = (t, in_flight)
@@ -131,16 +146,27 @@ class Task:
     tables: CostTables
     vocab_terms: list[VocabTerms]  # per stage
     bound_s: float = 0.0
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1  # model chunks per stage (interleaved-1f1b: >= 2); ``division`` has pp * this entries
 
     @property
     def micro_batch(self) -> int:
         """Samples of one global micro-batch."""
         return self.batch_size // self.micro_batches
 
+    @property
+    def schedule_label(self) -> str:
+        """``1f1b``, ``zb-h1``, ``interleaved-1f1b:2`` (chunks per stage), ..."""
+        v = f":{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"{self.schedule.value}{v}"
+
     def record(self, status: str) -> TaskRecord:
         """This task's line of the search log, with ``status``."""
         vocab = self.vocab.label()
-        return TaskRecord(self.batch_size, self.micro_batches, self.pp, self.division, vocab, self.bound_s, status)
+        return TaskRecord(
+            self.batch_size, self.micro_batches, self.pp, self.division, vocab, self.bound_s, status,
+            schedule=self.schedule_label,
+        )
 
 
 class TaskEnumerator:
@@ -171,6 +197,32 @@ class TaskEnumerator:
             )
         return self._tables[key]
 
+    def schedules(self, pp: int, c: int) -> list[tuple[PipelineSchedule, int]]:
+        """The ``(schedule, model chunks per stage)`` pairs a task of ``pp`` stages and ``c`` micro-batches may run.
+
+        One stage has no pipeline: the first non-interleaved schedule asked for (1F1B when only interleaved is).
+        Interleaved 1F1B needs ``c`` a multiple of ``pp`` and at least one layer per chunk; zb-h1 with fewer
+        micro-batches than stages is skipped when 1F1B is also searched (it cannot defer its weight gradients and
+        holds more activations: never faster).
+        """
+        interleaved, zb, one = (
+            PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.ZB_H1, PipelineSchedule.ONE_F_ONE_B
+        )
+        asked = self.options.schedules or (self.cost.settings.pipeline_schedule,)
+        if pp == 1:
+            return [(next((x for x in asked if x is not interleaved), one), 1)]
+        out: list[tuple[PipelineSchedule, int]] = []
+        for schedule in dict.fromkeys(asked):
+            if schedule is interleaved:
+                if c % pp == 0:
+                    chunks = sorted({v for v in self.options.virtual_stages if v >= 2 and pp * v <= len(self.layers)})
+                    out.extend((schedule, v) for v in chunks)
+            elif schedule is zb and c < pp and one in asked:
+                continue
+            else:
+                out.append((schedule, 1))
+        return out
+
     def enumerate(self) -> list[Task]:
         """Every task, unsorted."""
         o = self.options
@@ -198,30 +250,61 @@ class TaskEnumerator:
                     tables = self.tables(pp, micro, c > 1) if pp <= len(self.layers) else None
                     if tables is None:
                         continue
+                    schedules = self.schedules(pp, c)
                     for option in vocab_by_pp[pp]:
                         if micro % (self.cost.world_size // pp // option.tp):
                             continue
-                        vt = self.vocab_terms(pp, option, micro, c)
-                        for division in self._partitions(pp, tables, c, vt):
-                            tasks.append(self.make_task(batch, c, pp, division, option, tables, vt))
+                        for schedule, v in schedules:
+                            vt = self.vocab_terms(pp, option, micro, c, schedule, v)
+                            for division in self._partitions(pp, tables, c, vt, schedule, v):
+                                tasks.append(
+                                    self.make_task(
+                                        batch, c, pp, division, option, tables, vt,
+                                        schedule=schedule, virtual_stages=v,
+                                    )
+                                )
         return tasks
 
-    def vocab_terms(self, pp: int, option: VocabOption, micro: int, c: int) -> list[VocabTerms]:
-        in_flight = self.cost.in_flight(pp, c)
+    def in_flight(self, task: Task) -> list[float]:
+        """Micro-batches of activations each stage of ``task`` holds at its peak (``CostModel.in_flight``)."""
+        return self.cost.in_flight(task.pp, task.micro_batches, task.schedule, task.virtual_stages)
+
+    def vocab_terms(
+        self,
+        pp: int,
+        option: VocabOption,
+        micro: int,
+        c: int,
+        schedule: PipelineSchedule | None = None,
+        virtual_stages: int = 1,
+    ) -> list[VocabTerms]:
+        in_flight = self.cost.in_flight(pp, c, schedule, virtual_stages)
         key = (pp, option, micro, c > 1, in_flight[0], in_flight[-1])
         hit = self._vocab.get(key)
         if hit is None:
             hit = self._vocab[key] = self.cost.vocab_terms(pp, option, micro, c, in_flight)
         return hit
 
-    def _partitions(self, pp: int, tables: CostTables, c: int, vocab: list[VocabTerms]) -> list[tuple[int, ...]]:
-        """The even, memory-balanced and time-balanced partitions (those asked for), without repeats."""
+    def _partitions(
+        self,
+        pp: int,
+        tables: CostTables,
+        c: int,
+        vocab: list[VocabTerms],
+        schedule: PipelineSchedule | None = None,
+        virtual_stages: int = 1,
+    ) -> list[tuple[int, ...]]:
+        """The even, memory-balanced and time-balanced partitions into ``pp * virtual_stages`` model chunks (those
+        asked for), without repeats. Chunk ``k`` runs on stage ``k % pp``: its layers are weighed with that stage's
+        in-flight count, the vocabulary layers load the first and the last chunk."""
         L = len(self.layers)
         if pp == 1:
             return [(L,)]
-        in_flight = self.cost.in_flight(pp, c)
+        n = pp * virtual_stages
+        in_flight = self.cost.in_flight(pp, c, schedule, virtual_stages)
         key = (
             pp,
+            n,
             id(tables),
             tuple(in_flight),
             tuple(round(v.memory_mib) for v in vocab),
@@ -231,27 +314,37 @@ class TaskEnumerator:
         if hit is not None:
             return hit
         wanted = self.options.partitions
+        chunk_flight = [in_flight[k % pp] for k in range(n)]
+
+        def extra(values: list[float]) -> list[float]:  # the vocabulary's load on the first and the last chunk
+            out = [0.0] * n
+            out[0] += values[0]
+            out[-1] += values[-1]
+            return out
+
         out: list[tuple[int, ...]] = []
         if "even" in wanted:
-            out.append(tuple(even_division(L, pp)))
+            out.append(tuple(even_division(L, n)))
         if "memory" in wanted:
             runs = []
             for t, count in self.layers.runs:
                 terms, f = tables.terms[t], tables.fastest[t]
-                runs.append((count, [float(terms.states_mib[f] + n * terms.activation_mib[f]) for n in in_flight]))
-            got = balanced_division(runs, [v.memory_mib for v in vocab])
+                runs.append(
+                    (count, [float(terms.states_mib[f] + m * terms.activation_mib[f]) for m in chunk_flight])
+                )
+            got = balanced_division(runs, extra([v.memory_mib for v in vocab]))
             if got:
                 out.append(tuple(got))
         if "time" in wanted:
             runs = [
-                (count, [float(tables.terms[t].micro_batch_s[tables.fastest[t]])] * pp) for t, count in self.layers.runs
+                (count, [float(tables.terms[t].micro_batch_s[tables.fastest[t]])] * n) for t, count in self.layers.runs
             ]
-            got = balanced_division(runs, [v.micro_batch_s for v in vocab])
+            got = balanced_division(runs, extra([v.micro_batch_s for v in vocab]))
             if got:
                 out.append(tuple(got))
         # a partition never cuts the layers of a shared parameter
         snapped = [self.rules.snap(d) for d in out] if self.rules.spans else out
-        out = list(dict.fromkeys(d for d in snapped if d is not None))
+        out = list(dict.fromkeys(d for d in snapped if d is not None and len(d) == n and min(d) > 0))
         self._divisions[key] = out
         return out
 
@@ -270,23 +363,27 @@ class TaskEnumerator:
         option: VocabOption,
         tables: CostTables,
         vt: list[VocabTerms],
+        *,
+        schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+        virtual_stages: int = 1,
     ) -> Task:
         """A task with its lower bound on the iteration time (inf when some stage cannot fit at all).
 
         Per stage, weak Lagrangian duality bounds the per-micro-batch time of any plan that fits the stage budget B:
         ``U >= max_lam sum_l min_s (U_ls + lam * M_ls) - lam * B`` (lam = 0 is the fastest-strategy bound);
-        redistribution and p2p costs are >= 0 and left out. The iteration time is monotone in every U_s. The stage
-        bounds depend on the micro-batch count only through the in-flight counts, so they are shared between tasks.
+        redistribution and p2p costs are >= 0 and left out. The iteration time is monotone in every U_s
+        (:func:`bound_time`). The stage bounds depend on the micro-batch count only through the in-flight counts,
+        so they are shared between tasks.
         """
-        task = Task(batch, c, pp, tuple(division), option, tables, vt)
-        in_flight = self.cost.in_flight(pp, c)
-        key = (id(tables), tuple(in_flight), option, task.division)
+        task = Task(batch, c, pp, tuple(division), option, tables, vt, schedule=schedule, virtual_stages=virtual_stages)
+        in_flight = self.in_flight(task)
+        key = (id(tables), tuple(in_flight), option, task.division, pp)
         if key in self._bounds:
             stage_u = self._bounds[key]
         else:
             stage_u = []
             for s, (counts, budget) in enumerate(
-                zip(self.layers.stage_type_counts(task.division), self.stage_budgets(task))
+                zip(self.layers.stage_type_counts(task.division, pp), self.stage_budgets(task))
             ):
                 total = np.zeros(len(LAMBDAS))
                 min_mem = 0.0
@@ -299,8 +396,28 @@ class TaskEnumerator:
                     break
                 stage_u.append(vt[s].micro_batch_s + float(np.max(total - LAMBDAS * budget)))
             self._bounds[key] = stage_u
-        task.bound_s = math.inf if stage_u is None else sum(stage_u) + (c - 1) * max(stage_u)
+        task.bound_s = (
+            math.inf
+            if stage_u is None
+            else bound_time(stage_u, c, schedule, virtual_stages, self.cost.settings.backward_coefficient)
+        )
         return task
+
+
+def bound_time(
+    stage_u: Sequence[float], c: int, schedule: PipelineSchedule, virtual_stages: int, backward_coefficient: float
+) -> float:
+    """A lower bound on the iteration time from lower bounds ``stage_u`` on the stages' micro-batch times: each
+    schedule's time (``cost_model.pipeline_time``) is non-decreasing in every ``U_s``. For zb-h1 a stage's bubble
+    share ``U_s − 2 W_s`` is at least ``U_s / (1 + β)`` (``W_s`` is ``β/2`` of its forward compute and ``U_s``
+    holds at least ``(1 + β)`` times it), so the bound holds without knowing ``W_s``."""
+    top = max(stage_u)
+    rest = sum(stage_u) - top
+    if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
+        return c * top + rest / virtual_stages
+    if schedule is PipelineSchedule.ZB_H1 and c >= len(stage_u):
+        return c * top + rest / (1.0 + backward_coefficient)
+    return c * top + rest
 
 
 def _divisors(n: int) -> list[int]:
