@@ -40,7 +40,18 @@ class RankedPlan:
 
 
 def _key(strategy: Strategy) -> str:
-    return json.dumps(strategy.model_dump(mode="json", exclude={"description"}), sort_keys=True)
+    """Two plans are the same when they run the same: a data-parallel type over a data-parallel degree of 1 and the
+    consecutive flag of a tp group that is 1 or the whole stage change nothing."""
+    data = strategy.model_dump(mode="json", exclude={"description"})
+    stage = strategy.world_size // strategy.pp
+    for layer in data["layers"]:
+        if stage // layer["tp"] == 1:
+            layer["dp_type"] = None
+        if layer["tp"] in (1, stage):
+            layer["tp_consecutive"] = True
+    if stage // data["vocab"]["tp"] == 1:
+        data["vocab"]["dp_type"] = None
+    return json.dumps(data, sort_keys=True)
 
 
 def top_plans(cost: CostModel, options: SearchOptions, n: int) -> list[RankedPlan]:
