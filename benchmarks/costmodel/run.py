@@ -49,47 +49,89 @@ def strategies(world: int) -> dict[str, Strategy]:
     return out
 
 
-def ranking(report_path: Path) -> str:
-    """Plan ranking: over the pairs of strategies whose times differ by more than the measured noise (half the range
-    of the timed steps of each, summed) both predicted and measured, how often the faster-predicted one is faster."""
-    report = json.loads(report_path.read_text())
-    predicted = {r["strategy"]: r["predicted_time_s"] for r in report["rows"]}
-    items = [(s["name"], predicted[s["name"]], s["measured_time_s"], s["time_spread_s"]) for s in report["strategies"]]
-    clear, right, wrong = 0, 0, []
+def ranking(*report_paths: Path) -> tuple[str, str]:
+    """Plan ranking (issue #9): for every pair of strategies whose PREDICTED times differ by more than the measured
+    noise (half the range of the timed steps of each, summed over the pair), is the faster-predicted one faster
+    measured? Returns the one-line summary and the Markdown table of every pair (clear of the noise or not)."""
+    items: list[tuple[str, float, float, float]] = []
+    for path in report_paths:
+        report = json.loads(path.read_text())
+        predicted = {r["strategy"]: r["predicted_time_s"] for r in report["rows"]}
+        items += [(s["name"], predicted[s["name"]], s["measured_time_s"], s["time_spread_s"])
+                  for s in report["strategies"]]
+    lines = ["| pair (A / B) | predicted A / B (ms) | measured A / B (ms) | noise (ms) | predicted gap > noise | "
+             "measured gap > noise | faster-predicted is faster measured |", "|---|---|---|---|---|---|---|"]
+    clear = right = both = both_right = 0
+    wrong: list[str] = []
     for (a, pa, ma, na), (b, pb, mb, nb) in itertools.combinations(items, 2):
         noise = na + nb
-        if abs(pa - pb) > noise and abs(ma - mb) > noise:
+        pred_clear, meas_clear = abs(pa - pb) > noise, abs(ma - mb) > noise
+        agree = (pa < pb) == (ma < mb)
+        if pred_clear:
             clear += 1
-            if (pa < pb) == (ma < mb):
-                right += 1
-            else:
-                wrong.append(f"{a}/{b}")
+            right += agree
+            if not agree:
+                wrong.append(f"{a}/{b}{'' if meas_clear else ' (measured within noise)'}")
+            if meas_clear:
+                both += 1
+                both_right += agree
+        verdict = ("agree" if agree else "**disagree**") if pred_clear else "—"
+        lines.append(f"| {a} / {b} | {1e3 * pa:.1f} / {1e3 * pb:.1f} | {1e3 * ma:.1f} / {1e3 * mb:.1f} | "
+                     f"{1e3 * noise:.1f} | {'yes' if pred_clear else 'no'} | {'yes' if meas_clear else 'no'} | "
+                     f"{verdict} |")
     pairs = len(items) * (len(items) - 1) // 2
-    return f"{clear} of {pairs} pairs clear of the noise, {right} ranked right; wrong: {', '.join(wrong) or 'none'}"
+    summary = (f"{clear} of {pairs} pairs differ in prediction by more than the measured noise; in {right} of them "
+               f"the faster-predicted strategy is faster measured ({both} also clear of the noise in measurement, "
+               f"{both_right} of those right); wrong: {', '.join(wrong) or 'none'}")
+    return summary, "\n".join(lines)
 
 
-def run(args: list[str]) -> None:
+def run(args: list[str], *, fatal: bool = True) -> bool:
     result = subprocess.run(args, cwd=WORK, capture_output=True, text=True)
     if result.returncode != 0:
-        sys.exit(result.stderr[-3000:])
+        if fatal:
+            sys.exit(result.stderr[-3000:])
+        print(result.stderr[-1500:], file=sys.stderr)
+    return result.returncode == 0
+
+
+TOP = 3  # also run the TOP fastest plans galva-search ranks on the same profiles (`check --top`)
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranking-only", action="store_true", help="only print the ranking from .work/check*.json")
+    opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     WORK.mkdir(exist_ok=True)
-    run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
-         "--max-tp", "4", "--quiet", "-o", "model.json", "--report", "model_report.json"])
+    if not opts.ranking_only:
+        run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
+             "--max-tp", "4", "--quiet", "-o", "model.json", "--report", "model_report.json"])
     for world in (2, 4):
-        run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"])
-        directory = WORK / f"plans{world}"
-        directory.mkdir(exist_ok=True)
-        for name, strategy in strategies(world).items():
-            strategy.save(directory / f"{name}.json")
-        run([*PROFILE, "check", "--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
-             "--preset", "tiny-llama", "--strategy", str(directory), "--steps", "5", "--warmup", "2",
-             "-o", f"check{world}.json", "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"])
-        print((WORK / f"table{world}.md").read_text())
-        print(f"plan ranking, {world} ranks:", ranking(WORK / f"check{world}.json"))
+        reports = [WORK / f"check{world}.json"]
+        if not opts.ranking_only:
+            run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"])
+            directory = WORK / f"plans{world}"
+            directory.mkdir(exist_ok=True)
+            for name, strategy in strategies(world).items():
+                strategy.save(directory / f"{name}.json")
+            common = ["--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
+                      "--preset", "tiny-llama", "--steps", "5", "--warmup", "2"]
+            run([*PROFILE, "check", *common, "--strategy", str(directory), "-o", f"check{world}.json",
+                 "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"])
+            # galva-search's own ranking, trained for real: its TOP plans at global batch 8, 4 GiB per rank
+            run([*PROFILE, "check", *common, "--top", str(TOP), "--memory", "4GiB", "--global-batch-size", "8",
+                 "-o", f"check{world}-top.json", "--table", f"table{world}-top.md"], fatal=False)
+            print((WORK / f"table{world}.md").read_text())
+        if (WORK / f"check{world}-top.json").exists():
+            reports.append(WORK / f"check{world}-top.json")
+            if (WORK / f"table{world}-top.md").exists():
+                print((WORK / f"table{world}-top.md").read_text())
+        summary, pairs = ranking(*reports)
+        (WORK / f"ranking{world}.md").write_text(pairs + "\n")
+        print(f"plan ranking, {world} ranks: {summary}\n\n{pairs}\n")
     return 0
 
 
