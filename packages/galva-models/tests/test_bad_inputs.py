@@ -211,3 +211,21 @@ def test_metrics_on_a_full_disk_warn_once_and_training_goes_on(capsys):
         logger.log({"step": step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
     logger.close()
     one_line(capsys, 0, 0, "--metrics-jsonl /dev/full", "No space left on device", "training goes on")
+
+
+def test_nproc_per_node_checks_the_flags_once_before_starting_ranks(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    bad = _strategy(tmp_path / "bad.json", tp=3)
+    line = one_line(capsys, train_main([*GPT2, "--nproc-per-node", "2", "--strategy", str(bad)]), 2, "bad.json")
+    assert "layers" in line  # refused in the launching process: no rank was started, so no second copy
+
+
+def test_nproc_per_node_contradicting_world_size_is_refused(capsys):
+    one_line(capsys, train_main([*GPT2, "--nproc-per-node", "2", "--world-size", "4"]), 2,
+             "--world-size 4 contradicts --nproc-per-node 2")
+
+
+def test_ranks_other_than_zero_stay_quiet_about_a_shared_mistake(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert train_main([*GPT2, "--tp", "0"]) == 2
+    assert capsys.readouterr().err == ""  # rank 0 says it once for the job

@@ -15,14 +15,24 @@ communication; the matmuls are megatron's. Activations are ``[batch, seq, hidden
 
 from __future__ import annotations
 
+import warnings
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
-from megatron.core import ModelParallelConfig
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
+
+with warnings.catch_warnings():
+    # megatron-core says at import, once per rank, that it falls back from Transformer Engine / Apex kernels to its
+    # own; galva-hp uses only its tensor-parallel layers, for which the fallback changes nothing
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    from megatron.core import ModelParallelConfig
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        set_tensor_model_parallel_attributes,
+    )
 
 from galva_hp.parallel.mappings import (
     differentiable_all_gather,

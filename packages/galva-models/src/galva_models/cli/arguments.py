@@ -69,7 +69,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "weight_decay": (0, None, False), "clip_grad": (0, None, False), "adam_beta1": (0, 1, True),
     "adam_beta2": (0, 1, True), "adam_eps": (0, None, False), "train_iters": (1, None, False), "seed": (0, None, False),
     "save_interval": (1, None, False), "keep_last": (0, None, False), "exit_interval": (1, None, False),
-    "log_interval": (1, None, False), "collective_timeout": (0, None, False),
+    "log_interval": (1, None, False), "collective_timeout": (0, None, False), "nproc_per_node": (1, None, False),
 }  # fmt: skip
 """Every numeric flag's range; ``collective_timeout`` and ``adam_eps`` must also be above their minimum."""
 _ABOVE_MINIMUM = {"collective_timeout", "adam_eps"}
@@ -159,6 +159,12 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--world-size", type=int, help="Ranks (default: $WORLD_SIZE set by torchrun, else 1).")
     s.add_argument("--pp", "--pipeline-model-parallel-size", "--pp-deg", dest="pp", type=int)
+    s.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="Start this many ranks on this machine (instead of torchrun): the flags are checked once, and a "
+        "failed rank ends the job with one line.",
+    )
     s.add_argument("--tp", "--tensor-model-parallel-size", "--global-tp-deg", dest="tp", type=int)
     s.add_argument("--tp-consecutive", type=int, choices=[0, 1])
     s.add_argument("--ulysses", "--use-ulysses", dest="ulysses", action="store_true", help="tp is the Ulysses degree.")

@@ -79,6 +79,7 @@ class TrainConfig:
     collective_timeout_s: float = 600.0
     plan_source: str = "flags"
     plan_overrides: tuple[str, ...] = ()
+    launch_ranks: int | None = None  # --nproc-per-node: galva-train starts the ranks itself
 
     @property
     def task(self) -> Task:
@@ -96,8 +97,10 @@ class TrainConfig:
 def parse_train_config(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
     """Parse and validate galva-train's arguments. Raises :class:`ConfigError` (one line) on any problem."""
     args = parse(argv)  # --help prints and exits 0; a bad flag or a value out of range raises ConfigError
+    if args.nproc_per_node and args.world_size and args.nproc_per_node != args.world_size:
+        raise ConfigError(f"--world-size {args.world_size} contradicts --nproc-per-node {args.nproc_per_node}")
     if world_size is None:
-        world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = args.world_size or args.nproc_per_node or int(os.environ.get("WORLD_SIZE", "1"))
     _check_checkpoint_flags(args)
     config, name = model_source.model_config(args)
     from galva_models.adapters.registry import adapter_for
@@ -147,6 +150,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
             else "flags"
         ),
         plan_overrides=tuple(overrides),
+        launch_ranks=args.nproc_per_node,
     )
 
 

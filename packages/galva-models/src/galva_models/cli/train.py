@@ -1,5 +1,7 @@
-"""``galva-train``: train a Hugging Face model under a Galva plan. Launch with torchrun, one process per GPU/CPU rank.
+"""``galva-train``: train a Hugging Face model under a Galva plan, one process per GPU/CPU rank: started by
+``--nproc-per-node N`` on one machine (the flags are checked once, a failure ends with one line), or by torchrun.
 
+    galva-train --nproc-per-node 4 --model tiny-llama --pp 2 --tp 2 --checkpoint ...
     torchrun --nproc_per_node 4 -m galva_models.cli.train --model tiny-llama --pp 2 --tp 2 --checkpoint \\
         --global-batch-size 8 --chunks 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
         --metrics-jsonl metrics.jsonl
@@ -323,8 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_train_config(argv)
     except ConfigError as err:
-        print(f"galva-train: error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank finds the same mistake: one of them says it
+            print(f"galva-train: error: {err}", file=sys.stderr)
         return 2
+    from galva_comm.launch import LaunchError, launch_local, running_under_launcher
+
+    if cfg.launch_ranks and not running_under_launcher():
+        # checked once here; the ranks parse the same arguments again and run
+        args = sys.argv[1:] if argv is None else list(argv)
+        try:
+            return launch_local(cfg.launch_ranks, "galva_models.cli.train", args, prog="galva-train")
+        except LaunchError as err:
+            print(f"galva-train: error: {err}", file=sys.stderr)
+            return 1
     return run(cfg)
 
 
