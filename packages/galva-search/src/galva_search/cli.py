@@ -28,8 +28,18 @@ from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_ra
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
 from galva_search.summary import json_summary, text_summary
 
-_SCHEDULES = {"1f1b": PipelineSchedule.ONE_F_ONE_B, "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
-              "gpipe": PipelineSchedule.GPIPE}
+_SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
+    "1f1b": (PipelineSchedule.ONE_F_ONE_B,),
+    "pipedream_flush": (PipelineSchedule.ONE_F_ONE_B,),
+    "gpipe": (PipelineSchedule.GPIPE,),
+    "interleaved-1f1b": (PipelineSchedule.INTERLEAVED_1F1B,),
+    "zb-h1": (PipelineSchedule.ZB_H1,),
+    # the search chooses: 1F1B, interleaved 1F1B and zb-h1 (GPipe is never faster than 1F1B and holds more)
+    "auto": (PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.ZB_H1),
+    "all": (
+        PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.ZB_H1, PipelineSchedule.GPIPE
+    ),
+}
 
 
 class _UsageError(Exception):
@@ -97,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(f"--disable-{name}", action="store_true")
     g.add_argument("--max-tp", type=int, default=8)
     g.add_argument("--max-pp", type=int, default=8)
-    g.add_argument("--pipeline-schedule", choices=sorted(_SCHEDULES), default="1f1b")
+    g.add_argument("--pipeline-schedule", choices=sorted(_SCHEDULES), default="1f1b",
+                   help="pipeline schedule of plans with pp > 1: 1f1b (= pipedream_flush, the reference's), gpipe, "
+                   "interleaved-1f1b (--virtual-stages model chunks per stage), zb-h1 (zero-bubble H1); auto: the "
+                   "search chooses among 1f1b, interleaved-1f1b and zb-h1; all: gpipe too (default 1f1b)")
+    g.add_argument("--virtual-stages", type=_int_list, default=[2, 4], metavar="V[,V...]",
+                   help="model chunks per stage tried with interleaved-1f1b, each >= 2 (default 2,4)")
     g.add_argument("--default-dp-type", choices=[t.value for t in DataParallelType], default="ddp")
     g.add_argument("--mixed-precision", choices=[pr.value for pr in Precision],
                    help="default: the model profile's precision")
@@ -241,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.num_micro_batches is not None and args.num_micro_batches < 1:
         raise _UsageError("--num-micro-batches must be >= 1")
+    if any(v < 2 for v in args.virtual_stages):
+        raise _UsageError(f"--virtual-stages: every value must be >= 2 (1 is plain 1f1b), got {args.virtual_stages}")
     default_dp = DataParallelType(args.default_dp_type)
     space = SpaceOptions(
         preset=args.search_space,
@@ -259,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     settings = CostSettings(
         precision=Precision(args.mixed_precision) if args.mixed_precision else model.precision,
         backward_coefficient=args.backward_coefficient,
-        pipeline_schedule=_SCHEDULES[args.pipeline_schedule],
+        pipeline_schedule=_SCHEDULES[args.pipeline_schedule][0],
         default_dp_type=default_dp,
         megatron_sp=megatron_sp,
         context_mib=parse_memory(args.context_memory, allow_zero=True),
@@ -274,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         fine_grained=args.fine_grained,
         memory_reserve_mib=reserve,
         threads=args.threads,
+        schedules=_SCHEDULES[args.pipeline_schedule],
+        virtual_stages=tuple(args.virtual_stages),
     )
     progress = _progress(args.quiet)
     try:

@@ -209,7 +209,7 @@ def _headline(plan: PlanFacts) -> str:
         _card("devices", str(s.world_size)),
         _card("pp", str(s.pp)),
         _card("division", "/".join(str(n) for n in s.pp_division)),
-        _card("schedule", s.pipeline_schedule.value),
+        _card("schedule", s.pipeline_schedule.value + (f" × {s.virtual_stages}" if s.virtual_stages > 1 else "")),
         _card("global batch", str(s.global_batch_size)),
         _card("micro-batches × size", f"{s.num_micro_batches} × {s.micro_batch_size}"),
     ]

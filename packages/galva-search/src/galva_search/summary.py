@@ -28,12 +28,18 @@ def vocab_label(strategy: Strategy) -> str:
     return f"vocab {kind} {strategy.vocab.tp}, dp {strategy.vocab_dp} ({dp_type})"
 
 
+def schedule_label(strategy: Strategy) -> str:
+    """``1f1b``, ``zb-h1``, ``interleaved-1f1b (2 chunks per stage)``, ..."""
+    v = strategy.virtual_stages
+    return strategy.pipeline_schedule.value + (f" ({v} chunks per stage)" if v > 1 else "")
+
+
 def text_summary(result: SearchResult) -> str:
     """Multi-line report: the plan as runs of layers per stage, predicted time, throughput and memory."""
     s = result.strategy
     lines = [
         f"galva-search: {s.world_size} devices, pp {s.pp}, division {list(s.pp_division)}, "
-        f"{s.pipeline_schedule.value}, global batch {s.global_batch_size} in {s.num_micro_batches} micro-batches "
+        f"{schedule_label(s)}, global batch {s.global_batch_size} in {s.num_micro_batches} micro-batches "
         f"of {s.micro_batch_size}",
         f"  {vocab_label(s)}; default dp type {s.default_dp_type.value}; precision {s.mixed_precision.value}"
         f"{'; Megatron-SP' if s.megatron_sp else ''}",
@@ -70,6 +76,8 @@ def json_summary(result: SearchResult) -> dict[str, Any]:
         "num_micro_batches": s.num_micro_batches,
         "pp": s.pp,
         "pp_division": list(s.pp_division),
+        "pipeline_schedule": s.pipeline_schedule.value,
+        "virtual_stages": s.virtual_stages,
         "vocab": {"tp": s.vocab.tp, "sp": s.vocab.sp, "dp_type": s.vocab_dp_type.value},
         "memory_budget_mib": result.memory_budget_mib,
         "usable_memory_mib": result.usable_memory_mib,

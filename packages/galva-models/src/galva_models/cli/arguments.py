@@ -64,6 +64,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "num_query_groups": (1, None, False), "ffn_hidden_size": (1, None, False), "vocab_size": (1, None, False),
     "seq_length": (2, None, False), "decoder_seq_length": (2, None, False), "max_position_embeddings": (1, None, False),
     "world_size": (1, None, False), "pp": (1, None, False), "tp": (1, None, False), "chunks": (1, None, False),
+    "virtual_stages": (1, None, False),
     "vocab_tp": (1, None, False), "global_batch_size": (1, None, False), "micro_batch_size": (1, None, False),
     "lr": (0, None, False), "min_lr": (0, None, False), "lr_warmup_iters": (0, None, False),
     "weight_decay": (0, None, False), "clip_grad": (0, None, False), "adam_beta1": (0, 1, True),
@@ -177,7 +178,20 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--chunks", "--num-micro-batches", dest="chunks", type=int, help="Micro-batches per step.")
     s.add_argument("--checkpoint", "--global-checkpoint", dest="checkpoint", action="store_true")
     s.add_argument("--recompute-granularity", choices=["full", "selective"], help="Megatron: full = --checkpoint.")
-    s.add_argument("--pipeline-schedule", "--pipeline-type", dest="pipeline_schedule", choices=["gpipe", "1f1b"])
+    s.add_argument(
+        "--pipeline-schedule",
+        "--pipeline-type",
+        dest="pipeline_schedule",
+        choices=["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"],
+        help="Default: 1f1b, or interleaved-1f1b with --virtual-stages > 1.",
+    )
+    s.add_argument(
+        "--virtual-stages",
+        "--num-virtual-stages-per-pipeline-rank",
+        dest="virtual_stages",
+        type=int,
+        help="Model chunks per pipeline stage (interleaved-1f1b; the layers are split into pp x v chunks).",
+    )
     s.add_argument("--vocab-tp", type=int)
     s.add_argument("--vocab-sp", action="store_true")
     s.add_argument("--embed-sdp", action="store_true", help="ZeRO-3 on the embedding and the head.")

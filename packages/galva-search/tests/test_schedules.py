@@ -1,0 +1,366 @@
+"""Pipeline schedules in the cost model and the search: 1F1B, GPipe, interleaved 1F1B (v chunks per stage), zb-h1.
+
+Hand-computed bubble, in-flight and p2p terms (docs/cost-model.md §4, §7), the in-flight count against a simulation of
+Megatron's interleaved order, and the search's choice of schedule against brute force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+
+import pytest
+
+from galva_schema import DataParallelType, LayerStrategy, PipelineSchedule, Strategy
+from galva_search.cli import main
+from galva_search.cost_model import (
+    CostModel,
+    CostSettings,
+    VocabOption,
+    interleaved_chunks_in_flight,
+    iteration_time,
+    pipeline_time,
+)
+from galva_search.evaluation import evaluate_strategy
+from galva_search.search import NoFeasibleStrategy, SearchOptions, search
+from galva_search.space import SpaceOptions, generate_space
+from galva_search.summary import json_summary, text_summary
+
+ONE = PipelineSchedule.ONE_F_ONE_B
+GPIPE = PipelineSchedule.GPIPE
+INTER = PipelineSchedule.INTERLEAVED_1F1B
+ZB = PipelineSchedule.ZB_H1
+
+
+def _megatron_peak(pp: int, v: int, c: int, stage: int) -> int:
+    """Micro-batch-chunks held at the peak of ``stage``, replaying Megatron's interleaved order step by step: the
+    warm-up forwards (``get_num_warmup_microbatches``), then one forward and one backward per step, then the
+    cool-down backwards."""
+    total = c * v
+    warmup = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    held = peak = 0
+    for _ in range(warmup):
+        held += 1
+        peak = max(peak, held)
+    for _ in range(total - warmup):
+        held += 1  # one forward
+        peak = max(peak, held)
+        held -= 1  # one backward
+    for _ in range(warmup):
+        held -= 1
+    assert held == 0
+    return peak
+
+
+@pytest.mark.parametrize(("pp", "v", "c"), [(2, 2, 2), (2, 2, 8), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 4, 4)])
+def test_interleaved_in_flight_follows_megatrons_order(pp, v, c):
+    assert interleaved_chunks_in_flight(pp, c, v) == [_megatron_peak(pp, v, c, s) for s in range(pp)]
+
+
+def test_in_flight_per_schedule(tiny, tiny_hw):
+    cost = CostModel(tiny_hw, tiny)
+    assert cost.in_flight(4, 8, ONE) == [4, 3, 2, 1]
+    assert cost.in_flight(4, 8, GPIPE) == [8] * 4
+    # zb-h1: 1F1B's pp - s forwards plus s micro-batches whose deferred weight gradient still holds its inputs
+    assert cost.in_flight(4, 8, ZB) == [4] * 4
+    assert cost.in_flight(4, 2, ZB) == [2] * 4
+    # interleaved, v = 2: 2 (pp - s - 1) + (v - 1) pp + 1 micro-batch-chunks, each half a stage's activations
+    assert interleaved_chunks_in_flight(4, 8, 2) == [11, 9, 7, 5]
+    assert cost.in_flight(4, 8, INTER, 2) == [5.5, 4.5, 3.5, 2.5]
+    # c = pp: the first stage runs every forward before its first backward (v c chunks)
+    assert interleaved_chunks_in_flight(2, 2, 2) == [4, 3]
+    assert cost.in_flight(1, 8, INTER, 2) == [1]
+    # the settings' schedule is the default
+    assert CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=ZB)).in_flight(4, 8) == [4] * 4
+
+
+def test_pipeline_time_per_schedule():
+    u, e = [1.0, 2.0, 1.0], [0.5, 3.5, 0.0]
+    # 1F1B: c U_max + the other stages once + the sync tail of stage 1 (3.5 less stage 0's 1.0 lead)
+    t = pipeline_time(u, e, 4)
+    assert (t.total, t.steady, t.bubble, t.tail, t.slowest) == pytest.approx((12.5, 8.0, 2.0, 2.5, 1))
+    assert iteration_time(u, e, 4) == pytest.approx(4 + 3 * 2 + 2.5)
+    assert pipeline_time(u, e, 4, GPIPE).total == pytest.approx(12.5)
+    # interleaved, v = 2: fill and drain walk half of each other stage; stage 1 leads by 0.5 only
+    t = pipeline_time(u, e, 4, INTER, 2)
+    assert (t.bubble, t.tail, t.total) == pytest.approx((1.0, 3.0, 12.0))
+    # zb-h1: each other stage's bubble share is U - 2 W
+    w = [0.25, 0.5, 0.25]
+    t = pipeline_time(u, e, 4, ZB, 1, w)
+    assert (t.bubble, t.tail, t.total) == pytest.approx((1.0, 3.0, 12.0))
+    # fewer micro-batches than stages: no weight gradient can be deferred, 1F1B's bubble
+    assert pipeline_time(u, e, 2, ZB, 1, w).total == pytest.approx(pipeline_time(u, e, 2).total)
+    # equal stages: Megatron's (pp - 1) U / v, the paper's (pp - 1)(F + B - W)
+    assert iteration_time([1.0] * 4, [0.0] * 4, 8, INTER, 2) == pytest.approx(8 + 3 / 2)
+    assert iteration_time([3.0] * 4, [0.0] * 4, 8, ZB, 1, [1.0] * 4) == pytest.approx(8 * 3 + 3 * (1 + 1 - 1))
+    assert iteration_time([3.0] * 4, [0.0] * 4, 8) == pytest.approx(8 * 3 + 3 * 3)
+
+
+def test_weight_gradient_is_half_the_backward_compute(tiny, tiny_hw):
+    cost = CostModel(tiny_hw, tiny, CostSettings(backward_coefficient=2.0))
+    cands = [c for c in generate_space(4, SpaceOptions()) if c.pp == 1]
+    t = cost.layer_terms(0, cands, 8, 2)
+    assert t.weight_grad_s == pytest.approx(t.forward_s)  # beta / 2 = 1 forward; recomputation is not W
+    assert any(c.checkpoint for c in cands)
+    for i, c in enumerate(cands):
+        recompute = t.forward_s[i] if c.checkpoint else 0.0
+        assert t.backward_s[i] == pytest.approx(2 * t.weight_grad_s[i] + recompute)
+
+
+def _plan(schedule: str, v: int, *, pp: int = 2, layers: int = 4, c: int = 4, tp: int = 1) -> Strategy:
+    return Strategy.uniform(
+        world_size=4, num_layers=layers, global_batch_size=8, layer={"tp": tp}, pp=pp, pipeline_schedule=schedule,
+        virtual_stages=v, num_micro_batches=c,
+    )
+
+
+def test_p2p_per_chunk_boundary_and_in_flight_memory(tiny, tiny_hw):
+    """pp 2, v 2, one layer per chunk: boundaries 0->1, 1->2 (the wrap from stage 1 back to stage 0), 2->3; each is
+    a forward send by its sender and a backward send by its receiver, so each stage sends 3 times per micro-batch
+    where 1F1B sends once."""
+    cost = CostModel(tiny_hw, tiny, CostSettings(context_mib=0.0))
+    plain = evaluate_strategy(cost, _plan("1f1b", 1)).detail
+    inter = evaluate_strategy(cost, _plan("interleaved-1f1b", 2)).detail
+    assert plain is not None and inter is not None
+    p = plain.stage_parts_s["p2p"][0]
+    assert p > 0 and plain.stage_parts_s["p2p"] == pytest.approx([p, p])
+    assert inter.stage_parts_s["p2p"] == pytest.approx([3 * p, 3 * p])  # 2 (pp v - 1) = 6 sends in all
+    assert inter.stage_time_s == pytest.approx([u + 2 * p for u in plain.stage_time_s])
+    # activations: 1F1B holds [2, 1] micro-batches; interleaved [5, 3] micro-batch-chunks of half a stage each
+    assert plain.stage_in_flight == [2, 1] and inter.stage_in_flight == [5, 3]
+    assert inter.virtual_stages == 2 and inter.schedule is INTER
+    for stage, (n_plain, n_inter) in enumerate(([2, 2.5], [1, 1.5])):
+        extra = inter.stage_memory_mib[stage] - plain.stage_memory_mib[stage]
+        assert extra == pytest.approx((n_inter - n_plain) * plain.stage_activation_mib[stage])
+    # the bubble: (U_1) / 2 over the slowest stage's 4 micro-batches
+    k = max(range(2), key=lambda s: inter.stage_time_s[s])
+    expected = 4 * inter.stage_time_s[k] + inter.stage_time_s[1 - k] / 2
+    tail = max(0.0, max(inter.stage_exposed_s[0], inter.stage_exposed_s[1] - inter.stage_time_s[0] / 2))
+    assert inter.iteration_time_s == pytest.approx(expected + tail)
+    assert inter.time_breakdown_s(4)["bubble"] == pytest.approx(inter.stage_time_s[1 - k] / 2)
+    assert sum(inter.time_breakdown_s(4).values()) == pytest.approx(inter.iteration_time_s)
+
+
+def test_zb_h1_prices_the_deferred_weight_gradient(tiny, tiny_hw):
+    cost = CostModel(tiny_hw, tiny, CostSettings(context_mib=0.0))
+    plain = evaluate_strategy(cost, _plan("1f1b", 1)).detail
+    zb = evaluate_strategy(cost, _plan("zb-h1", 1)).detail
+    assert plain is not None and zb is not None
+    assert zb.stage_time_s == pytest.approx(plain.stage_time_s)  # same work per micro-batch
+    # W per stage: two layers of one forward each (beta 2) plus half the vocabulary's backward
+    cand = next(c for c in generate_space(4, SpaceOptions()) if c.pp == 2 and c.tp == 1
+                and c.dp_type is DataParallelType.DDP and not c.checkpoint)
+    fwd = float(cost.layer_terms(0, [cand], 8 // 4, 4).forward_s[0])
+    vocab = cost.vocab_terms(2, VocabOption(1, False, False), 2, 4, [2, 2])
+    assert vocab[0].weight_grad_s > 0
+    assert zb.stage_weight_grad_s == pytest.approx([2 * fwd + vocab[0].weight_grad_s, 2 * fwd + vocab[1].weight_grad_s])
+    k = max(range(2), key=lambda s: zb.stage_time_s[s])
+    other = 1 - k
+    bubble = zb.stage_time_s[other] - 2 * zb.stage_weight_grad_s[other]
+    assert zb.bubble_s == pytest.approx(bubble)
+    assert zb.iteration_time_s < plain.iteration_time_s
+    # memory: every stage holds min(pp, c) = 2 micro-batches (stage 1 one more than under 1F1B)
+    assert zb.stage_in_flight == [2, 2]
+    assert zb.stage_memory_mib[0] == pytest.approx(plain.stage_memory_mib[0])
+    assert zb.stage_memory_mib[1] - plain.stage_memory_mib[1] == pytest.approx(plain.stage_activation_mib[1])
+
+
+def _uniform_brute_force(cost: CostModel, space: SpaceOptions, batch: int, usable: float, schedules, vs):
+    """Best (iteration time, schedule, v) over every uniform plan (one candidate for every layer), pipeline degree,
+    micro-batch count, schedule and chunk count, even partitions, vocabulary tp 1 with the default dp type, scored by
+    evaluate_strategy."""
+    layers = cost.model.num_layers
+    best = None
+    for cand in generate_space(cost.world_size, space):
+        for c in [d for d in range(1, batch + 1) if batch % d == 0]:
+            pairs = [(s, 1) for s in schedules if s is not INTER] + [(INTER, v) for v in vs if INTER in schedules]
+            for schedule, v in pairs if cand.pp > 1 else [(ONE, 1)]:
+                if schedule is INTER and (c % cand.pp or cand.pp * v > layers):
+                    continue
+                if schedule is ZB and c < cand.pp:
+                    continue
+                stage_ranks = cost.world_size // cand.pp
+                layer = LayerStrategy(
+                    tp=cand.tp, tp_consecutive=cand.consecutive or cand.tp in (1, stage_ranks), ulysses=cand.ulysses,
+                    dp_type=cand.dp_type, checkpoint=cand.checkpoint,
+                )
+                try:
+                    plan = Strategy.uniform(
+                        world_size=cost.world_size, num_layers=layers, global_batch_size=batch,
+                        layer=layer.model_dump(), pp=cand.pp, pipeline_schedule=schedule.value, virtual_stages=v,
+                        num_micro_batches=c, default_dp_type=cost.settings.default_dp_type.value,
+                    )
+                except ValueError:
+                    continue
+                got = evaluate_strategy(cost, plan)
+                if max(got.stage_memory_mib) > usable:
+                    continue
+                if best is None or got.iteration_time_s < best[0] - 1e-12:
+                    best = (got.iteration_time_s, schedule, v)
+    return best
+
+
+@pytest.mark.parametrize("budget", [700.0, 1000.0, 1025.0, 1050.0, 1100.0, 1125.0])
+def test_search_chooses_the_cheapest_schedule(make_hw, make_model, budget):
+    """Uniform plans (global mode), even partitions: the search over every schedule returns the brute-force optimum
+    over every candidate, micro-batch count, pipeline degree, schedule and chunk count."""
+    hw = make_hw(4)
+    slow = tuple(e.model_copy(update={"bus_bandwidth_gb_per_s": e.bus_bandwidth_gb_per_s / 50}) for e in hw.allreduce)
+    hw = hw.model_copy(update={"allreduce": slow})  # slow collectives: pipelines win
+    cost = CostModel(hw, make_model(8), CostSettings(context_mib=0.0))
+    space = SpaceOptions(disable_vtp=True, disable_sdp=True)
+    schedules = (ONE, INTER, ZB, GPIPE)
+    expected = _uniform_brute_force(cost, space, 8, budget, schedules, (2, 4))
+    options = SearchOptions(
+        memory_budget_mib=budget, batch_sizes=(8,), space=space, memory_reserve_mib=0.0, fine_grained=False,
+        partitions=("even",), refine_division=False, schedules=schedules, virtual_stages=(2, 4),
+    )
+    if expected is None:
+        with pytest.raises(NoFeasibleStrategy):
+            search(cost, options)
+        return
+    result = search(cost, options)
+    assert result.iteration_time_s == pytest.approx(expected[0], rel=1e-9)
+    # 1F1B on one stage, zb-h1 and interleaved each win at some budget
+    assert (result.strategy.pipeline_schedule, result.strategy.virtual_stages) == expected[1:] or (
+        result.iteration_time_s == pytest.approx(expected[0], rel=1e-12)
+    )
+    got = evaluate_strategy(cost, result.strategy)
+    assert got.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("budget", [600.0, 900.0, 1500.0, 4000.0])
+def test_auto_is_the_best_of_the_single_schedule_searches(make_hw, make_model, budget):
+    """Per-layer plans: searching every schedule at once finds the best of the searches restricted to one schedule
+    (the same tasks, pruned together), and its plan is scored the same by evaluate_strategy."""
+    hw = make_hw(4)
+    slow = tuple(e.model_copy(update={"bus_bandwidth_gb_per_s": e.bus_bandwidth_gb_per_s / 50}) for e in hw.allreduce)
+    hw = hw.model_copy(update={"allreduce": slow})
+    cost = CostModel(hw, make_model(8), CostSettings(context_mib=0.0))
+    common = dict(memory_budget_mib=budget, batch_sizes=(8, 16), space=SpaceOptions(sp_space="tp+sp"),
+                  memory_reserve_mib=0.0, refine_division=False)
+    singles = {}
+    for schedule in (ONE, INTER, ZB):
+        with contextlib.suppress(NoFeasibleStrategy):
+            singles[schedule] = search(cost, SearchOptions(**common, schedules=(schedule,)))
+    if not singles:
+        return
+    both = search(cost, SearchOptions(**common, schedules=(ONE, INTER, ZB)))
+    every = search(cost, SearchOptions(**common, schedules=(ONE, INTER, ZB), exhaustive=True))
+    per_sample = {k: r.iteration_time_s / r.strategy.global_batch_size for k, r in singles.items()}
+    best = min(per_sample.values())
+    assert both.iteration_time_s / both.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
+    assert every.iteration_time_s / every.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
+    s = both.strategy
+    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(both.iteration_time_s, rel=1e-12)
+    assert max(both.stage_memory_mib) <= budget
+    if s.pipeline_schedule is INTER:
+        assert s.virtual_stages >= 2 and len(s.pp_division) == s.pp * s.virtual_stages
+        assert s.num_micro_batches % s.pp == 0
+
+
+def test_interleaved_search_partitions_into_chunks(hw_1x8, llama7b):
+    """LLaMA-7B on one node, 16 GiB: the interleaved-only search writes pp x v chunks and reports them."""
+    cost = CostModel(hw_1x8, llama7b)
+    options = SearchOptions(memory_budget_mib=24 * 1024, batch_sizes=(32,), schedules=(INTER,), virtual_stages=(2,),
+                            space=SpaceOptions(disable_pp=False), num_micro_batches=16)
+    result = search(cost, options)
+    s = result.strategy
+    if s.pp > 1:
+        assert s.pipeline_schedule is INTER and s.virtual_stages == 2
+        assert len(s.pp_division) == 2 * s.pp
+        assert "chunks per stage" in text_summary(result)
+        assert any(r.schedule == "interleaved-1f1b:2" for r in result.log)
+    summary = json_summary(result)
+    assert summary["pipeline_schedule"] == s.pipeline_schedule.value
+    assert summary["virtual_stages"] == s.virtual_stages
+    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+    assert len(result.candidates) == s.num_layers
+
+
+def test_cli_auto_schedule_and_virtual_stages(data_dir, tmp_path, capsys):
+    out, summary = tmp_path / "plan.json", tmp_path / "summary.json"
+    code = main([
+        "--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile", str(data_dir / "llama7b_model.json"),
+        "--memory", "20GiB", "--global-batch-size", "32", "--num-micro-batches", "16", "--pipeline-schedule", "auto",
+        "--virtual-stages", "2", "--output", str(out), "--summary-json", str(summary), "--quiet",
+    ])
+    assert code == 0
+    plan = Strategy.load(out)
+    data = json.loads(summary.read_text())
+    assert data["pipeline_schedule"] == plan.pipeline_schedule.value
+    assert data["virtual_stages"] == plan.virtual_stages
+    assert plan.pipeline_schedule.value in capsys.readouterr().out
+    code = main([
+        "--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile", str(data_dir / "llama7b_model.json"),
+        "--memory", "20GiB", "--global-batch-size", "32", "--virtual-stages", "1", "--quiet",
+    ])
+    assert code == 2
+    assert "--virtual-stages" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedules", [(INTER,), (ZB,), (ONE, INTER, ZB)])
+def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, make_model, schedules):
+    """The bounds of interleaved and zb-h1 tasks are true lower bounds: pruning returns what solving every task
+    returns."""
+    hw = make_hw(4)
+    slow = tuple(e.model_copy(update={"bus_bandwidth_gb_per_s": e.bus_bandwidth_gb_per_s / 50}) for e in hw.allreduce)
+    hw = hw.model_copy(update={"allreduce": slow})
+    cost = CostModel(hw, make_model(8), CostSettings(context_mib=0.0))
+    for budget in (900.0, 1500.0, 4000.0):
+        common = dict(memory_budget_mib=budget, batch_sizes=(8, 16), space=SpaceOptions(sp_space="tp+sp"),
+                      memory_reserve_mib=0.0, schedules=schedules, refine_division=False)
+        try:
+            pruned = search(cost, SearchOptions(**common))
+        except NoFeasibleStrategy:
+            continue
+        every = search(cost, SearchOptions(**common, exhaustive=True))
+        assert pruned.iteration_time_s / pruned.strategy.global_batch_size == pytest.approx(
+            every.iteration_time_s / every.strategy.global_batch_size, rel=1e-9)
+
+
+def test_stage_dp_over_chunks_matches_brute_force(make_hw, make_model):
+    """An interleaved stage holds several runs of layers: its DP (chunk ends send, chunk starts receive, no transition
+    between its chunks) finds the minimum of its objective over every per-layer plan."""
+    import numpy as np
+
+    from galva_search.rules import ModelRules
+    from galva_search.stages import StageSolver
+    from galva_search.tasks import TaskEnumerator
+
+    cost = CostModel(make_hw(4), make_model(8), CostSettings(context_mib=0.0))
+    space = SpaceOptions(max_tp=2)
+    by_pp: dict = {}
+    for c in generate_space(4, space):
+        by_pp.setdefault(c.pp, []).append(c)
+    options = SearchOptions(memory_budget_mib=1200.0, batch_sizes=(8,), space=space, memory_reserve_mib=0.0,
+                            schedules=(INTER,), virtual_stages=(2,))
+    tasks = TaskEnumerator(cost, options, by_pp, ModelRules(cost.model, cost.settings, 4))
+    counts = {"dp_problems": 0, "dp_reused": 0}
+    solver = StageSolver(tasks, 1, counts)
+    task = next(t for t in tasks.enumerate() if t.pp == 2 and t.schedule is INTER and t.micro_batches == 4)
+    budgets = tasks.stage_budgets(task)
+    for stage in range(2):
+        key, (intra, memory, inter) = solver.stage_problem(task, stage)
+        transient = solver._transients[key]
+        L, S = intra.shape
+        best = None
+        for combo in itertools.product(range(S), repeat=L):
+            mem = sum(memory[i, s] for i, s in enumerate(combo)) + max(transient[i, s] for i, s in enumerate(combo))
+            if mem > budgets[stage]:
+                continue
+            t = sum(intra[i, s] for i, s in enumerate(combo)) + sum(
+                inter[i, combo[i - 1], s] for i, s in enumerate(combo) if i > 0
+            )
+            if np.isfinite(t) and (best is None or t < best):
+                best = t
+        (sols,) = solver.solve([task])
+        got = sols[stage]
+        if best is None:
+            assert got is None
+        else:
+            assert got is not None and got.time == pytest.approx(best, rel=1e-9)
+        # no transition between the stage's two chunks
+        assert tasks.layers.stage_chunk_starts(task.division, 2)[stage] == [0, 2]
+        assert not inter[2].any() and inter[1].any()
