@@ -83,6 +83,13 @@ class DataParallelUnit(ABC):
     def before_backward(self, sync: bool) -> None:  # noqa: B027 - optional hook, empty by default
         """Called before each micro-batch backward; ``sync`` marks the backward after which gradients are reduced."""
 
+    def begin_split_backward(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called before the input pass of a split backward (zero-bubble schedules)."""
+
+    def finish_split_backward(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called after the weight pass that completes this unit's gradients (or every one, when reducing every
+        micro-batch) of a split backward."""
+
     def after_backward(self, sync: bool) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after each micro-batch backward."""
 
@@ -200,6 +207,25 @@ class FsdpUnit(DataParallelUnit):
 
     def before_backward(self, sync: bool) -> None:
         self.fsdp.set_requires_gradient_sync(sync or self.reduce_every_micro_batch)
+
+    def begin_split_backward(self) -> None:
+        """Before a split backward's input pass: keep the gathered parameters and their gradients (the weight pass
+        writes them later, outside FSDP2's autograd hooks) until :meth:`finish_split_backward`."""
+        self.fsdp.set_requires_gradient_sync(False)
+        self.fsdp.set_reshard_after_backward(False)
+
+    def finish_split_backward(self) -> None:
+        """After the weight pass that completes the gradients: reduce-scatter them and reshard, as FSDP2's
+        post-backward would (``torch.distributed.pipelining`` does the same through FSDP2's private state)."""
+        fsdp = self.fsdp
+        fsdp.set_is_last_backward(True)
+        fsdp.set_requires_gradient_sync(True)
+        fsdp.set_reshard_after_backward(True)
+        state = fully_shard.state(fsdp)  # type: ignore[attr-defined]
+        for each in state._state_ctx.all_states:
+            for param_group in each._fsdp_param_groups:
+                param_group.post_backward()
+        state._root_post_backward_final_callback()
 
     def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]

@@ -19,6 +19,8 @@ _PIPELINE_TYPES = {
     "gpipe": PipelineSchedule.GPIPE,
     "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
     "1f1b": PipelineSchedule.ONE_F_ONE_B,
+    "interleaved-1f1b": PipelineSchedule.INTERLEAVED_1F1B,
+    "zb-h1": PipelineSchedule.ZB_H1,
 }
 
 
@@ -38,7 +40,8 @@ class GlobalFlags:
     default_dp_type: str = "ddp"  # --default_dp_type: ddp | zero2 | zero3
     chunks: int = 1  # --chunks: micro-batches per iteration
     checkpoint: bool = False  # --global_checkpoint
-    pipeline_type: str = "gpipe"  # --pipeline_type: gpipe | pipedream_flush (1f1b)
+    pipeline_type: str = "gpipe"  # --pipeline_type: gpipe | pipedream_flush (1f1b); Galva's interleaved-1f1b, zb-h1
+    virtual_stages: int = 1  # Galva's (Megatron's --num-virtual-stages-per-pipeline-rank): chunks per stage
     vocab_tp: int = 1  # --vocab_tp
     vocab_sp: bool = False  # --vocab_sp
     embed_sdp: bool = False  # --embed_sdp: ZeRO-3 on the vocabulary layers
@@ -62,6 +65,7 @@ def strategy_from_flags(flags: GlobalFlags) -> Strategy:
         },
         pp=flags.pp,
         pipeline_schedule=_PIPELINE_TYPES[flags.pipeline_type],
+        virtual_stages=flags.virtual_stages,
         num_micro_batches=flags.chunks,
         mixed_precision=Precision(flags.mixed_precision),
         default_dp_type=dp_type,

@@ -1,12 +1,15 @@
 """Gradient reduction of ddp units overlapped with the last backward of the iteration, as torch DDP does it.
 
 Every ddp unit whose sharding group has more than one rank is one bucket; buckets are ordered in reverse layer order
-(the order in which backward finishes them). During the iteration's last micro-batch backward, a post-accumulate
-hook on every parameter counts the parameters whose gradient is final; when all of a bucket's are, the bucket's
-gradients are copied into one flat buffer (in the reduce dtype) and summed over the group with an asynchronous
-all-reduce, while backward goes on with earlier layers. :meth:`BucketReducer.finish` (before the optimizer step)
-launches what has not been launched (parameters that received no gradient), waits for every handle, and writes
-the sums into the gradients of the master parameters. Earlier micro-batches only accumulate gradients locally.
+(the order in which backward finishes them). During a unit's last micro-batch backward (the runtime *arms* the
+units of a model chunk before that chunk's last backward), a post-accumulate hook on every parameter counts the
+parameters whose gradient is final; when all of a bucket's are, the bucket's gradients are copied into one flat
+buffer (in the reduce dtype) and summed over the group with an asynchronous all-reduce, while backward goes on with
+earlier layers. A split backward's weight pass writes gradients without accumulate hooks; after a chunk's last one
+the runtime launches the chunk's buckets itself (:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before
+the optimizer step) launches what has not been launched (parameters that received no gradient), waits for every
+handle, and writes the sums into the gradients of the master parameters. Earlier micro-batches only accumulate
+gradients locally.
 
 Buckets are launched in bucket order on every rank (a ready bucket waits for its predecessors), so every rank
 issues the collectives of a group in the same order.
@@ -14,6 +17,7 @@ issues the collectives of a group in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +36,7 @@ class Bucket:
     unit: DdpUnit
     params: list[nn.Parameter]  # compute parameters, in the unit's order
     ready: set[int] = field(default_factory=set)  # ids of params whose gradient is final this iteration
+    armed: bool = False  # the unit's last backward of the iteration has begun
     work: dist.Work | None = None
     flat: torch.Tensor | None = None
     present: list[int] = field(default_factory=list)  # indices of the params reduced (those with a gradient)
@@ -48,7 +53,6 @@ class BucketReducer:
         self.units = units
         reduced = [u for u in units if u.group_size > 1 and not u.reduce_every_micro_batch]
         self.buckets = [Bucket(u, [p for p, _ in u.grads_to_reduce()]) for u in reversed(reduced)]
-        self._armed = False
         self._next = 0  # index of the first bucket not yet launched
         self._handles = []
         for bucket in self.buckets:
@@ -57,19 +61,32 @@ class BucketReducer:
 
     def _hook(self, bucket: Bucket):  # type: ignore[no-untyped-def]
         def on_grad_final(param: torch.Tensor) -> None:
-            if not self._armed:
+            if not bucket.armed:
                 return
             bucket.ready.add(id(param))
             self._launch_ready()
 
         return on_grad_final
 
-    def arm(self) -> None:
-        """Called before the iteration's last micro-batch backward: the gradients it accumulates are final."""
-        for bucket in self.buckets:
+    def arm(self, units: Sequence[object] | None = None) -> None:
+        """Called before the last micro-batch backward of ``units`` (default: all): the gradients it accumulates into
+        their parameters are final."""
+        for bucket in self._of(units):
             bucket.ready.clear()
-        self._next = 0
-        self._armed = True
+            bucket.armed = True
+
+    def launch(self, units: Sequence[object]) -> None:
+        """The gradients of ``units`` are final (written by a split backward's weight pass): reduce them."""
+        for bucket in self._of(units):
+            bucket.armed = True
+            bucket.ready = {id(p) for p in bucket.params}
+        self._launch_ready()
+
+    def _of(self, units: Sequence[object] | None) -> list[Bucket]:
+        if units is None:
+            return self.buckets
+        ids = {id(u) for u in units}
+        return [b for b in self.buckets if id(b.unit) in ids]
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets):
@@ -89,7 +106,6 @@ class BucketReducer:
 
     def finish(self) -> None:
         """Launch what backward did not, wait for every reduction, hand the sums to the master parameters."""
-        self._armed = False
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
         for bucket in self.buckets:
@@ -98,6 +114,9 @@ class BucketReducer:
             self._unpack(bucket)
         for unit in self.units:  # the unbucketed ones (one-rank groups, per-micro-batch reduction)
             unit.move_grads_to_masters()
+        for bucket in self.buckets:
+            bucket.armed = False
+        self._next = 0
 
     @staticmethod
     def _unpack(bucket: Bucket) -> None:

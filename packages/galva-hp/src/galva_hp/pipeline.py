@@ -1,54 +1,74 @@
-"""Pipeline schedules over micro-batches: GPipe and 1F1B (PipeDream-flush), with p2p between consecutive stages.
+"""Pipeline execution: run a stage's schedule (:mod:`galva_hp.pipeline_schedules`) with p2p between model chunks.
 
-Local rank ``i`` of stage ``s`` exchanges activations (forward) and their gradients (backward) with local rank ``i``
-of stages ``s - 1`` and ``s + 1`` inside its pipeline group (:func:`galva_comm.layout.pipeline_groups`). Each
-message is a small header (dtype and shape) followed by the tensor, so stages may hand over any layout, including the
-sequence-sharded ones, without a shape table. Sends are non-blocking and waited for at the end of the iteration;
-receives block, which is deadlock-free for both schedules because every send is posted before the matching
-receive is needed. With ``pp == 1`` both schedules run forward and backward per micro-batch.
+A stage holds one model chunk, or ``v`` of them under interleaved 1F1B (chunk ``c`` on stage ``c % pp``). Chunk ``c``
+receives its input from chunk ``c - 1``'s stage and sends its output to chunk ``c + 1``'s stage (the last stage's
+chunks send back to stage 0); gradients go the other way. Local rank ``i`` of a stage exchanges with local rank ``i``
+of the other stages inside its pipeline group (:func:`galva_comm.layout.pipeline_groups`). Each message is a small
+header (dtype and shape) followed by the tensor, so chunks may hand over any layout, including the sequence-sharded
+ones, without a shape table; the tag names the receiving chunk and the direction, so messages of different chunks
+between the same two ranks never mix. Sends are non-blocking and waited for at the end of the iteration; receives
+block, which is deadlock-free for every schedule whose order :func:`~galva_hp.pipeline_schedules.simulate` finishes.
+
+Backward steps: ``B`` back-propagates a chunk's micro-batch in one autograd call. Zero-bubble schedules split it:
+``I`` computes only the gradient of the chunk's input (what the previous chunk waits for) and ``W`` later computes
+the weights' gradients from the intermediate gradients ``I`` kept, without running any node twice
+(``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``, a private module of
+torch: the split needs autograd-graph surgery that torch has no public API for). The weights of a chunk are the leaf
+tensors its graph accumulates into, found by walking the graph, so FSDP2's gathered parameters, shared parameters and
+tied copies are all covered. A ``W`` writes ``.grad`` directly: no post-accumulate-grad hook fires, so the hooks of
+:func:`run_schedule` tell the runtime which step finishes a chunk's gradients.
 
 The schedule never scales gradients: the loss each micro-batch back-propagates is already divided by the global
 token count (unlike ``torch.distributed.pipelining``, whose default divides by the number of micro-batches).
+
+Why Galva runs its own schedules instead of ``torch.distributed.pipelining``'s (measured, see
+``benchmarks/runtime/README.md``): its ``PipelineStage`` treats a stage as one module under one data-parallel wrapper
+(``DistributedDataParallel`` or a root ``fully_shard``), while a Galva stage holds one data-parallel unit per layer,
+each on its own group and of its own type (ddp buckets reduced from post-accumulate hooks during the last backward,
+zero2/zero3 per layer); with a split backward it keeps every FSDP2 module unsharded and unreduced until all weight
+gradients are done. Driving it would mean re-implementing those reductions around it; the schedule itself is a
+list of steps (this module and :mod:`galva_hp.pipeline_schedules`, ~300 lines). On the same pp4 model galva's 1F1B
+runs at the speed of ``Schedule1F1B`` (ratio in the benchmark README), so adopting it would buy no time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.autograd.graph import Node
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from galva_schema import PipelineSchedule
+from galva_hp.pipeline_schedules import Step, schedule_order
 
-__all__ = ["PipelineStage", "run_schedule", "schedule_order"]
+__all__ = ["PipelineStage", "ScheduleHooks", "Step", "run_schedule", "schedule_order"]
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
 _HEADER = 10  # dtype code, ndim, up to 8 dims
-_TAG_FORWARD, _TAG_BACKWARD = 1, 2
 
 
 @dataclass
 class PipelineStage:
-    """This rank's place in its pipeline: the group and the global ranks of its neighbours (None at the ends)."""
+    """This rank's place in its pipeline: its stage, and the global ranks of every stage of its pipeline group."""
 
     stage: int
     num_stages: int
     group: dist.ProcessGroup | None = None
-    prev_rank: int | None = None
-    next_rank: int | None = None
+    ranks: tuple[int, ...] = ()  # global rank of each stage's member of this pipeline
+    num_chunks: int = 0  # model chunks over the pipeline (0: one per stage)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # of the p2p buffers
     _pending: list[Any] = field(default_factory=list, repr=False)
 
     @property
-    def is_first(self) -> bool:
-        return self.stage == 0
+    def chunks(self) -> int:
+        return self.num_chunks or self.num_stages
 
-    @property
-    def is_last(self) -> bool:
-        return self.stage == self.num_stages - 1
+    def _rank_of_chunk(self, chunk: int) -> int:
+        return self.ranks[chunk % self.num_stages]
 
     # --------------------------------------------------------------------------------------------------- p2p
     def _send(self, tensor: Tensor, dst: int, tag: int) -> None:
@@ -69,22 +89,22 @@ class PipelineStage:
         dist.recv(tensor, src, group=self.group, tag=tag)
         return tensor
 
-    def send_forward(self, activation: Tensor) -> None:
-        assert self.next_rank is not None
-        self._send(activation, self.next_rank, _TAG_FORWARD)
+    def send_forward(self, chunk: int, activation: Tensor) -> None:
+        """Chunk ``chunk``'s output to chunk ``chunk + 1``."""
+        self._send(activation, self._rank_of_chunk(chunk + 1), 2 * (chunk + 1) + 1)
 
-    def recv_forward(self) -> Tensor:
-        assert self.prev_rank is not None
-        tensor = self._recv(self.prev_rank, _TAG_FORWARD)
+    def recv_forward(self, chunk: int) -> Tensor:
+        """Chunk ``chunk``'s input, from chunk ``chunk - 1``."""
+        tensor = self._recv(self._rank_of_chunk(chunk - 1), 2 * chunk + 1)
         return tensor.requires_grad_(tensor.is_floating_point())
 
-    def send_backward(self, grad: Tensor) -> None:
-        assert self.prev_rank is not None
-        self._send(grad, self.prev_rank, _TAG_BACKWARD)
+    def send_backward(self, chunk: int, grad: Tensor) -> None:
+        """The gradient of chunk ``chunk``'s input, to chunk ``chunk - 1``."""
+        self._send(grad, self._rank_of_chunk(chunk - 1), 2 * (chunk - 1) + 2)
 
-    def recv_backward(self) -> Tensor:
-        assert self.next_rank is not None
-        return self._recv(self.next_rank, _TAG_BACKWARD)
+    def recv_backward(self, chunk: int) -> Tensor:
+        """The gradient of chunk ``chunk``'s output, from chunk ``chunk + 1``."""
+        return self._recv(self._rank_of_chunk(chunk + 1), 2 * chunk + 2)
 
     def wait_sends(self) -> None:
         for work, _ in self._pending:
@@ -92,61 +112,88 @@ class PipelineStage:
         self._pending.clear()
 
 
-def schedule_order(schedule: PipelineSchedule, stage: int, num_stages: int, n: int) -> list[tuple[str, int]]:
-    """The ("F"|"B", micro-batch) steps of one stage, in order."""
-    if num_stages == 1:
-        return [step for k in range(n) for step in (("F", k), ("B", k))]
-    if schedule is PipelineSchedule.GPIPE:
-        return [("F", k) for k in range(n)] + [("B", k) for k in range(n)]
-    warmup = min(num_stages - stage - 1, n)
-    order = [("F", k) for k in range(warmup)]
-    for i in range(n - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    order += [("B", k) for k in range(n - warmup, n)]
-    return order
+class ScheduleHooks(Protocol):
+    """What :func:`run_schedule` calls on the stage it runs."""
+
+    def forward(self, chunk: int, received: Tensor | None, k: int) -> Any:
+        """Run chunk ``chunk`` on micro-batch ``k`` (``received`` is None for chunk 0); return the activation to
+        send on, or for the last chunk whatever :meth:`loss` turns into the scalar to back-propagate."""
+
+    def loss(self, out: Any) -> Tensor: ...
+
+    def before_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
+        """Before the step that writes chunk ``chunk``'s weight gradients of micro-batch ``k`` (``B``, or ``W`` when
+        ``split``); ``final`` marks the chunk's last such step of the iteration (its gradients are then complete)."""
+
+    def after_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
+        """After that step."""
+
+    def before_input_backward(self, chunk: int, k: int) -> None:
+        """Before an ``I`` step (a split backward's input-gradient half)."""
 
 
-def run_schedule(
-    pipe: PipelineStage,
-    schedule: PipelineSchedule,
-    num_micro_batches: int,
-    forward: Callable[[Tensor | None, int], Any],
-    loss_of: Callable[[Any], Tensor],
-    before_backward: Callable[[int, bool], None] = lambda k, sync: None,
-    after_backward: Callable[[int, bool], None] = lambda k, sync: None,
-) -> list[Any]:
-    """Run one iteration's forwards and backwards on this stage; return the last stage's forward outputs.
-
-    ``forward(received, k)`` runs the stage on micro-batch ``k`` (``received`` is None on the first stage) and returns
-    the activation to send on, or on the last stage whatever ``loss_of`` turns into the scalar to back-propagate.
-    ``before_backward(k, sync)`` / ``after_backward(k, sync)`` surround every backward; ``sync`` is true for the last
-    backward of the iteration (data-parallel units reduce gradients then).
-    """
-    saved: dict[int, tuple[Tensor | None, Any]] = {}
+def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHooks) -> list[Any]:
+    """Run one iteration's steps on this stage, in ``order``; return the last chunk's forward outputs."""
+    last_chunk = pipe.chunks - 1
+    saved: dict[tuple[int, int], tuple[Tensor | None, Any]] = {}
+    pending_weights: dict[tuple[int, int], tuple[list[nn.Parameter], list[dict[str, Any]]]] = {}
     outputs: list[Any] = []
-    order = schedule_order(schedule, pipe.stage, pipe.num_stages, num_micro_batches)
-    last_backward = max(i for i, (kind, _) in enumerate(order) if kind == "B")
-    for position, (kind, k) in enumerate(order):
+    final = {}  # chunk -> position of the step that finishes its weight gradients
+    for position, step in enumerate(order):
+        if step.kind in "BW":
+            final[step.chunk] = position
+    for position, (kind, chunk, k) in enumerate(order):
         if kind == "F":
-            received = None if pipe.is_first else pipe.recv_forward()
-            out = forward(received, k)
-            if pipe.is_last:
+            received = None if chunk == 0 else pipe.recv_forward(chunk)
+            out = hooks.forward(chunk, received, k)
+            if chunk == last_chunk:
                 outputs.append(out)
             else:
-                pipe.send_forward(out)
-            saved[k] = (received, out)
+                pipe.send_forward(chunk, out)
+            saved[(chunk, k)] = (received, out)
             continue
-        received, out = saved.pop(k)
-        sync = position == last_backward
-        before_backward(k, sync)
-        if pipe.is_last:
-            loss_of(out).backward()
+        is_final = final.get(chunk) == position
+        if kind == "W":
+            weights, groups = pending_weights.pop((chunk, k))
+            hooks.before_backward(chunk, k, is_final, True)
+            stage_backward_weight(iter(weights), groups)
+            hooks.after_backward(chunk, k, is_final, True)
+            continue
+        received, out = saved.pop((chunk, k))
+        if chunk == last_chunk:
+            roots, grads = [hooks.loss(out)], None
         else:
-            grad = pipe.recv_backward()
-            torch.autograd.backward(out, grad)
-        after_backward(k, sync)
-        if not pipe.is_first:
-            assert received is not None and received.grad is not None, "stage input received no gradient"
-            pipe.send_backward(received.grad)
+            roots, grads = [out], [pipe.recv_backward(chunk)]
+        if kind == "B":
+            hooks.before_backward(chunk, k, is_final, False)
+            torch.autograd.backward(roots, grads)
+            hooks.after_backward(chunk, k, is_final, False)
+        else:  # "I"
+            if received is None:
+                raise ValueError(f"chunk {chunk} has no input to split its backward at")
+            hooks.before_input_backward(chunk, k)
+            weights = _graph_leaves(roots, exclude=received)
+            _, groups = stage_backward_input(roots, grads, [received], iter(weights))
+            pending_weights[(chunk, k)] = (weights, groups)
+        if chunk > 0:
+            assert received is not None and received.grad is not None, f"chunk {chunk}'s input received no gradient"
+            pipe.send_backward(chunk, received.grad)
     pipe.wait_sends()
     return outputs
+
+
+def _graph_leaves(roots: Sequence[Tensor], exclude: Tensor) -> list[nn.Parameter]:
+    """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, except ``exclude``."""
+    seen: set[Node] = set()
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    leaves: dict[int, nn.Parameter] = {}  # plain leaf tensors too: autograd treats them alike
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, Tensor) and variable is not exclude:
+            leaves[id(variable)] = variable  # type: ignore[assignment]
+        stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+    return list(leaves.values())

@@ -25,7 +25,7 @@ from galva_hp.labels import IGNORE_INDEX
 from galva_hp.model import ParallelContext
 from galva_hp.options import BuildOptions
 from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
-from galva_hp.pipeline import PipelineStage, run_schedule
+from galva_hp.pipeline import PipelineStage, run_schedule, schedule_order
 from galva_hp.precision import PrecisionPolicy
 from galva_hp.shared_params import SharedParameters
 from galva_schema import Strategy
@@ -67,8 +67,8 @@ class HybridParallelModel(nn.Module):
             stage=self.stage,
             num_stages=strategy.pp,
             group=groups.get(pipeline) if len(pipeline) > 1 else None,
-            prev_rank=pipeline[self.stage - 1] if self.stage > 0 else None,
-            next_rank=pipeline[self.stage + 1] if self.stage < strategy.pp - 1 else None,
+            ranks=tuple(pipeline),
+            num_chunks=strategy.num_chunks,
             device=torch.device(options.device),
         )
 
@@ -112,19 +112,29 @@ class HybridParallelModel(nn.Module):
         return out
 
     # --------------------------------------------------------------------------------------------------- running
-    def _stage_forward(self, received: Tensor | None, ids: Tensor | None, labels: Tensor | None) -> Any:
+    def chunk_units(self, chunk: int) -> list[DataParallelUnit]:
+        """The data-parallel units of model chunk ``chunk`` (embedding in chunk 0, head in the last one)."""
+        chunk_of = self.strategy.layer_chunks
+        last = self.strategy.num_chunks - 1
+
+        def of(name: str) -> int:
+            return 0 if name == "embedding" else last if name == "head" else chunk_of[int(name.split(".")[1])]
+
+        return [u for u in self.units if of(u.name) == chunk]
+
+    def _chunk_forward(self, chunk: int, received: Tensor | None, ids: Tensor | None, labels: Tensor | None) -> Any:
         hidden = received
-        if self.embedding is not None:
+        if chunk == 0 and self.embedding is not None:
             assert ids is not None
             if ids.is_floating_point():  # pixels (any non-token input) enter in the compute dtype, in every plan
                 ids = ids.to(self.precision.param_dtype)
             hidden = self._run("embedding", self.embedding, ids)
-        for index in self.layer_indices():
+        for index in self.strategy.chunk_layers(chunk):
             key = str(index)
             if key in self.redistributions:
                 hidden = self.redistributions[key](hidden)
             hidden = self._run(f"layers.{index}", self.layers[key], hidden)
-        if self.head is None:
+        if chunk != self.strategy.num_chunks - 1 or self.head is None:
             return hidden
         key = str(self.strategy.num_layers)
         if key in self.redistributions:
@@ -166,29 +176,10 @@ class HybridParallelModel(nn.Module):
         ]
         self.saved_bytes.clear()
 
-        def forward(received: Tensor | None, k: int) -> Any:
-            return self._stage_forward(received, ids_parts[k], label_parts[k])
-
-        def before_backward(k: int, sync: bool) -> None:
-            if sync and self.reducer is not None:
-                self.reducer.arm()  # this backward finishes the gradients: reduce them as they become final
-            for unit in self.units:
-                unit.before_backward(sync)
-
-        def after_backward(k: int, sync: bool) -> None:
-            for unit in self.units:
-                unit.after_backward(sync)
-
+        hooks = _StageHooks(self, ids_parts, label_parts, tokens)
+        order = schedule_order(strategy.pipeline_schedule, self.stage, strategy.pp, n, strategy.virtual_stages)
         with defer_param_grad_sums(self.replicated):
-            outputs = run_schedule(
-                self.pipe,
-                strategy.pipeline_schedule,
-                n,
-                forward,
-                loss_of=lambda out: out[0] / max(tokens, 1),
-                before_backward=before_backward,
-                after_backward=after_backward,
-            )
+            outputs = run_schedule(self.pipe, order, hooks)
         self.finish_gradients()
         totals = torch.zeros(2, dtype=torch.float64, device=self.options.device)
         for loss_sum, count in outputs:
@@ -252,6 +243,45 @@ class HybridParallelModel(nn.Module):
                     assert param is not None
                     dist.broadcast(local_tensor(param.data), src=src, group=group)
         self.after_step()
+
+
+class _StageHooks:
+    """One iteration's :class:`~galva_hp.pipeline.ScheduleHooks`: chunk forwards on the micro-batch shards, and the
+    data-parallel units of each chunk told when its gradients are complete (a chunk's last ``B`` or ``W``)."""
+
+    def __init__(
+        self, model: HybridParallelModel, ids: list[Tensor | None], labels: list[Tensor | None], tokens: int
+    ) -> None:
+        self.model, self.ids, self.labels, self.tokens = model, ids, labels, tokens
+        self.units = {c: model.chunk_units(c) for c in model.strategy.stage_chunks(model.stage)}
+
+    def forward(self, chunk: int, received: Tensor | None, k: int) -> Any:
+        return self.model._chunk_forward(chunk, received, self.ids[k], self.labels[k])
+
+    def loss(self, out: Any) -> Tensor:
+        return out[0] / max(self.tokens, 1)
+
+    def before_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
+        if split:  # FSDP2 units were told at the input pass; ddp units have nothing to do before
+            return
+        reducer = self.model.reducer
+        if final and reducer is not None:
+            reducer.arm(self.units[chunk])  # this backward finishes the chunk's gradients: reduce as they become final
+        for unit in self.units[chunk]:
+            unit.before_backward(final)
+
+    def after_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
+        for unit in self.units[chunk]:
+            unit.after_backward(final)
+            if split and (final or unit.reduce_every_micro_batch):
+                unit.finish_split_backward()
+        reducer = self.model.reducer
+        if split and final and reducer is not None:
+            reducer.launch(self.units[chunk])
+
+    def before_input_backward(self, chunk: int, k: int) -> None:
+        for unit in self.units[chunk]:
+            unit.begin_split_backward()
 
 
 def _grad_or_zero(param: nn.Parameter) -> Tensor:

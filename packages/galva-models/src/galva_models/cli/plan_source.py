@@ -13,8 +13,8 @@ from galva_schema import SchemaError, Strategy
 
 PLAN_FLAGS = (
     "pp", "tp", "tp_consecutive", "ulysses", "sequence_parallel", "sdp", "default_dp_type", "chunks", "checkpoint",
-    "recompute_granularity", "pipeline_schedule", "vocab_tp", "vocab_sp", "embed_sdp", "use_distributed_optimizer",
-    "micro_batch_size",
+    "recompute_granularity", "pipeline_schedule", "virtual_stages", "vocab_tp", "vocab_sp", "embed_sdp",
+    "use_distributed_optimizer", "micro_batch_size",
 )  # fmt: skip
 """Flags that describe a plan; a plan file describes all of it."""
 
@@ -155,8 +155,10 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         raise ConfigError(f"--pp {pp} does not divide the {world_size} ranks")
     if (world_size // pp) % tp:
         raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
-    if num_layers < pp:
-        raise ConfigError(f"--pp {pp} is more than the model's {num_layers} layers")
+    virtual_stages = args.virtual_stages or 1
+    if num_layers < pp * virtual_stages:
+        what = f"--pp {pp}" if virtual_stages == 1 else f"--pp {pp} x --virtual-stages {virtual_stages} chunks"
+        raise ConfigError(f"{what} is more than the model's {num_layers} layers")
     if args.recompute_granularity == "selective":
         raise ConfigError("--recompute-granularity selective is not supported; use full (= --checkpoint)")
     vocab_tp = args.vocab_tp or 1
@@ -178,7 +180,8 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         default_dp_type=_dp_type(args),
         chunks=chunks,
         checkpoint=args.checkpoint or args.recompute_granularity == "full",
-        pipeline_type=args.pipeline_schedule or "1f1b",
+        pipeline_type=args.pipeline_schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
+        virtual_stages=virtual_stages,
         vocab_tp=vocab_tp,
         vocab_sp=args.vocab_sp,
         embed_sdp=args.embed_sdp,
