@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import numpy as np
@@ -35,6 +35,7 @@ class LayerSequence:
         self.type_of = [t for t, count in self.runs for _ in range(count)]
         self.type_ends = [i + 1 == len(self.type_of) or self.type_of[i + 1] != t for i, t in enumerate(self.type_of)]
         self._counts: dict[tuple[tuple[int, ...], int | None], list[list[tuple[int, int]]]] = {}
+        self._p2p: dict[tuple[tuple[int, ...], int], list[list[int]]] = {}
 
     def __len__(self) -> int:
         return len(self.type_of)
@@ -65,6 +66,23 @@ class LayerSequence:
             sizes[k % pp] += count
         return out
 
+    def stage_p2p_types(self, division: tuple[int, ...], pp: int) -> list[list[int]]:
+        """Per stage, the layer type of every p2p send it makes per micro-batch: at each boundary between model
+        chunks the sender's stage sends the activation forward, the receiver's stage sends its gradient back, both
+        sized by the layer before the boundary (cached)."""
+        key = (division, -pp)
+        hit = self._p2p.get(key)
+        if hit is None:
+            hit = [[] for _ in range(pp)]
+            end = 0
+            for k, count in enumerate(division[:-1]):
+                end += count
+                t = self.type_of[end - 1]
+                hit[k % pp].append(t)
+                hit[(k + 1) % pp].append(t)
+            self._p2p[key] = hit
+        return hit
+
     def stage_type_counts(self, division: tuple[int, ...], pp: int | None = None) -> list[list[tuple[int, int]]]:
         """Per stage, ``(type, count)`` of the layers it holds (cached: bounds ask for it per task)."""
         key = (division, pp)
@@ -92,6 +110,15 @@ class CostTables:
     allowed: list[np.ndarray]  # per layer type: candidates the model can run (ModelRules.allowed)
     allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
     dual_cache: dict[tuple[int, float], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
+
+    def min_p2p(self, t: int) -> float:
+        """The cheapest p2p send of a layer of type ``t`` over every candidate (a lower bound on any plan's)."""
+        key = (t, -1.0)
+        hit = self.dual_cache.get(key)
+        if hit is None:
+            p2p = self.terms[t].p2p_s
+            hit = self.dual_cache[key] = (p2p, float(p2p.min()) if len(p2p) else 0.0)
+        return hit[1]
 
     def dual(self, t: int, in_flight: float) -> tuple[np.ndarray, float]:
         """``g(lam) = min_s (U(s) + lam * M(s))`` over :data:`LAMBDAS`, and ``min_s M(s)``, for one layer of type
@@ -185,6 +212,7 @@ class TaskEnumerator:
         self._tables: dict[tuple[int, int, bool], CostTables | None] = {}
         self._divisions: dict[tuple, list[tuple[int, ...]]] = {}
         self._vocab: dict[tuple, list[VocabTerms]] = {}
+        self._vocab_base: dict[tuple, list[VocabTerms]] = {}
         self._bounds: dict[tuple, list[float] | None] = {}
 
     def tables(self, pp: int, micro_batch: int, accumulating: bool) -> CostTables | None:
@@ -282,7 +310,14 @@ class TaskEnumerator:
         key = (pp, option, micro, c > 1, in_flight[0], in_flight[-1])
         hit = self._vocab.get(key)
         if hit is None:
-            hit = self._vocab[key] = self.cost.vocab_terms(pp, option, micro, c, in_flight)
+            # the terms without activations in flight, once per (pp, option, micro-batch, accumulating); each
+            # in-flight count only changes the memory (states + n * activations of one micro-batch)
+            base_key = (pp, option, micro, c > 1)
+            base = self._vocab_base.get(base_key)
+            if base is None:
+                base = self._vocab_base[base_key] = self.cost.vocab_terms(pp, option, micro, c, [0] * pp)
+            hit = [replace(vt, memory_mib=vt.states_mib + vt.activation_mib * n) for vt, n in zip(base, in_flight)]
+            self._vocab[key] = hit
         return hit
 
     def _partitions(
@@ -371,7 +406,9 @@ class TaskEnumerator:
 
         Per stage, weak Lagrangian duality bounds the per-micro-batch time of any plan that fits the stage budget B:
         ``U >= max_lam sum_l min_s (U_ls + lam * M_ls) - lam * B`` (lam = 0 is the fastest-strategy bound);
-        redistribution and p2p costs are >= 0 and left out. The iteration time is monotone in every U_s
+        redistribution costs are >= 0 and left out; each p2p send of the stage (two per boundary between model
+        chunks, :meth:`LayerSequence.stage_p2p_types`) costs at least the cheapest candidate's. The iteration time is
+        monotone in every U_s
         (:func:`bound_time`). The stage bounds depend on the micro-batch count only through the in-flight counts,
         so they are shared between tasks.
         """
@@ -394,7 +431,8 @@ class TaskEnumerator:
                 if min_mem > budget:
                     stage_u = None
                     break
-                stage_u.append(vt[s].micro_batch_s + float(np.max(total - LAMBDAS * budget)))
+                sends = sum(tables.min_p2p(t) for t in self.layers.stage_p2p_types(task.division, pp)[s])
+                stage_u.append(vt[s].micro_batch_s + sends + float(np.max(total - LAMBDAS * budget)))
             self._bounds[key] = stage_u
         task.bound_s = (
             math.inf
