@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -104,16 +103,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:
-    """Check the input, then run this command under torchrun with ``--nproc-per-node`` ranks on this machine."""
+    """Check the input, then run this command as ``--nproc-per-node`` ranks on this machine."""
+    from galva_comm.launch import LaunchError, launch_local
     from galva_profiler.hardware_cli import check_hardware_args
 
     if args.nproc_per_node < 2:
         raise ProfileError(f"--nproc-per-node {args.nproc_per_node}: a sweep needs at least 2 ranks")
     check_hardware_args(args)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc_per_node)]
-    command += ["-m", "galva_profiler.cli", *argv]
-    env = dict(os.environ, TORCHELASTIC_ERROR_FILE=os.devnull, LOGLEVEL="ERROR")
-    return subprocess.call(command, env=env)
+    try:
+        return launch_local(args.nproc_per_node, "galva_profiler.cli", argv, prog=PROG)
+    except LaunchError as err:
+        raise ProfileError(str(err)) from None
 
 
 if __name__ == "__main__":
