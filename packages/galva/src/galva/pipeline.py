@@ -222,8 +222,8 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--mixed-precision", precision, "--output", str(strategy), "--summary-json", str(summary),
         "--galvatron-output", str(out / "galvatron_config.json"), "--quiet"),
         {"strategy": strategy, "summary": summary}, work=lambda: _strategy_note(strategy))
-    launcher = _python_command("torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc))
-    r.stage("train", [*launcher, "-m", "galva_models.cli.train", "--model-config", str(model_dir),
+    r.stage("train", [*_python_command("galva_models.cli.train", "--nproc-per-node", str(nproc)),
+                      "--model-config", str(model_dir),
                       "--strategy", str(strategy), "--seq-length", str(o.seq_length), "--data-path", str(prefix),
                       "--train-iters", str(o.train_iters), "--lr", str(o.lr), "--lr-warmup-iters", "5",
                       "--save", str(ckpt), "--metrics-jsonl", str(metrics), "--log-interval", "10", "--no-progress"],
