@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
@@ -161,6 +161,9 @@ def build_tables(
     return CostTables(pool, terms, redis, penalty, fastest, allowed, allowed_at_end)
 
 
+_LABELS: dict[tuple[PipelineSchedule, int], str] = {}
+
+
 @dataclass
 class Task:
     """One combination of the outer search; ``bound_s`` is a lower bound on its iteration time (inf: cannot fit)."""
@@ -184,8 +187,12 @@ class Task:
     @property
     def schedule_label(self) -> str:
         """``1f1b``, ``zb-h1``, ``interleaved-1f1b:2`` (chunks per stage), ..."""
-        v = f":{self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return f"{self.schedule.value}{v}"
+        key = (self.schedule, self.virtual_stages)
+        hit = _LABELS.get(key)
+        if hit is None:
+            v = f":{self.virtual_stages}" if self.virtual_stages > 1 else ""
+            hit = _LABELS[key] = f"{self.schedule.value}{v}"
+        return hit
 
     def record(self, status: str) -> TaskRecord:
         """This task's line of the search log, with ``status``."""
@@ -214,6 +221,10 @@ class TaskEnumerator:
         self._vocab: dict[tuple, list[VocabTerms]] = {}
         self._vocab_base: dict[tuple, list[VocabTerms]] = {}
         self._bounds: dict[tuple, list[float] | None] = {}
+        self._stage_bounds: dict[tuple, float] = {}
+        self._sends: dict[tuple, list[float]] = {}
+        self._time_divisions: dict[tuple, tuple[int, ...] | None] = {}
+        self._in_flight: dict[tuple, list[float]] = {}
 
     def tables(self, pp: int, micro_batch: int, accumulating: bool) -> CostTables | None:
         """Tables over the candidates of ``pp`` whose dp divides the micro-batch (None: no such candidate)."""
@@ -295,7 +306,14 @@ class TaskEnumerator:
 
     def in_flight(self, task: Task) -> list[float]:
         """Micro-batches of activations each stage of ``task`` holds at its peak (``CostModel.in_flight``)."""
-        return self.cost.in_flight(task.pp, task.micro_batches, task.schedule, task.virtual_stages)
+        return self._flight(task.pp, task.micro_batches, task.schedule, task.virtual_stages)
+
+    def _flight(self, pp: int, c: int, schedule: PipelineSchedule | None, virtual_stages: int) -> list[float]:
+        key = (pp, c, schedule, virtual_stages)
+        hit = self._in_flight.get(key)
+        if hit is None:
+            hit = self._in_flight[key] = self.cost.in_flight(pp, c, schedule, virtual_stages)
+        return hit
 
     def vocab_terms(
         self,
@@ -306,7 +324,7 @@ class TaskEnumerator:
         schedule: PipelineSchedule | None = None,
         virtual_stages: int = 1,
     ) -> list[VocabTerms]:
-        in_flight = self.cost.in_flight(pp, c, schedule, virtual_stages)
+        in_flight = self._flight(pp, c, schedule, virtual_stages)
         key = (pp, option, micro, c > 1, in_flight[0], in_flight[-1])
         hit = self._vocab.get(key)
         if hit is None:
@@ -316,7 +334,13 @@ class TaskEnumerator:
             base = self._vocab_base.get(base_key)
             if base is None:
                 base = self._vocab_base[base_key] = self.cost.vocab_terms(pp, option, micro, c, [0] * pp)
-            hit = [replace(vt, memory_mib=vt.states_mib + vt.activation_mib * n) for vt, n in zip(base, in_flight)]
+            hit = [
+                VocabTerms(
+                    vt.micro_batch_s, vt.exposed_sync_s, vt.states_mib + vt.activation_mib * n, vt.states_mib,
+                    vt.activation_mib, vt.weight_grad_s,
+                )
+                for vt, n in zip(base, in_flight)
+            ]
             self._vocab[key] = hit
         return hit
 
@@ -336,7 +360,7 @@ class TaskEnumerator:
         if pp == 1:
             return [(L,)]
         n = pp * virtual_stages
-        in_flight = self.cost.in_flight(pp, c, schedule, virtual_stages)
+        in_flight = self._flight(pp, c, schedule, virtual_stages)
         key = (
             pp,
             n,
@@ -371,12 +395,17 @@ class TaskEnumerator:
             if got:
                 out.append(tuple(got))
         if "time" in wanted:
-            runs = [
-                (count, [float(tables.terms[t].micro_batch_s[tables.fastest[t]])] * n) for t, count in self.layers.runs
-            ]
-            got = balanced_division(runs, extra([v.micro_batch_s for v in vocab]))
-            if got:
-                out.append(tuple(got))
+            time_key = (n, id(tables), tuple(round(v.micro_batch_s, 6) for v in vocab))
+            if time_key not in self._time_divisions:
+                runs = [
+                    (count, [float(tables.terms[t].micro_batch_s[tables.fastest[t]])] * n)
+                    for t, count in self.layers.runs
+                ]
+                got = balanced_division(runs, extra([v.micro_batch_s for v in vocab]))
+                self._time_divisions[time_key] = tuple(got) if got else None
+            timed = self._time_divisions[time_key]
+            if timed:
+                out.append(timed)
         # a partition never cuts the layers of a shared parameter
         snapped = [self.rules.snap(d) for d in out] if self.rules.spans else out
         out = list(dict.fromkeys(d for d in snapped if d is not None and len(d) == n and min(d) > 0))
@@ -419,20 +448,30 @@ class TaskEnumerator:
             stage_u = self._bounds[key]
         else:
             stage_u = []
+            sends_key = (id(tables), task.division, pp)
+            sends = self._sends.get(sends_key)
+            if sends is None:
+                p2p_types = self.layers.stage_p2p_types(task.division, pp)
+                sends = self._sends[sends_key] = [sum(tables.min_p2p(t) for t in types) for types in p2p_types]
             for s, (counts, budget) in enumerate(
                 zip(self.layers.stage_type_counts(task.division, pp), self.stage_budgets(task))
             ):
-                total = np.zeros(len(LAMBDAS))
-                min_mem = 0.0
-                for t, count in counts:
-                    g, m = tables.dual(t, in_flight[s])
-                    total += count * g
-                    min_mem += count * m
-                if min_mem > budget:
+                # one stage's bound depends only on its layers, in-flight count and budget: shared between tasks
+                stage_key = (id(tables), tuple(counts), in_flight[s], budget)
+                layer_u = self._stage_bounds.get(stage_key)
+                if layer_u is None:
+                    total = np.zeros(len(LAMBDAS))
+                    min_mem = 0.0
+                    for t, count in counts:
+                        g, m = tables.dual(t, in_flight[s])
+                        total += count * g
+                        min_mem += count * m
+                    layer_u = math.inf if min_mem > budget else float(np.max(total - LAMBDAS * budget))
+                    self._stage_bounds[stage_key] = layer_u
+                if layer_u == math.inf:
                     stage_u = None
                     break
-                sends = sum(tables.min_p2p(t) for t in self.layers.stage_p2p_types(task.division, pp)[s])
-                stage_u.append(vt[s].micro_batch_s + sends + float(np.max(total - LAMBDAS * budget)))
+                stage_u.append(vt[s].micro_batch_s + sends[s] + layer_u)
             self._bounds[key] = stage_u
         task.bound_s = (
             math.inf
