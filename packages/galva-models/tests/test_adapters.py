@@ -101,10 +101,12 @@ def test_layer_types_and_specs():
     t5 = preset_config("tiny-t5")
     _, layered = build_layered(t5, encoder_seq_length=8)
     assert layered.layer_types == ["t5_encoder"] * 2 + ["t5_decoder"] * 2
-    # each stack's relative-position table is a parameter of its first layer only; the others read it unregistered
+    # each stack's relative-position table is a parameter of its first layer only, declared a galva-hp shared
+    # parameter that every layer of the stack reads through its bias
     assert shared_parameter_groups(layered) == [("embedding.shared.weight", "head.lm.lm_head.weight")]
-    table = layered.layers[0].block.layer[0].SelfAttention.relative_attention_bias
-    assert layered.layers[1].bias._table[0] is table
+    table = layered.layers[0].block.layer[0].SelfAttention.relative_attention_bias.weight
+    assert (layered.shared[0].param is table, layered.shared[0].home, layered.shared[0].users) == (True, 0, (0, 1))
+    assert layered.layers[1].bias.table is layered.shared[0] and layered.layers[3].bias.table is layered.shared[1]
     assert not any("relative_attention_bias" in n for n, _ in layered.layers[1].named_parameters())
 
 

@@ -120,13 +120,13 @@ THREE_PLANS = [  # pp2 x tp2 (vocab tp2), ZeRO-3 over 4 ranks, pp2 x Ulysses 2
     ["--sdp", "--chunks", "1"],
     ["--pp", "2", "--tp", "2", "--ulysses"],
 ]
-# T5 refuses ZeRO-3, Ulysses, Megatron-SP and a stack split across stages: --pp 2 puts the encoder on stage 0 and the
-# decoder on stage 1 (tiny-t5: 2 + 2 layers), then tp 2 with dp 2 ZeRO-2, then dp 4 replicated (one micro-batch:
-# T5's vocabulary modules stay at tp 1, so a micro-batch splits over all 4 ranks)
+# T5 (tiny-t5: 2 + 2 layers): --pp 4 puts every layer on its own stage, so each stack's shared relative-position table
+# lives on two stages (saved from its home layer's stage, loaded there and broadcast to the other); then tp 2 with
+# dp 2 ZeRO-3 (one micro-batch: T5's vocabulary modules stay at tp 1), then pp 2 with Ulysses 2
 T5_PLANS = [
-    ["--pp", "2", "--tp", "2"],
-    ["--tp", "2", "--default-dp-type", "zero2", "--chunks", "1"],
-    ["--default-dp-type", "ddp", "--chunks", "1"],
+    ["--pp", "4"],
+    ["--tp", "2", "--default-dp-type", "zero3", "--chunks", "1"],
+    ["--pp", "2", "--tp", "2", "--ulysses"],
 ]
 # ViT's 16 patches and a class token (17) divide over no Ulysses degree: pp2 x tp2, ZeRO-3, then tp 4 (vocab tp 4)
 VIT_PLANS = [*THREE_PLANS[:2], ["--tp", "4", "--vocab-tp", "4"]]

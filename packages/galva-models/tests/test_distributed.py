@@ -159,9 +159,9 @@ def test_hybrid_plans_train_like_hugging_face():
 
 # ------------------------------------------------------------------ encoder, encoder-decoder and vision families
 # Bidirectional attention in tp / Megatron-SP / Ulysses form for BERT, ViT and Swin (window attention over the whole
-# patch grid; Swin's patch merging gathers the grid and re-shards), plain tp for T5 (self- and cross-attention with
-# the relative-position table split by heads, FFN column/row parallel). BERT's embedding and MLM head also run
-# vocabulary-parallel (tp, tp with Megatron-SP, sp); the others stay at vocab degree 1.
+# patch grid; Swin's patch merging gathers the grid and re-shards), and for T5 (self- and cross-attention reading
+# each stack's shared relative-position table for the rank's heads, FFN column/row parallel). BERT's embedding and
+# MLM head also run vocabulary-parallel (tp, tp with Megatron-SP, sp); the others stay at vocab degree 1.
 def _enc_plan(layer: dict, **fields) -> dict:
     base = {"world_size": 4, "pp": 2, "global_batch_size": 8, "num_micro_batches": 2, "mixed_precision": "fp32"}
     return {**base, "layers": [{**layer, "checkpoint": True}], **fields}
@@ -188,6 +188,12 @@ ENCODER_PLANS = {
     "pp2-tp2-bf16": _enc_plan({"tp": 2}, mixed_precision="bf16"),
     "pp2-dp2-zero3-bf16": _enc_plan({}, default_dp_type="zero3", mixed_precision="bf16"),
     "pp2-ulysses2-bf16": _enc_plan({"tp": 2, "ulysses": True}, mixed_precision="bf16"),
+    # T5's encoder (layers 0-1) split over the stages: its relative-position table read on both
+    "pp2-split1|3-ddp": _enc_plan({}, pp_division=[1, 3]),
+    "pp2-split1|3-tp2-megatron_sp-zero3": _enc_plan(
+        {"tp": 2}, pp_division=[1, 3], megatron_sp=True, default_dp_type="zero3"
+    ),
+    "pp2-split1|3-ulysses2": _enc_plan({"tp": 2, "ulysses": True}, pp_division=[1, 3]),
     "pp2-tp2-megatron_sp-vtp2-bf16": _enc_plan({"tp": 2}, megatron_sp=True, vocab={"tp": 2}, mixed_precision="bf16"),
 }
 ENCODER_CASES = [
@@ -218,6 +224,16 @@ ENCODER_CASES = [
     ("t5", "pp1-tp2-ddp"),  # both stacks on one stage: each table shard summed once over dp 2 (its first layer's unit)
     ("t5", "pp1-tp2-zero2"),  # the same with the layers sharded by FSDP2 (ZeRO-2)
     ("t5", "pp1-tp4"),  # one head (and one table column) per rank
+    # every layer's copy of its stack's table read through galva-hp's shared parameters: ZeRO-3 shards the layers,
+    # not the table; Megatron-SP and Ulysses slice [encoder ; decoder] into contiguous blocks (tiny-t5: 12 + 6
+    # positions, so a tp-2 slice of 9 holds rows of both streams); a stack may straddle two stages
+    ("t5", "pp2-dp2-zero3"),
+    ("t5", "pp2-tp2-zero3"),
+    ("t5", "pp2-tp2-megatron_sp"),
+    ("t5", "pp2-ulysses2"),
+    ("t5", "pp2-split1|3-ddp"),
+    ("t5", "pp2-split1|3-tp2-megatron_sp-zero3"),
+    ("t5", "pp2-split1|3-ulysses2"),
 ]
 ENC_SEQ = 12
 
@@ -320,26 +336,28 @@ def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
 
 
 def _t5_gathered(group) -> dict[str, str]:
-    """T5's tp form, every layer converted in order (later layers read the first layer's table shard)."""
+    """T5's tp, Megatron-SP and Ulysses forms of every layer, converted in any order: the layer's own state less its
+    stack's relative-position table (a galva-hp shared parameter, read by every layer through its bias)."""
     from galva_hp import ParallelContext
     from galva_hp.parallel.tensor_parallel import gather_full_state
 
     _, layered = _encoder_models("t5")
-    ctx = ParallelContext(tp_group=group)
+    shared = {(w.home, w.path) for w in layered.shared}
     problems = {}
-    for index, (layer, layer_type) in enumerate(zip(layered.layers, layered.layer_types)):
-        expected = {name: p.detach() for name, p in layer.named_parameters()}
-        got = gather_full_state(layered.parallelizer.layer(layer, layer_type, ctx))
-        if set(got) != set(expected):
-            problems[f"t5/tp/layers.{index}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
-        elif any(not torch.equal(got[n], expected[n]) for n in expected):
-            problems[f"t5/tp/layers.{index}"] = "values differ"
-    _, fresh = _encoder_models("t5")
-    try:  # a later layer of a stack before the layer holding the table: refused, not silently unshared
-        fresh.parallelizer.layer(fresh.layers[1], fresh.layer_types[1], ctx)
-        problems["t5/tp/order"] = "a stack's later layer was converted before its first layer"
-    except ValueError:
-        pass
+    for form, ctx in {
+        "tp": ParallelContext(tp_group=group),
+        "megatron_sp": ParallelContext(tp_group=group, megatron_sp=True),
+        "ulysses": ParallelContext(sp_group=group),
+    }.items():
+        for index in reversed(range(layered.num_layers)):  # later layers first: no order is needed
+            layer, layer_type = layered.layers[index], layered.layer_types[index]
+            expected = {n: p.detach() for n, p in layer.named_parameters() if (index, n) not in shared}
+            got = gather_full_state(layered.parallelizer.layer(layer, layer_type, ctx))
+            got = {n: t for n, t in got.items() if (index, n) not in shared}  # Ulysses copies the whole block
+            if set(got) != set(expected):
+                problems[f"t5/{form}/layers.{index}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
+            elif any(not torch.equal(got[n], expected[n]) for n in expected):
+                problems[f"t5/{form}/layers.{index}"] = "values differ"
     return problems
 
 

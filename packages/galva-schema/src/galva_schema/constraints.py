@@ -2,9 +2,10 @@
 
 A model adapter (galva-models, or galva-hp's tiny test models) states its constraints as a :class:`ModelConstraints`:
 per layer type the attention head and key/value-head counts, the parallel forms it cannot run (each with the
-reason), the token counts a sequence-sharding degree must divide; the layers that share a parameter; the forms the
-vocabulary layers cannot run; the longest sequence. The same object travels in a model profile
-(:attr:`galva_schema.ModelProfile.constraints`), so the planner never proposes what the runtime would refuse.
+reason), the token counts a sequence-sharding degree must divide; the layers that share a parameter (which places no
+restriction on a plan); the forms the vocabulary layers cannot run; the longest sequence. The same object travels in
+a model profile (:attr:`galva_schema.ModelProfile.constraints`), so the planner never proposes what the runtime would
+refuse.
 
 :func:`plan_problems` is the only place that decides whether a :class:`~galva_schema.Strategy` can run on a model;
 galva-train's command line, galva-hp's ``build`` and galva-search all call it. It returns *every* problem, each a
@@ -24,7 +25,7 @@ from enum import Enum
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from galva_schema._base import GalvaModel
-from galva_schema.errors import format_indices, group_problems
+from galva_schema.errors import group_problems
 from galva_schema.strategy import Strategy
 from galva_schema.vocabulary import DataParallelType, Precision
 
@@ -81,7 +82,9 @@ class LayerTypeConstraints(GalvaModel):
 
 
 class SharedParameter(GalvaModel):
-    """A parameter read by a contiguous run of layers: they must stay on one stage with one tp layout."""
+    """A parameter read by a contiguous run of layers (T5's relative-position tables). A fact about the model, not a
+    restriction: galva-hp gives every rank that runs one of the layers a copy and sums its gradient over them
+    (galva_hp.shared_params), so the layers may sit on any stages with any tp layout and data-parallel type."""
 
     name: str = Field(description="What is shared, e.g. 'encoder relative-position table'.")
     layers: tuple[NonNegativeInt, NonNegativeInt] = Field(description="First and last layer index, inclusive.")
@@ -209,7 +212,6 @@ def plan_problems(
         return problems  # per-layer checks would compare the wrong layers
     problems += group_problems(_layer_problems(strategy, constraints, seq_len))
     problems += _vocab_problems(strategy, constraints, seq_len)
-    problems += _shared_parameter_problems(strategy, constraints)
     return list(dict.fromkeys(problems))
 
 
@@ -255,33 +257,6 @@ def _vocab_problems(strategy: Strategy, constraints: ModelConstraints, seq_len: 
         kind = "sequence-parallel" if strategy.vocab.sp else "Megatron-SP"
         found.append(f"vocab.tp: {kind} degree {shards} does not divide the sequence of {seq_len} tokens")
     return found
-
-
-def _shared_parameter_problems(strategy: Strategy, constraints: ModelConstraints) -> list[str]:
-    found = []
-    stages = strategy.layer_stages
-    for shared in constraints.shared_parameters:
-        first, last = shared.layers
-        span = range(first, last + 1)
-        where = f"layers[{format_indices(span)}]"
-        on = sorted({stages[i] for i in span})
-        if len(on) > 1:
-            found.append(
-                f"pp_division: {where} share the {shared.name}, so they must stay on one pipeline stage; this "
-                f"division puts them on stages {on}"
-            )
-        layouts = sorted({_tp_layout(strategy, i) for i in span})
-        if len(layouts) > 1:
-            shown = ", ".join(f"tp {tp}{' Ulysses' if u else ''}{'' if c else ' strided'}" for tp, c, u in layouts)
-            found.append(
-                f"{where}.tp: these layers share the {shared.name}, so they must use one tp layout; they use {shown}"
-            )
-    return found
-
-
-def _tp_layout(strategy: Strategy, index: int) -> tuple[int, bool, bool]:
-    layer = strategy.layers[index]
-    return layer.tp, layer.tp_consecutive or layer.tp == 1, layer.ulysses
 
 
 def _refusal(what: str, form: ParallelForm, reason: str) -> str:

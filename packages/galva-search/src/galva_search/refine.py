@@ -45,7 +45,7 @@ def refine_division(
                     division = list(task.division)
                     division[chunk] -= 1
                     division[target] += 1
-                    if tuple(division) not in seen and not tasks.rules.cuts_shared(division):
+                    if tuple(division) not in seen:
                         seen.add(tuple(division))
                         moves.append(
                             tasks.make_task(

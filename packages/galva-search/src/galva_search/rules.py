@@ -7,15 +7,14 @@ parameters). The search then plans nothing the runtime would refuse:
   that runs it (memoised per layer type and form: degree, Ulysses, ZeRO-3, end of the type or not, because a type's
   last layer must also split its output sequence);
 * a vocabulary option is allowed when a probe plan with that vocabulary passes;
-* a partition never cuts the layers of a shared parameter, and neighbouring layers of one shared parameter use one
-  tp layout (the stage DP forbids the transitions between different layouts);
+* shared parameters restrict nothing: galva-hp gives every rank that runs a reader a copy and sums the gradient over
+  them (galva_hp.shared_params), so partitions may cut their layers and the layers may use different tp layouts;
 * the chosen plan is checked whole with ``plan_problems``; a problem there is a bug of the search.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
 
 import numpy as np
 
@@ -32,8 +31,6 @@ from galva_schema import (
 from galva_search.cost_model import CostSettings, VocabOption
 from galva_search.space import Candidate
 
-TpLayout = tuple[int, bool, bool]  # (degree, consecutive, ulysses): what layers sharing a parameter must agree on
-
 
 class ModelRules:
     """The model's constraints for one search (every question answers "allowed" when the profile has none)."""
@@ -46,7 +43,6 @@ class ModelRules:
         self.world_size = world_size
         self.source = source
         self.seq_lengths = [lt.seq_length for lt in model.layer_types]
-        self.spans = [p.layers for p in self.constraints.shared_parameters] if self.constraints else []
         self._layer: dict[tuple[int, int, bool, bool, bool], bool] = {}
         if self.constraints is not None:
             self._check_any_plan_runs()
@@ -97,39 +93,6 @@ class ModelRules:
             LayerStrategy(), VocabStrategy(tp=option.tp, sp=option.sp, dp_type=zero3), ranks=2 * option.tp
         )
         return not plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)
-
-    # ------------------------------------------------------------------------------------------------ shared
-    def cuts_shared(self, division: Sequence[int]) -> bool:
-        """Whether a stage boundary of ``division`` falls inside the layers of a shared parameter."""
-        start = 0
-        for count in division[:-1]:
-            start += count
-            if any(first < start <= last for first, last in self.spans):
-                return True
-        return False
-
-    def snap(self, division: Sequence[int]) -> tuple[int, ...] | None:
-        """``division`` with every boundary inside a shared run moved to the nearer edge of that run (the earlier
-        one on a tie); None when stages would become empty."""
-        bounds, start = [], 0
-        for count in division[:-1]:
-            start += count
-            for first, last in self.spans:
-                if first < start <= last:
-                    start = first if start - first <= last + 1 - start else last + 1
-            bounds.append(start)
-        edges = [0, *bounds, sum(division)]
-        out = tuple(b - a for a, b in pairwise(edges))
-        return out if all(n > 0 for n in out) else None
-
-    def tied(self, layer: int) -> bool:
-        """Whether ``layer`` and ``layer - 1`` share a parameter (and so must use one tp layout)."""
-        return any(first < layer <= last for first, last in self.spans)
-
-    @staticmethod
-    def layout(candidate: Candidate, stage_ranks: int) -> TpLayout:
-        """The tp layout of a candidate as ``plan_problems`` compares them."""
-        return candidate.tp, candidate.consecutive or candidate.tp in (1, stage_ranks), candidate.ulysses
 
     # ------------------------------------------------------------------------------------------------ checks
     def check(self, strategy: Strategy) -> None:

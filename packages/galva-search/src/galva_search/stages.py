@@ -45,12 +45,10 @@ class StageSolver:
         neighbours in the model), so the DP's transition there is free."""
         c, pp = task.micro_batches, task.pp
         layers = self.tasks.layers
-        rules = self.tasks.rules
         indices = layers.stage_layers(task.division, pp)[stage]
         starts = layers.stage_chunk_starts(task.division, pp)[stage]
         types = tuple(layers.type_of[i] for i in indices)
         ends = tuple(layers.type_ends[i] for i in indices)
-        tied = tuple(rules.tied(i) for i in indices)
         in_flight = self.tasks.in_flight(task)[stage]
         last_layer = len(layers) - 1
         breaks = tuple(pos for pos in starts if pos > 0)  # a chunk of this stage begins after another one ends
@@ -61,7 +59,7 @@ class StageSolver:
         head = indices[-1] == last_layer
         # the first stage receives from the embedding, the last one sends to the head: their layouts matter there
         vocab = (task.vocab.tp, task.vocab.sp) if embedding or head else None
-        key = (pp, task.micro_batch, c, in_flight, types, ends, tied, recv, send, breaks, embedding, head, vocab)
+        key = (pp, task.micro_batch, c, in_flight, types, ends, recv, send, breaks, embedding, head, vocab)
         hit = self._problems.get(key)
         if hit is not None:
             return key, hit
@@ -89,8 +87,6 @@ class StageSolver:
             transient[pos] = terms.transient_mib
             if pos > 0 and pos not in breaks:
                 inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
-                if tied[pos]:  # layers sharing a parameter keep one tp layout: other transitions are forbidden
-                    inter[pos] = np.where(self._same_layout(task), inter[pos], np.inf)
         self._problems[key] = (intra, memory, inter)
         self._transients[key] = transient
         return key, (intra, memory, inter)
@@ -108,12 +104,6 @@ class StageSolver:
             masked = np.where(transient <= tau, intra, np.inf)
             out.append(((*key, "tau", float(tau)), budget - float(tau), (masked, memory, inter)))
         return out
-
-    def _same_layout(self, task: Task) -> np.ndarray:
-        """``[S][S]``: whether two candidates of the task's tables have one tp layout."""
-        stage_ranks = self.cost.world_size // task.pp
-        layouts = [self.tasks.rules.layout(c, stage_ranks) for c in task.tables.candidates]
-        return np.array([[a == b for b in layouts] for a in layouts], dtype=bool)
 
     def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
         for solved_budget, solution in self._solutions.get(key, ()):

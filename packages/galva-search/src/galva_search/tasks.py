@@ -406,9 +406,7 @@ class TaskEnumerator:
             timed = self._time_divisions[time_key]
             if timed:
                 out.append(timed)
-        # a partition never cuts the layers of a shared parameter
-        snapped = [self.rules.snap(d) for d in out] if self.rules.spans else out
-        out = list(dict.fromkeys(d for d in snapped if d is not None and len(d) == n and min(d) > 0))
+        out = list(dict.fromkeys(d for d in out if len(d) == n and min(d) > 0))
         self._divisions[key] = out
         return out
 

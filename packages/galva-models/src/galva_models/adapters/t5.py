@@ -10,29 +10,29 @@ decoder layer. The head scores the decoder part only. This keeps the pipeline co
 between stages) at the price of sending the encoder output along the decoder stages.
 
 Relative position bias: Hugging Face computes it in the first block of each stack and reuses it. Here every layer
-computes it itself (:class:`RelativeBias`) from the stack's one ``relative_attention_bias`` table. The table is a
-parameter of the stack's first layer only (inside its Hugging Face block); the other layers hold an *unregistered*
-reference, so autograd sums every layer's contribution into that one parameter and the optimizer (and the
-data-parallel reduction of the first layer's unit) sees it once. This is exact as long as each stack's layers sit
-on one pipeline stage with one tp layout and the table is not sharded by ZeRO-3. :func:`constraints` declares this,
-so galva-schema's ``plan_problems`` refuses other plans (a general fix needs galva-hp to tie parameters between
-layers).
+computes it itself (:class:`RelativeBias`) from the stack's one ``relative_attention_bias`` table, a galva-hp shared
+parameter (:class:`~galva_hp.shared_params.SharedWeight`): registered in the stack's first layer (inside its Hugging
+Face block, so names, initialisation and checkpoints see it there) and read by every layer of the stack. galva-hp
+gives every rank whose stage runs one of those layers a copy and sums its gradient over them, so a stack may span
+several stages, its layers may use different tp layouts, and ZeRO-3 shards the layers but not the table.
 
-Tensor parallelism (:class:`T5Parallelizer`): Megatron column-parallel q / k / v over heads and row-parallel o in
-self- and cross-attention (:class:`T5TPAttention`, T5's unscaled scores plus the additive position bias), the FFN
-(``DenseReluDense`` or gated-gelu) column/row-parallel, T5's RMS-style norms replicated. The relative-position
-table is split by heads: the stack's first layer holds this rank's columns ``[buckets, heads/tp]`` as a new
-parameter (tagged as a tp shard), and the stack's other layers on this rank read that same shard through an
-unregistered reference, exactly as in the single-process form. Layers are converted in order, so the first layer's
-form makes the shard and the later ones find it (:meth:`T5Parallelizer.layer`). Megatron-SP and Ulysses are not
-supported: a sequence slice of ``[encoder ; decoder]`` would not respect the two streams.
+Tensor parallelism (:class:`T5TPEncoderLayer` / :class:`T5TPDecoderLayer`): Megatron column-parallel q / k / v over
+heads and row-parallel o in self- and cross-attention (:class:`T5TPAttention`, T5's unscaled scores plus the additive
+position bias), the FFN (``DenseReluDense`` or gated-gelu) column/row-parallel, T5's RMS-style norms replicated. Each
+rank's bias reads its heads' columns of the whole table (:meth:`RelativeBias.for_heads`).
+
+Sequence sharding (Megatron-SP and Ulysses): the boundary is cut into contiguous blocks of ``[encoder ; decoder]``
+like any other, so a rank's block may hold rows of both streams. The layer picks its stream's rows where the whole
+sequence is at hand, and returns zeros on the other stream's rows: Megatron-SP all-gathers the normalised block, runs
+attention and FFN on the stream's rows and reduce-scatters the partial outputs (zero elsewhere) back to the blocks;
+Ulysses trades the block of every head for the whole sequence of this rank's heads around each attention, and runs
+the per-token parts (norms, FFN, the encoder's final norm) on the block's rows of its stream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.model import LayeredModel, ParallelContext
+from galva_hp.shared_params import SharedWeight
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, SingleRankParallelizer, Task, tie_and_check
 from galva_models.adapters.modules import LMHead
 from galva_models.adapters.parallel import tp_group
@@ -59,27 +60,30 @@ class T5Embedding(nn.Module):
 
 
 class RelativeBias(nn.Module):
-    """A stack's bucketed relative-position bias ``[1, heads, q, k]`` (same maths as ``T5Attention``), read from a
-    table it does not register (see the module docstring)."""
+    """A stack's bucketed relative-position bias ``[1, heads, q, k]`` (same maths as ``T5Attention``), read from the
+    stack's shared table (a :class:`~galva_hp.shared_params.SharedWeight`, see the module docstring); ``heads``
+    restricts it to a slice of the heads (a tensor-parallel or Ulysses rank's)."""
 
     def __init__(
         self,
-        table: nn.Embedding,
+        table: SharedWeight,
         bidirectional: bool,
         num_buckets: int,
         max_distance: int,
         bucket: Callable[..., Tensor],
+        heads: slice | None = None,
     ) -> None:
         super().__init__()
-        self._table = (table,)  # a tuple: not registered
+        self._table = (table,)  # a tuple: a plain reference, copied by no deepcopy of a layer
         self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
         self._bucket = bucket
+        self.heads = heads
 
     @classmethod
-    def of(cls, attention: Any) -> RelativeBias:
-        """The bias of a Hugging Face ``T5Attention`` that has the stack's table."""
+    def of(cls, attention: Any, table: SharedWeight) -> RelativeBias:
+        """The bias of a Hugging Face ``T5Attention`` whose table is ``table``."""
         return cls(
-            attention.relative_attention_bias,
+            table,
             not attention.is_decoder,
             attention.relative_attention_num_buckets,
             attention.relative_attention_max_distance,
@@ -87,24 +91,31 @@ class RelativeBias(nn.Module):
         )
 
     @property
-    def table(self) -> nn.Embedding:
+    def table(self) -> SharedWeight:
         return self._table[0]
 
-    def sharded(self, group: ProcessGroup) -> RelativeBias:
-        """The same bias for this rank's heads only, from a *new* table holding their columns (a tp shard)."""
+    def for_heads(self, group: ProcessGroup) -> RelativeBias:
+        """The same bias for this rank's ``1/n`` of the heads (its columns of the table; the table stays whole)."""
         from galva_hp.parallel.mappings import group_rank, group_size
-        from galva_hp.parallel.tensor_parallel import mark_tp_split, shard
 
-        columns = shard(self.table.weight.detach(), 1, group_rank(group), group_size(group)).clone()
-        table = nn.Embedding.from_pretrained(columns, freeze=False)
-        mark_tp_split(table.weight, 1, group)
-        return RelativeBias(table, self.bidirectional, self.num_buckets, self.max_distance, self._bucket)
+        n, rank = group_size(group), group_rank(group)
+        heads = self.table.param.shape[1]
+        if heads % n:
+            raise ValueError(f"t5: {n} ranks do not divide the {heads} attention heads")
+        local = heads // n
+        return RelativeBias(
+            self.table, self.bidirectional, self.num_buckets, self.max_distance, self._bucket,
+            slice(rank * local, (rank + 1) * local),
+        )  # fmt: skip
 
     def forward(self, length: int, device: torch.device) -> Tensor:
         pos = torch.arange(length, dtype=torch.long, device=device)
         relative = pos[None, :] - pos[:, None]
         buckets = self._bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.table(buckets).permute(2, 0, 1).unsqueeze(0)
+        table = self.table.value()
+        if self.heads is not None:
+            table = table[:, self.heads]  # this rank's heads: its share of the table's gradient
+        return F.embedding(buckets, table).permute(2, 0, 1).unsqueeze(0)
 
 
 def _causal(bias: Tensor) -> Tensor:
@@ -161,12 +172,11 @@ class T5TPAttention(nn.Module):
     """T5 attention over this rank's heads: column-parallel ``q`` and fused ``kv`` (local rows ``[k_r; v_r]``),
     row-parallel ``o``; scores ``q k^T`` (T5 does not scale them) plus an additive bias of the local heads.
 
-    Self-attention reads keys and values from its input, cross-attention from ``memory`` (the encoder output).
-    ``table`` (the stack's first self-attention only) registers this rank's relative-position shard here, under
-    Hugging Face's name ``relative_attention_bias``.
+    Self-attention reads keys and values from its input, cross-attention from ``memory`` (the encoder output). The
+    relative-position table is not here: every layer reads the stack's shared table through its bias.
     """
 
-    def __init__(self, attention: Any, group: ProcessGroup, table: nn.Embedding | None = None) -> None:
+    def __init__(self, attention: Any, group: ProcessGroup) -> None:
         super().__init__()
         from galva_hp.parallel.mappings import group_rank, group_size
         from galva_hp.parallel.tensor_parallel import column_parallel_linear, row_parallel_linear, shard
@@ -182,10 +192,9 @@ class T5TPAttention(nn.Module):
         self.q = column_parallel_linear(q, None, hidden, group)
         self.kv = column_parallel_linear(torch.cat([k, v]), None, hidden, group)
         self.o = row_parallel_linear(shard(attention.o.weight.detach(), 1, rank, tp), None, group)
-        self.relative_attention_bias = table
 
     def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
-        """Hugging Face's ``q / k / v / o`` (and ``relative_attention_bias``) tensors, assembled over the tp group."""
+        """Hugging Face's ``q / k / v / o`` tensors, assembled over the tp group."""
         from galva_hp.parallel.mappings import all_gather_along_dim
         from galva_hp.parallel.tensor_parallel import param_or_grad
 
@@ -193,16 +202,11 @@ class T5TPAttention(nn.Module):
         for name, part in zip(("k", "v"), param_or_grad(self.kv.weight, grads).chunk(2)):
             full[f"{name}.weight"] = all_gather_along_dim(part, 0, self.group)
         full["o.weight"] = all_gather_along_dim(param_or_grad(self.o.weight, grads), 1, self.group)
-        if self.relative_attention_bias is not None:
-            table = param_or_grad(self.relative_attention_bias.weight, grads)
-            full["relative_attention_bias.weight"] = all_gather_along_dim(table, 1, self.group)
         return full
 
-    def forward(self, x: Tensor, bias: Tensor | None, memory: Tensor | None = None) -> Tensor:
-        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
-
-        x = enter_tp_region(x, self.group, False)
-        source = x if memory is None else enter_tp_region(memory, self.group, False)
+    def partial(self, x: Tensor, bias: Tensor | None, memory: Tensor | None = None) -> Tensor:
+        """This rank's partial output (before the sum over tp) for inputs already inside the tp region."""
+        source = x if memory is None else memory
         (b, s), s_kv = x.shape[:2], source.shape[1]
         q = self.q(x)[0].view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
         k, v = (
@@ -213,8 +217,14 @@ class T5TPAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         with rank_stream(self.group, x.device) if dropout else contextlib.nullcontext():  # this rank's heads
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=1.0)
-        out = out.transpose(1, 2).reshape(b, s, -1)
-        return exit_tp_region(F.linear(out, self.o.weight), self.group, False)
+        return F.linear(out.transpose(1, 2).reshape(b, s, -1), self.o.weight)
+
+    def forward(self, x: Tensor, bias: Tensor | None, memory: Tensor | None = None) -> Tensor:
+        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
+
+        x = enter_tp_region(x, self.group, False)
+        memory = None if memory is None else enter_tp_region(memory, self.group, False)
+        return exit_tp_region(self.partial(x, bias, memory), self.group, False)
 
 
 class _Activation(nn.Module):
@@ -230,7 +240,7 @@ class _Activation(nn.Module):
         return self.dropout(h if up is None else h * up)
 
 
-def _ffn_form(ff: Any, group: ProcessGroup) -> nn.Module:
+def _ffn_form(ff: Any, group: ProcessGroup) -> Any:
     """``DenseReluDense`` (``wi`` / ``wo``) or the gated form (``wi_0``, ``wi_1`` / ``wo``), column/row parallel."""
     from galva_hp.parallel.rng import ShardedDropout
     from galva_hp.parallel.tensor_parallel import TensorParallelMLP
@@ -245,19 +255,55 @@ def _ffn_form(ff: Any, group: ProcessGroup) -> nn.Module:
     )  # fmt: skip
 
 
+def _ffn_partial(mlp: Any, x: Tensor) -> Tensor:
+    """A tp FFN's partial output (before the sum over tp) for an input already inside the tp region."""
+    parts = mlp.up(x)[0].split(mlp.local_sizes, dim=-1)
+    return F.linear(mlp.activation(*parts), mlp.down.weight)
+
+
 class _SubLayer(nn.Module):
     """One T5 sub-layer ``x + dropout(inner(layer_norm(x), ...))``; ``inner`` is registered under Hugging Face's
-    name (``SelfAttention``, ``EncDecAttention``, ``DenseReluDense``), so the gathered state has its names."""
+    name (``SelfAttention``, ``EncDecAttention``, ``DenseReluDense``), so the gathered state has its names.
 
-    def __init__(self, sub: Any, inner_name: str, inner: nn.Module) -> None:
+    ``sequence_group``: the boundaries hold a sequence slice over this group (Megatron-SP), so the norm's weight
+    gradient is summed over it and the residual dropout draws a mask per rank."""
+
+    def __init__(self, sub: Any, inner_name: str, inner: nn.Module, sequence_group: ProcessGroup | None) -> None:
         super().__init__()
         self.layer_norm = copy.deepcopy(sub.layer_norm)  # replicated over tp (it sees the full hidden)
         self.add_module(inner_name, inner)
-        self.dropout = copy.deepcopy(sub.dropout)
+        self.dropout = _slice_dropout(sub.dropout, sequence_group)
         self._inner = inner_name
+        self.sequence_group = sequence_group
+
+    @property
+    def inner(self) -> Any:
+        return getattr(self, self._inner)
+
+    def norm(self, x: Tensor) -> Tensor:
+        return _norm(self.layer_norm, x, self.sequence_group)
 
     def forward(self, x: Tensor, *args: Tensor | None) -> Tensor:
-        return x + self.dropout(getattr(self, self._inner)(self.layer_norm(x), *args))
+        return x + self.dropout(self.inner(self.norm(x), *args))
+
+
+def _slice_dropout(dropout: nn.Module, group: ProcessGroup | None) -> nn.Module:
+    """A copy of ``dropout``; a mask per rank when it acts on a sequence slice over ``group``."""
+    from galva_hp.parallel.rng import ShardedDropout
+
+    p = float(getattr(dropout, "p", 0.0))
+    return ShardedDropout(p, group) if group is not None and p else copy.deepcopy(dropout)
+
+
+def _norm(norm: nn.Module, x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """``norm(x)``; on a sequence slice over ``group`` its weight gradient is summed over the group."""
+    if group is None:
+        return norm(x)
+    from galva_hp.parallel.mappings import differentiable_copy_to_group
+
+    weights = {name: differentiable_copy_to_group(p, group) for name, p in norm.named_parameters()}
+    out: Tensor = torch.func.functional_call(norm, weights, (x,))
+    return out
 
 
 class _Block(nn.Module):
@@ -268,20 +314,48 @@ class _Block(nn.Module):
         self.layer = nn.ModuleList(subs)
 
 
-class T5TPEncoderLayer(nn.Module):
-    """Tensor-parallel ``"t5_encoder"`` layer; gathers to :class:`T5EncoderLayer`'s names (``block.layer.0...``)."""
+def _slice_rows(total_local: int, start: int, stop: int, group: ProcessGroup | None) -> slice:
+    """The rows of this rank's contiguous sequence slice (``total_local`` rows) that fall in ``[start, stop)``."""
+    from galva_hp.parallel.mappings import group_rank
 
-    def __init__(self, layer: T5EncoderLayer, bias: RelativeBias, group: ProcessGroup, owns_table: bool) -> None:
+    first = group_rank(group) * total_local
+    return slice(min(max(start - first, 0), total_local), min(max(stop - first, 0), total_local))
+
+
+def _rows_back(out: Tensor, rows: slice, total: int) -> Tensor:
+    """``out`` (rows ``rows`` of a ``total``-row sequence along dim 1) with zero rows around it."""
+    pad = [0, 0] * (out.dim() - 2) + [rows.start, total - rows.stop]
+    return F.pad(out, pad)
+
+
+class T5TPEncoderLayer(nn.Module):
+    """Tensor-parallel ``"t5_encoder"`` layer; gathers to :class:`T5EncoderLayer`'s names (``block.layer.0...``).
+
+    With Megatron-SP (``sequence_parallel``) the boundary holds this rank's contiguous slice of
+    ``[encoder ; decoder]``, which may hold rows of both streams: the normalised slice is all-gathered, the
+    attention and the FFN run on the encoder rows, their partial outputs (zero on the decoder rows) are
+    reduce-scattered back to the slices, and the final norm applies to the slice's encoder rows only."""
+
+    def __init__(self, layer: T5EncoderLayer, bias: RelativeBias, group: ProcessGroup, sequence_parallel: bool) -> None:
         super().__init__()
         hf: Any = layer.block.layer  # the Hugging Face sub-layers
-        attention = T5TPAttention(hf[0].SelfAttention, group, bias.table if owns_table else None)
+        seq = group if sequence_parallel else None
+        attention = T5TPAttention(hf[0].SelfAttention, group)
         ffn = _ffn_form(hf[1].DenseReluDense, group)
-        self.block = _Block([_SubLayer(hf[0], "SelfAttention", attention), _SubLayer(hf[1], "DenseReluDense", ffn)])
+        self.block = _Block(
+            [_SubLayer(hf[0], "SelfAttention", attention, seq), _SubLayer(hf[1], "DenseReluDense", ffn, seq)]
+        )
         self.bias = bias
         self.encoder_length = layer.encoder_length
-        self.final = copy.deepcopy(layer.final)
+        final: Any = copy.deepcopy(layer.final)
+        if final is not None and seq is not None:
+            final[1] = _slice_dropout(final[1], seq)
+        self.final = final
+        self.group, self.sequence_parallel = group, sequence_parallel
 
     def forward(self, hidden: Tensor) -> Tensor:
+        if self.sequence_parallel:
+            return self._sequence_parallel(hidden)
         enc, dec = hidden[:, : self.encoder_length], hidden[:, self.encoder_length :]
         enc = self.block.layer[0](enc, self.bias(enc.shape[1], enc.device))
         enc = self.block.layer[1](enc)
@@ -289,66 +363,179 @@ class T5TPEncoderLayer(nn.Module):
             enc = self.final(enc)
         return torch.cat([enc, dec], dim=1)
 
+    def _sequence_parallel(self, hidden: Tensor) -> Tensor:
+        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
+
+        group, length = self.group, self.encoder_length
+        layers: Any = self.block.layer
+        attn, ffn = layers
+        total = hidden.shape[1] * _size(group)
+        enc = slice(0, length)
+        x = enter_tp_region(attn.norm(hidden), group, True)[:, enc]
+        partial = attn.inner.partial(x, self.bias(length, hidden.device))
+        hidden = hidden + attn.dropout(exit_tp_region(_rows_back(partial, enc, total), group, True))
+        x = enter_tp_region(ffn.norm(hidden), group, True)[:, enc]
+        partial = _ffn_partial(ffn.inner, x)
+        hidden = hidden + ffn.dropout(exit_tp_region(_rows_back(partial, enc, total), group, True))
+        if self.final is None:
+            return hidden
+        mine = _slice_rows(hidden.shape[1], 0, length, group)
+        final_sequence: Any = self.final
+        norm, dropout = final_sequence
+        final = dropout(_norm(norm, hidden[:, mine], group))
+        return torch.cat([final, hidden[:, mine.stop :]], dim=1)
+
 
 class T5TPDecoderLayer(nn.Module):
-    """Tensor-parallel ``"t5_decoder"`` layer: self-attention, cross-attention to the encoder part, FFN."""
+    """Tensor-parallel ``"t5_decoder"`` layer: self-attention, cross-attention to the encoder part, FFN. With
+    Megatron-SP as :class:`T5TPEncoderLayer` does, on the decoder rows; the cross-attention's keys and values come
+    from the all-gathered encoder rows of the layer's input."""
 
-    def __init__(self, layer: T5DecoderLayer, bias: RelativeBias, group: ProcessGroup, owns_table: bool) -> None:
+    def __init__(self, layer: T5DecoderLayer, bias: RelativeBias, group: ProcessGroup, sequence_parallel: bool) -> None:
         super().__init__()
         hf: Any = layer.block.layer
-        self_attention = T5TPAttention(hf[0].SelfAttention, group, bias.table if owns_table else None)
+        seq = group if sequence_parallel else None
         self.block = _Block(
             [
-                _SubLayer(hf[0], "SelfAttention", self_attention),
-                _SubLayer(hf[1], "EncDecAttention", T5TPAttention(hf[1].EncDecAttention, group)),
-                _SubLayer(hf[2], "DenseReluDense", _ffn_form(hf[2].DenseReluDense, group)),
+                _SubLayer(hf[0], "SelfAttention", T5TPAttention(hf[0].SelfAttention, group), seq),
+                _SubLayer(hf[1], "EncDecAttention", T5TPAttention(hf[1].EncDecAttention, group), seq),
+                _SubLayer(hf[2], "DenseReluDense", _ffn_form(hf[2].DenseReluDense, group), seq),
             ]
         )
         self.bias = bias
         self.encoder_length = layer.encoder_length
+        self.group, self.sequence_parallel = group, sequence_parallel
 
     def forward(self, hidden: Tensor) -> Tensor:
+        if self.sequence_parallel:
+            return self._sequence_parallel(hidden)
         enc, dec = hidden[:, : self.encoder_length], hidden[:, self.encoder_length :]
         dec = self.block.layer[0](dec, _causal(self.bias(dec.shape[1], dec.device)))
         dec = self.block.layer[1](dec, None, enc)  # no position bias in cross-attention
         dec = self.block.layer[2](dec)
         return torch.cat([enc, dec], dim=1)
 
+    def _sequence_parallel(self, hidden: Tensor) -> Tensor:
+        from galva_hp.parallel.tensor_parallel import enter_tp_region, exit_tp_region
+
+        group, length = self.group, self.encoder_length
+        layers: Any = self.block.layer
+        attn, cross, ffn = layers
+        total = hidden.shape[1] * _size(group)
+        dec = slice(length, total)
+        memory = enter_tp_region(hidden, group, True)[:, :length]  # the encoder output, unchanged by this layer
+        x = enter_tp_region(attn.norm(hidden), group, True)[:, dec]
+        partial = attn.inner.partial(x, _causal(self.bias(total - length, hidden.device)))
+        hidden = hidden + attn.dropout(exit_tp_region(_rows_back(partial, dec, total), group, True))
+        x = enter_tp_region(cross.norm(hidden), group, True)[:, dec]
+        partial = cross.inner.partial(x, None, memory)
+        hidden = hidden + cross.dropout(exit_tp_region(_rows_back(partial, dec, total), group, True))
+        x = enter_tp_region(ffn.norm(hidden), group, True)[:, dec]
+        partial = _ffn_partial(ffn.inner, x)
+        return hidden + ffn.dropout(exit_tp_region(_rows_back(partial, dec, total), group, True))
+
+
+def _size(group: ProcessGroup | None) -> int:
+    from galva_hp.parallel.mappings import group_size
+
+    return group_size(group)
+
+
+# ------------------------------------------------------------------------------------------------- Ulysses form
+class T5UlyssesLayer(nn.Module):
+    """Ulysses ``"t5_encoder"`` / ``"t5_decoder"`` layer: the boundary holds this rank's contiguous slice of
+    ``[encoder ; decoder]``; weights are replicated (a copy of the Hugging Face block, same names). Around each
+    attention an all-to-all trades the slice of every head for the whole sequence of this rank's heads; the stream's
+    rows are picked there, and the output (zero on the other stream's rows) goes back by the inverse all-to-all. The
+    per-token parts (norms, FFN, the encoder's final norm) run on the slice's rows of the layer's stream."""
+
+    def __init__(self, layer: T5EncoderLayer | T5DecoderLayer, bias: RelativeBias, group: ProcessGroup) -> None:
+        super().__init__()
+        self.block = copy.deepcopy(layer.block)
+        self.bias = bias
+        self.encoder_length = layer.encoder_length
+        self.final = copy.deepcopy(layer.final) if isinstance(layer, T5EncoderLayer) else None
+        self.decoder = isinstance(layer, T5DecoderLayer)
+        self.group = group
+        self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.block.modules())
+
+    def _attention(
+        self, attention: Any, x: Tensor, rows: slice, bias: Tensor | None, memory: Tensor | None, keys: slice
+    ) -> Tensor:
+        """``attention`` (a Hugging Face ``T5Attention``) of the ``rows`` of ``x`` over the ``keys`` rows of
+        ``memory`` (or of ``x``), for inputs sharded along the sequence; zero on the other rows."""
+        from galva_hp.parallel.mappings import differentiable_all_to_all
+        from galva_hp.parallel.rng import rank_stream
+
+        group, heads, dim = self.group, attention.n_heads, attention.key_value_proj_dim
+        source = x if memory is None else memory
+        b, local = x.shape[:2]
+        total = local * _size(group)
+
+        def whole(t: Tensor, part: slice) -> Tensor:  # [b, local, heads*d] -> [b, heads/n, rows, d]
+            t = differentiable_all_to_all(t.view(b, local, heads, dim), 2, 1, group)
+            return t[:, part].transpose(1, 2)
+
+        q = whole(attention.q(x), rows)
+        k, v = whole(attention.k(source), keys), whole(attention.v(source), keys)
+        dropout = float(attention.dropout) if self.training else 0.0
+        with rank_stream(group, x.device) if dropout else contextlib.nullcontext():  # this rank's heads
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=1.0)
+        out = _rows_back(out.transpose(1, 2), rows, total)  # [b, total, heads/n, d]
+        out = differentiable_all_to_all(out, 1, 2, group).reshape(b, local, heads * dim)
+        return attention.o(out)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        from galva_hp.parallel.rng import rank_stream
+
+        with rank_stream(self.group, hidden.device) if self.training and self._dropout else contextlib.nullcontext():
+            return self._decoder(hidden) if self.decoder else self._encoder(hidden)  # dropout masks per slice
+
+    def _encoder(self, hidden: Tensor) -> Tensor:
+        hf: Any = self.block.layer
+        length = self.encoder_length
+        enc = slice(0, length)
+        bias = self.bias(length, hidden.device)
+        hidden = hidden + hf[0].dropout(
+            self._attention(hf[0].SelfAttention, hf[0].layer_norm(hidden), enc, bias, None, enc)
+        )
+        mine = _slice_rows(hidden.shape[1], 0, length, self.group)
+        rows = hf[1](hidden[:, mine])  # T5LayerFF: x + dropout(ffn(norm(x)))
+        if self.final is not None:
+            rows = self.final(rows)
+        return torch.cat([rows, hidden[:, mine.stop :]], dim=1)
+
+    def _decoder(self, hidden: Tensor) -> Tensor:
+        hf: Any = self.block.layer
+        length, total = self.encoder_length, hidden.shape[1] * _size(self.group)
+        enc, dec = slice(0, length), slice(length, total)
+        bias = _causal(self.bias(total - length, hidden.device))
+        memory = hidden  # the encoder rows are the encoder output, unchanged by this layer
+        hidden = hidden + hf[0].dropout(
+            self._attention(hf[0].SelfAttention, hf[0].layer_norm(hidden), dec, bias, None, dec)
+        )
+        cross = self._attention(hf[1].EncDecAttention, hf[1].layer_norm(hidden), dec, None, memory, enc)
+        hidden = hidden + hf[1].dropout(cross)
+        mine = _slice_rows(hidden.shape[1], length, total, self.group)
+        return torch.cat([hidden[:, : mine.start], hf[2](hidden[:, mine])], dim=1)
+
 
 class T5Parallelizer(SingleRankParallelizer):
-    """Layers: Megatron tp (see the module docstring). Embedding and head: degree 1.
-
-    Converting a stack's first layer makes this rank's relative-position shard; the stack's later layers (converted
-    after it, in layer order, by galva-hp's build) read the same shard. ``_shards`` maps the single-process
-    :class:`RelativeBias` of a stack to ``(tp group, sharded bias)`` of the latest conversion.
-    """
+    """Layers: Megatron tp with or without Megatron-SP, or Ulysses (see the module docstring); each layer's bias
+    reads its stack's shared table, sliced to the heads the rank computes. Embedding and head: degree 1."""
 
     def __init__(self, config: Any) -> None:
         super().__init__("t5", config)
-        self._shards: weakref.WeakKeyDictionary[RelativeBias, tuple[ProcessGroup, RelativeBias]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
-        if ctx.sp_size > 1 or ctx.megatron_sp:
-            self._check(f"{layer_type} layer", ctx)  # only tp has a form (Megatron-SP / Ulysses refused)
+        if ctx.sp_group is not None and ctx.sp_size > 1:
+            return T5UlyssesLayer(module, module.bias.for_heads(ctx.sp_group), ctx.sp_group)
         if ctx.tp_size == 1:
             return module
         group = tp_group(ctx)
-        stack = "encoder" if layer_type == "t5_encoder" else "decoder"
-        owns_table = bool(module.block.layer[0].SelfAttention.has_relative_attention_bias)
-        key = module.bias
-        if owns_table:
-            self._shards[key] = (group, module.bias.sharded(group))
-        elif key not in self._shards or self._shards[key][0] is not group:
-            raise ValueError(
-                f"t5: a {stack} layer was converted before the {stack} stack's first layer with the same tp group "
-                f"(that layer holds the shared relative-position table); keep a stack on one stage with one tp layout"
-            )
-        bias = self._shards[key][1]
-        if layer_type == "t5_encoder":
-            return T5TPEncoderLayer(module, bias, group, owns_table)
-        return T5TPDecoderLayer(module, bias, group, owns_table)
+        bias = module.bias.for_heads(group)
+        form = T5TPEncoderLayer if layer_type == "t5_encoder" else T5TPDecoderLayer
+        return form(module, bias, group, ctx.sequence_parallel_tp)
 
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
@@ -363,9 +550,17 @@ def decompose(model: Any, encoder_seq_length: int | None = None, decoder_seq_len
     if encoder_seq_length is None:
         raise ValueError("t5: decompose needs encoder_seq_length (the split of [encoder ; decoder] positions)")
     enc, dec = model.encoder, model.decoder
-    enc_bias = RelativeBias.of(enc.block[0].layer[0].SelfAttention)
-    dec_bias = RelativeBias.of(dec.block[0].layer[0].SelfAttention)
-    n_enc = len(enc.block)
+    n_enc, n_dec = len(enc.block), len(dec.block)
+    path = "block.layer.0.SelfAttention.relative_attention_bias.weight"  # in each stack's first layer
+    tables = [
+        SharedWeight(f"{name} relative-position table", stack.block[0].get_parameter(path[6:]), first, path, users)
+        for name, stack, first, users in (
+            ("encoder", enc, 0, range(n_enc)),
+            ("decoder", dec, n_enc, range(n_enc, n_enc + n_dec)),
+        )
+    ]
+    enc_bias = RelativeBias.of(enc.block[0].layer[0].SelfAttention, tables[0])
+    dec_bias = RelativeBias.of(dec.block[0].layer[0].SelfAttention, tables[1])
     final = nn.Sequential(enc.final_layer_norm, enc.dropout)
     layers: list[nn.Module] = [
         T5EncoderLayer(block, enc_bias, encoder_seq_length, final if i == n_enc - 1 else None)
@@ -382,6 +577,7 @@ def decompose(model: Any, encoder_seq_length: int | None = None, decoder_seq_len
         parallelizer=T5Parallelizer(model.config),
         name="t5",
         constraints=constraints(model.config, encoder_seq_length, decoder_seq_length),
+        shared=tables,
     )
     return tie_and_check(model, layered)
 
@@ -390,27 +586,20 @@ def _num_decoder_layers(config: Any) -> int:
     return config.num_decoder_layers if config.num_decoder_layers is not None else config.num_layers
 
 
-_NO_SEQUENCE_SPLIT = "a sequence slice of [encoder ; decoder] would cut across the two streams"
 _NO_VOCAB_SPLIT = "t5 has no vocabulary-parallel embedding and head (the decoder part alone is scored)"
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
-    """tp only (heads split, the relative-position table too); each stack's layers share that table, so they stay
-    on one stage with one tp layout and without ZeRO-3. The boundary sequence is ``S_enc + S_dec`` when known."""
+    """Every layer form (tp, Megatron-SP, Ulysses, ZeRO-3, any stage division); the vocabulary layers at degree 1.
+    Each stack's layers share its relative-position table (galva-hp sums its gradient wherever they run). The
+    boundary sequence is ``S_enc + S_dec`` when known (a sequence-sharding degree must divide it)."""
     total = seq_length + (decoder_seq_length or seq_length) if seq_length else None
-    unsupported = {
-        ParallelForm.MEGATRON_SP: _NO_SEQUENCE_SPLIT,
-        ParallelForm.ULYSSES: _NO_SEQUENCE_SPLIT,
-        ParallelForm.ZERO3: "it would shard the relative-position table the stack's layers share; use ddp or zero2",
-    }
     n_enc, n_dec = config.num_layers, _num_decoder_layers(config)
     stacks = (("t5_encoder", n_enc), ("t5_decoder", n_dec))
     return ModelConstraints(
         model_name="t5",
         layer_types=tuple(
-            LayerTypeConstraints(
-                name=name, num_layers=n, num_heads=config.num_heads, seq_length=total, unsupported=unsupported
-            )
+            LayerTypeConstraints(name=name, num_layers=n, num_heads=config.num_heads, seq_length=total)
             for name, n in stacks
         ),
         vocab_unsupported={ParallelForm.VOCAB_TP: _NO_VOCAB_SPLIT, ParallelForm.VOCAB_SP: _NO_VOCAB_SPLIT},
