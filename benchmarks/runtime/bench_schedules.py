@@ -1,0 +1,258 @@
+"""Step time of galva-hp's pipeline schedules on 4 CPU ranks, as a ratio to 1F1B, beside the cost model's prediction.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/runtime/bench_schedules.py --profile --write-readme
+
+``--pp 4`` (default; one rank per stage), 4 micro-batches: the bubble of 1F1B is 3 of 7 forward+backward slots per
+stage. ``--pp 2``: 2 ranks, 1 of 5. Cases, all on the same model (tiny GPT, 8 layers, untied embeddings, fp32) and
+the same global batch:
+
+- galva ``gpipe``, ``1f1b``, ``interleaved-1f1b`` (v = 2, chunk c on stage c % pp), ``zb-h1``;
+- ``torch.distributed.pipelining``'s ``Schedule1F1B`` (one ``PipelineStage`` per rank, ``scale_grads=False``) and
+  ``ScheduleInterleaved1F1B`` (two ``PipelineStage`` per rank) on the same split of the layers.
+
+A step is forward + backward + global-norm clipping + AdamW (``galva_hp.train_step`` on the galva side). The cases run
+in the same four forked gloo ranks, interleaved step by step; the reported time is the median over the measured
+steps. The prediction is ``galva_search.evaluate_strategy`` on profiles of this machine: ``--profile`` writes them
+(``galva-profile model`` of a GPT-2 config of the same sizes, ``galva-profile hardware --nproc-per-node PP``) under
+``benchmarks/runtime/.work/``; without them the column says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+from galva_comm.testing import run_distributed
+from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, reference_optimizer, train_step
+from galva_hp.testing.models import tiny_gpt
+from galva_schema import Strategy
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+WORK = HERE / ".work"
+OPTIM = OptimConfig(lr=1e-4, max_grad_norm=1.0)
+VOCAB = 1024
+SCHEDULES = {  # case -> (pipeline_schedule, virtual_stages)
+    "gpipe": ("gpipe", 1),
+    "1f1b": ("1f1b", 1),
+    "interleaved-1f1b": ("interleaved-1f1b", 2),
+    "zb-h1": ("zb-h1", 1),
+}
+
+
+def _make(args):  # type: ignore[no-untyped-def]
+    return tiny_gpt(
+        vocab_size=VOCAB, hidden=args.hidden, heads=4, layers=args.layers, seq_len=args.seq, tie_embeddings=False
+    )
+
+
+def strategy(args, schedule: str, v: int) -> Strategy:  # type: ignore[no-untyped-def]
+    return Strategy.uniform(
+        world_size=args.pp,
+        num_layers=args.layers,
+        global_batch_size=args.batch,
+        pp=args.pp,
+        num_micro_batches=args.micro_batches,
+        pipeline_schedule=schedule,
+        virtual_stages=v,
+        mixed_precision="fp32",
+    )
+
+
+class Chunk(nn.Module):
+    """Layers ``layers`` of the single-process model, with the embedding in front (first chunk) or the final norm and
+    the LM head behind (last chunk): one ``PipelineStage``'s module."""
+
+    def __init__(self, model, layers: range, first: bool, last: bool) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.embedding = model.embedding if first else None
+        self.layers = nn.ModuleList(model.layers[i] for i in layers)
+        self.norm, self.lm_head = (*model.head.children(),) if last else (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.embedding(x) if self.embedding is not None else x
+        for layer in self.layers:
+            hidden = layer(hidden)
+        if self.lm_head is not None:
+            hidden = self.lm_head(self.norm(hidden))
+        return hidden
+
+
+def _clip_global(params: list[nn.Parameter], max_norm: float) -> None:
+    total = torch.zeros(1)
+    for p in params:
+        if p.grad is not None:
+            total += p.grad.pow(2).sum()
+    dist.all_reduce(total)
+    scale = min(1.0, max_norm / (float(total.sqrt()) + 1e-6))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(scale)
+
+
+def _torch_run(args, rank: int, ids, labels, tokens: int, v: int):  # type: ignore[no-untyped-def]
+    """A step of the same model under torch.distributed.pipelining: Schedule1F1B (v = 1) or Interleaved1F1B."""
+    whole, chunks = _make(args), args.pp * v
+    per = args.layers // chunks
+    stages, modules = [], []
+    for j in range(v):
+        c = rank + args.pp * j
+        module = Chunk(whole, range(c * per, (c + 1) * per), c == 0, c == chunks - 1)
+        modules.append(module)
+        stages.append(PipelineStage(module, c, chunks, torch.device("cpu")))
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / tokens
+
+    n = args.micro_batches
+    if v == 1:
+        schedule = Schedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
+    else:
+        schedule = ScheduleInterleaved1F1B(stages, n, loss_fn=loss_fn, scale_grads=False)
+    params = [p for m in modules for p in m.parameters()]
+    optimizer, _ = reference_optimizer(params, OPTIM)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        kwargs = {}
+        if rank == args.pp - 1:
+            kwargs = {"target": labels, "losses": []}
+        if rank == 0:
+            schedule.step(ids, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        _clip_global(params, OPTIM.max_grad_norm)
+        optimizer.step()
+
+    return step
+
+
+def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (args.batch, args.seq))
+    labels = torch.roll(ids, -1, 1)
+    runs = {}
+    for name, (schedule, v) in SCHEDULES.items():
+        model = build(_make(args), strategy(args, schedule, v), BuildOptions(seq_len=args.seq))
+        optimizer = GalvaOptimizer(model.param_records(), OPTIM)
+        runs[f"galva-{name}"] = lambda m=model, o=optimizer: train_step(m, o, ids, labels)
+    runs["torch-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 1)
+    runs["torch-interleaved-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 2)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for step in range(args.warmup + args.steps):
+        for name, run in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            dist.barrier()
+            if step >= args.warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# ------------------------------------------------------------------------------------------------ prediction
+def profile(args) -> None:  # type: ignore[no-untyped-def]
+    """Model and hardware profiles of this machine for the cost model (minutes)."""
+    from transformers import GPT2Config
+
+    WORK.mkdir(exist_ok=True)
+    config = GPT2Config(
+        n_embd=args.hidden, n_layer=args.layers, n_head=4, vocab_size=VOCAB, n_positions=args.seq,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    config.save_pretrained(WORK / "gpt")
+    micro = args.batch // args.micro_batches
+    cli = [sys.executable, "-m", "galva_profiler.cli"]
+    subprocess.run(
+        [*cli, "model", "--model-config", "gpt", "--seq-lengths", str(args.seq), "--batch-sizes", f"1,{micro}",
+         "--max-tp", "1", "--precision", "fp32", "--quiet", "-o", "model.json"],
+        cwd=WORK, check=True,
+    )  # fmt: skip
+    subprocess.run(
+        [*cli, "hardware", "--nproc-per-node", str(args.pp), "--quick", "--quiet", "-o", f"hw{args.pp}.json"],
+        cwd=WORK,
+        check=True,
+    )
+
+
+def predictions(args) -> dict[str, float] | None:  # type: ignore[no-untyped-def]
+    """Predicted step time (s) of each galva case, or None without profiles."""
+    hardware = WORK / f"hw{args.pp}.json"
+    if not (WORK / "model.json").exists() or not hardware.exists():
+        return None
+    from galva_schema import HardwareProfile, ModelProfile
+    from galva_search.cost_model import CostModel, CostSettings
+    from galva_search.evaluation import evaluate_strategy
+
+    cost = CostModel(HardwareProfile.load(hardware), ModelProfile.load(WORK / "model.json"), CostSettings())
+    return {
+        f"galva-{name}": evaluate_strategy(cost, strategy(args, schedule, v)).iteration_time_s
+        for name, (schedule, v) in SCHEDULES.items()
+    }
+
+
+def table(result: dict[str, float], predicted: dict[str, float] | None, args) -> str:  # type: ignore[no-untyped-def]
+    base = result["galva-1f1b"]
+    rows = [
+        "| case | ms/step | measured ratio to galva 1F1B | predicted ratio (cost model) |",
+        "|---|---|---|---|",
+    ]
+    for name, ms in result.items():
+        ratio = f"{ms / base:.3f}"
+        guess = "—"
+        if predicted is not None and name in predicted:
+            guess = f"{predicted[name] / predicted['galva-1f1b']:.3f} ({predicted[name] * 1e3:.0f} ms)"
+        elif predicted is None and name.startswith("galva"):
+            guess = "no profiles (run with --profile)"
+        rows.append(f"| {name} | {ms:.1f} | {ratio} | {guess} |")
+    vs = result["galva-1f1b"] / result["torch-1f1b"]
+    vs_i = result["galva-interleaved-1f1b"] / result["torch-interleaved-1f1b"]
+    setup = (
+        f"tiny GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, global batch {args.batch}, "
+        f"{args.micro_batches} micro-batches, vocab {VOCAB}, fp32, untied, pp {args.pp} on {args.pp} forked gloo ranks "
+        f"(1 thread each), median of {args.steps} steps after {args.warmup} warm-up steps"
+    )
+    return (
+        "\n".join(rows)
+        + f"\n\ngalva 1F1B / torch Schedule1F1B: **{vs:.3f}** (target ≤ 1.05); galva interleaved / torch "
+        f"ScheduleInterleaved1F1B: {vs_i:.3f}.\n\nSetup: {setup}.\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", type=int, default=4, help="stages = ranks (one rank per stage)")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="(re)write the profiles for the prediction column")
+    parser.add_argument("--write-readme", action="store_true")
+    args = parser.parse_args()
+    if args.profile:
+        profile(args)
+    result = run_distributed(bench, args.pp, args, timeout=1800, threads_per_rank=1)[0]
+    text = table(result, predictions(args), args)
+    print(text)
+    if args.write_readme:
+        readme = README.read_text()
+        mark = f"<!-- schedules pp{args.pp} -->"
+        start = readme.index(mark) + len(mark)
+        end = readme.index(f"<!-- /schedules pp{args.pp} -->")
+        README.write_text(readme[:start] + "\n" + text + readme[end:])
+
+
+if __name__ == "__main__":
+    main()
