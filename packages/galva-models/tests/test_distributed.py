@@ -234,6 +234,8 @@ ENCODER_CASES = [
     ("t5", "pp2-split1|3-ddp"),
     ("t5", "pp2-split1|3-tp2-megatron_sp-zero3"),
     ("t5", "pp2-split1|3-ulysses2"),
+    ("t5", "pp2-dp2-zero3-bf16"),  # bf16: every layer reads the fp32 table copy cast to bf16
+    ("t5", "pp2-ulysses2-bf16"),
 ]
 ENC_SEQ = 12
 
