@@ -38,7 +38,7 @@ def _megatron_peak(pp: int, v: int, c: int, stage: int) -> int:
     warm-up forwards (``get_num_warmup_microbatches``), then one forward and one backward per step, then the
     cool-down backwards."""
     total = c * v
-    warmup = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    warmup = total if c == pp else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
     held = peak = 0
     for _ in range(warmup):
         held += 1
@@ -53,7 +53,9 @@ def _megatron_peak(pp: int, v: int, c: int, stage: int) -> int:
     return peak
 
 
-@pytest.mark.parametrize(("pp", "v", "c"), [(2, 2, 2), (2, 2, 8), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 4, 4)])
+@pytest.mark.parametrize(
+    ("pp", "v", "c"), [(2, 2, 2), (2, 2, 8), (4, 2, 4), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 4, 4), (4, 3, 12)]
+)
 def test_interleaved_in_flight_follows_megatrons_order(pp, v, c):
     assert interleaved_chunks_in_flight(pp, c, v) == [_megatron_peak(pp, v, c, s) for s in range(pp)]
 
@@ -68,8 +70,9 @@ def test_in_flight_per_schedule(tiny, tiny_hw):
     # interleaved, v = 2: 2 (pp - s - 1) + (v - 1) pp + 1 micro-batch-chunks, each half a stage's activations
     assert interleaved_chunks_in_flight(4, 8, 2) == [11, 9, 7, 5]
     assert cost.in_flight(4, 8, INTER, 2) == [5.5, 4.5, 3.5, 2.5]
-    # c = pp: the first stage runs every forward before its first backward (v c chunks)
-    assert interleaved_chunks_in_flight(2, 2, 2) == [4, 3]
+    # c = pp: every stage runs every forward before its first backward (v c chunks)
+    assert interleaved_chunks_in_flight(2, 2, 2) == [4, 4]
+    assert interleaved_chunks_in_flight(4, 4, 2) == [8, 8, 8, 8]
     assert cost.in_flight(1, 8, INTER, 2) == [1]
     # the settings' schedule is the default
     assert CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=ZB)).in_flight(4, 8) == [4] * 4

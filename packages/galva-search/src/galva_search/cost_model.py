@@ -541,8 +541,11 @@ class CostModel:
 def interleaved_chunks_in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> list[int]:
     """Micro-batch-chunks whose activations stage ``s`` holds at its peak under Megatron's interleaved 1F1B:
     ``min(2 (pp - s - 1) + (v - 1) pp + 1, v c)`` (its warm-up forwards, then one more forward before the first
-    backward; every later step runs one forward and one backward, so the count never grows again)."""
+    backward; every later step runs one forward and one backward, so the count never grows again); with ``c = pp``
+    every forward is a warm-up one (Megatron, galva-hp): all ``v c``."""
     v, c = virtual_stages, num_micro_batches
+    if c == pp:
+        return [v * c] * pp
     return [min(2 * (pp - s - 1) + (v - 1) * pp + 1, v * c) for s in range(pp)]
 
 
