@@ -301,6 +301,13 @@ def test_cli_auto_schedule_and_virtual_stages(data_dir, tmp_path, capsys):
     ])
     assert code == 2
     assert "--virtual-stages" in capsys.readouterr().err
+    code = main([
+        "--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile", str(data_dir / "llama7b_model.json"),
+        "--memory", "20GiB", "--global-batch-size", "32", "--pipeline-schedule", "auto",
+        "--galvatron-output", str(tmp_path / "g.json"), "--quiet",
+    ])
+    assert code == 2
+    assert "gpipe and 1f1b plans only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("schedules", [(INTER,), (ZB,), (ONE, INTER, ZB)])

@@ -191,6 +191,11 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise _UsageError(f"{_flag(dest)} must be a finite number, got {value}")
         if value < low or (value == low and not inclusive):
             raise _UsageError(f"{_flag(dest)} must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+    if args.galvatron_output and args.pipeline_schedule not in ("1f1b", "pipedream_flush", "gpipe"):
+        raise _UsageError(
+            f"--galvatron-output: the reference's strategy format holds gpipe and 1f1b plans only; "
+            f"--pipeline-schedule {args.pipeline_schedule} may choose another schedule"
+        )
     from galva_schema import output_problem
 
     seen: dict[str, str] = {}
