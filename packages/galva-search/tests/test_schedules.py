@@ -23,6 +23,7 @@ from galva_search.cost_model import (
     pipeline_time,
 )
 from galva_search.evaluation import evaluate_strategy
+from galva_search.report import html_report
 from galva_search.search import NoFeasibleStrategy, SearchOptions, search
 from galva_search.space import SpaceOptions, generate_space
 from galva_search.summary import json_summary, text_summary
@@ -270,11 +271,13 @@ def test_interleaved_search_partitions_into_chunks(hw_1x8, llama7b):
                             space=SpaceOptions(disable_pp=False), num_micro_batches=16)
     result = search(cost, options)
     s = result.strategy
-    if s.pp > 1:
-        assert s.pipeline_schedule is INTER and s.virtual_stages == 2
-        assert len(s.pp_division) == 2 * s.pp
-        assert "chunks per stage" in text_summary(result)
-        assert any(r.schedule == "interleaved-1f1b:2" for r in result.log)
+    assert s.pp > 1
+    assert s.pipeline_schedule is INTER and s.virtual_stages == 2
+    assert len(s.pp_division) == 2 * s.pp
+    assert "interleaved-1f1b (2 chunks per stage)" in text_summary(result)
+    assert any(r.schedule == "interleaved-1f1b:2" for r in result.log)
+    assert any("schedule=interleaved-1f1b:2" in r.line() for r in result.log)
+    assert "interleaved-1f1b × 2" in html_report(result)
     summary = json_summary(result)
     assert summary["pipeline_schedule"] == s.pipeline_schedule.value
     assert summary["virtual_stages"] == s.virtual_stages
