@@ -9,6 +9,9 @@ import shutil
 
 MODEL_NAME = "hidden4096_head32_seqlen2048"  # LLaMA-7B layer: hidden 4096, 32 heads, seq 2048
 HIDDEN, SEQ = 4096, 2048
+# The computation file holds per-sample forward times at batch sizes 1..14; the reference's static time mode uses the
+# first `layertype_0_*` key in file order, which is bsz 1 (spec §11.10). Galva is told to read the same entry.
+STATIC_BATCH = 1
 
 
 def prepare_profiles(galvatron_dir: str, out_dir: str) -> str:

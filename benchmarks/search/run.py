@@ -93,6 +93,12 @@ class Row:
     galvatron_plan: str | None = None
     core: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Galva's model, per stage, for both plans (MiB; breakdown from Evaluation.detail)
+    galva_model: dict[str, Any] = field(default_factory=dict)
+    # The reference's own cost model (galvatron_eval.py) for both plans, and what its engine read from the profiles
+    reference_model: dict[str, Any] = field(default_factory=dict)
+    reference_profile: dict[str, Any] = field(default_factory=dict)
+    usable_mib: float | None = None
 
 
 # ------------------------------------------------------------------------------------------------- environment
@@ -188,6 +194,10 @@ def galva_inputs(case: Case):
         num_layers=[case.layers],
         hidden_sizes=[inputs.HIDDEN],
         seq_lengths=[inputs.SEQ],
+        # The reference's static mode reads the FIRST `layertype_0_*` / `layertype_other_*` key in file order
+        # (spec §11.10): in the shipped file that is bsz 1 (6.281 / 5.786 ms per sample); galvatron_eval.py prints
+        # what its engine read. Galva's reader would take the largest batch (bsz 14) unless told: same entry here.
+        static_batch_size=inputs.STATIC_BATCH,
     )
     return hardware, model
 
@@ -214,10 +224,20 @@ def galva_options(case: Case, batch_size: int | tuple[int, ...], chunks: int | N
     space = SpaceOptions(preset="full", sp_space="tp", default_dp_type=DataParallelType.ZERO2)
     return SearchOptions(
         memory_budget_mib=case.memory_gb * 1024.0,
+        memory_reserve_mib=reference_reserve_mib(case) if RESERVE == "reference" else None,
         batch_sizes=batch_size if isinstance(batch_size, tuple) else (batch_size,),
         space=space,
         num_micro_batches=chunks,
     )
+
+
+RESERVE = "reference"  # --galva-reserve: "reference" (the same usable memory as Galvatron) or "galva" (its 5%)
+
+
+def reference_reserve_mib(case: Case) -> float:
+    """Galvatron's "pytorch memory cache": int(20% of the constraint) when the constraint is above 20 GB, else 0."""
+    budget = case.memory_gb * 1024
+    return float(int(budget * 0.2)) if budget // 1024 > 20 else 0.0
 
 
 def run_galva(case: Case) -> tuple[float, Any]:
@@ -231,10 +251,57 @@ def run_galva(case: Case) -> tuple[float, Any]:
 
 def evaluate_in_galva(case: Case, strategy) -> tuple[float, list[float]]:
     """Throughput and per-stage memory of `strategy` under Galva's cost model."""
+    got = galva_breakdown(case, strategy)
+    return got["throughput"], got["stage_memory_mib"]
+
+
+def galva_breakdown(case: Case, strategy) -> dict[str, Any]:
+    """`strategy` under Galva's cost model: throughput and, per stage, memory with its terms (MiB)."""
+    from galva_schema import DataParallelType
+    from galva_search.cost_model import VocabOption
     from galva_search.search import evaluate_strategy
 
-    evaluation = evaluate_strategy(galva_cost_model(case), strategy)
-    return evaluation.throughput, evaluation.stage_memory_mib
+    cost = galva_cost_model(case)
+    ev = evaluate_strategy(cost, strategy)
+    d = ev.detail
+    assert d is not None
+    pp, c = strategy.pp, strategy.num_micro_batches
+    vocab = VocabOption(tp=strategy.vocab.tp, sp=strategy.vocab.sp,
+                        zero3=strategy.vocab_dp_type is DataParallelType.ZERO3)
+    vt = cost.vocab_terms(pp, vocab, strategy.micro_batch_size, c, cost.in_flight(pp, c))
+    context = cost.settings.context_mib
+    layer_states = [st - v.states_mib for st, v in zip(d.stage_states_mib, vt)]
+    layer_act = [m - context - tr - v.memory_mib - ls
+                 for m, tr, v, ls in zip(d.stage_memory_mib, d.stage_transient_mib, vt, layer_states)]
+    return {
+        "stage_vocab_mib": [v.memory_mib for v in vt],  # vocabulary states + in-flight activations
+        "stage_layer_states_mib": layer_states,
+        "stage_layer_activation_mib": layer_act,  # in-flight micro-batches included
+        "throughput": ev.throughput,
+        "iteration_s": ev.iteration_time_s,
+        "stage_memory_mib": list(ev.stage_memory_mib),
+        "stage_states_mib": list(d.stage_states_mib),  # layers + vocabulary
+        "stage_activation_mib": [a * n for a, n in zip(d.stage_activation_mib, d.stage_in_flight)],
+        "stage_in_flight": list(d.stage_in_flight),
+        "stage_transient_mib": list(d.stage_transient_mib),
+        "context_mib": cost.settings.context_mib,
+    }
+
+
+def evaluate_in_reference(case: Case, plans: dict[str, dict]) -> dict[str, Any]:
+    """Score reference-format plans with Galvatron's own cost model, in its venv (galvatron_eval.py)."""
+    d = case_dirs(case)
+    plans_path = os.path.join(d["base"], "reference-eval-plans.json")
+    out_path = os.path.join(d["base"], "reference-eval.json")
+    with open(plans_path, "w") as f:
+        json.dump({"plans": plans}, f, indent=1)
+    subprocess.run(
+        [VENV_PY, os.path.join(HERE, "galvatron_eval.py"), os.path.join(d["base"], "galvatron-case.json"),
+         plans_path, out_path],
+        check=True, capture_output=True, text=True,
+    )
+    with open(out_path) as f:
+        return json.load(f)
 
 
 def describe(strategy) -> str:
@@ -286,18 +353,32 @@ def run_case(case: Case, args: argparse.Namespace) -> Row:
     row.galva_s = galva_s
     row.galva_throughput = float(result.throughput)
     row.galva_plan = describe(result.strategy)
+    row.usable_mib = float(result.usable_memory_mib)
     print(f"[{case.name}] Galva: {galva_s:.3f} s, {result.throughput:.3f} samples/s", flush=True)
+    from galva_schema.reference import read_galvatron_strategy, to_galvatron_strategy
 
+    row.galva_model["galva"] = galva_breakdown(case, result.strategy)
+    plans = {"galva": to_galvatron_strategy(result.strategy)}
     if row.galvatron_config:
-        from galva_schema.reference import read_galvatron_strategy
-
         try:
             ref_strategy = read_galvatron_strategy(row.galvatron_config, world_size=case.nodes * case.gpus_per_node)
             row.galvatron_plan = describe(ref_strategy)
+            row.galva_model["galvatron"] = galva_breakdown(case, ref_strategy)
             throughput, memory = evaluate_in_galva(case, ref_strategy)
             row.galvatron_plan_throughput_in_galva, row.galvatron_plan_memory_mib = throughput, memory
+            with open(row.galvatron_config) as f:
+                plans["galvatron"] = json.load(f)
         except Exception as e:
             row.notes.append(f"evaluating Galvatron's plan failed: {type(e).__name__}: {e}")
+    try:
+        got = evaluate_in_reference(case, plans)
+        row.reference_model, row.reference_profile = got["plans"], got["profile"]
+    except subprocess.CalledProcessError as e:
+        row.notes.append(f"the reference's cost model failed: {e.stderr[-500:]}")
+    for name, r in row.reference_model.items():
+        print(f"[{case.name}] {name} plan under the reference's model: {r['throughput']:.3f} samples/s, "
+              f"stage memory {[round(m) for m in r['stage_memory_mb']]} MB of {r['budget_mb']:.0f}"
+              f"{'' if r['in_space'] else ' (not in its space: ' + '; '.join(r['notes']) + ')'}", flush=True)
     return row
 
 
@@ -367,6 +448,97 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _ref(r: Row, plan: str, key: str) -> Any:
+    return r.reference_model.get(plan, {}).get(key)
+
+
+def _gal(r: Row, plan: str, key: str) -> Any:
+    return r.galva_model.get(plan, {}).get(key)
+
+
+def _ints(values: list[float] | None) -> str:
+    return "—" if not values else " / ".join(f"{v:.0f}" for v in values)
+
+
+def models_table(rows: list[Row]) -> str:
+    """Both plans under both cost models (samples/s)."""
+    lines = [
+        "| case | Galvatron plan: Galvatron model / Galva model | Galva plan: Galvatron model / Galva model "
+        "| Galva plan vs Galvatron plan: Galvatron model / Galva model |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        rg, rr = _ref(r, "galvatron", "throughput"), _ref(r, "galva", "throughput")
+        gg, gr = _gal(r, "galvatron", "throughput"), _gal(r, "galva", "throughput")
+
+        def rel(a: float | None, b: float | None) -> str:
+            return "—" if a is None or b is None else f"{100 * (a / b - 1):+.1f}%"
+
+        own = r.galvatron_own_throughput
+        check = "" if own is None or rg is None or abs(rg / own - 1) < 1e-9 else f" (its search said {own:.3f})"
+        lines.append(
+            f"| {r.case} | {fmt(rg, '.3f')}{check} / {fmt(gg, '.3f')} | {fmt(rr, '.3f')} / {fmt(gr, '.3f')} | "
+            f"{rel(rr, rg)} / {rel(gr, gg)} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_table(rows: list[Row]) -> str:
+    """Per stage: the reference's accounting (what its DP adds, + its 20% cache) against its budget, and Galva's."""
+    lines = [
+        "| case | plan | Galvatron accounting per stage (MiB, its cache included) | budget | fits | "
+        "Galva model per stage (MiB) | usable (budget - reserve) | fits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for plan in ("galva", "galvatron"):
+            mem = _ref(r, plan, "stage_memory_mb")
+            if mem is None:
+                continue
+            budget = _ref(r, plan, "budget_mb")
+            gmem = _gal(r, plan, "stage_memory_mib") or []
+            usable = r.usable_mib or 0.0
+            fits_ref = "yes" if _ref(r, plan, "fits") else f"**NO** (+{max(mem) - budget:.0f})"
+            fits_g = "yes" if gmem and max(gmem) <= usable + 1e-6 else "no"
+            name = "Galva's" if plan == "galva" else "Galvatron's"
+            lines.append(
+                f"| {r.case} | {name} | {_ints(mem)} | {budget:.0f} | {fits_ref} | {_ints(gmem)} | "
+                f"{usable:.0f} | {fits_g} |"
+            )
+    return "\n".join(lines)
+
+
+def terms_table(rows: list[Row]) -> str:
+    """Galva's plan, the stage the reference finds fullest, term by term (MiB): Galvatron / Galva."""
+    lines = [
+        "| case | stage | layer model states | layer activations (in flight) | vocab layers | context | "
+        "transients | rounding | cache / reserve | total | difference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ref, gal = r.reference_model.get("galva"), r.galva_model.get("galva")
+        if not ref or not gal:
+            continue
+        s = max(range(len(ref["stage_memory_mb"])), key=lambda k: ref["stage_memory_mb"][k])
+        ref_states, ref_act = ref["stage_layer_states_mb"][s], ref["stage_layer_activation_mb"][s]
+        context = 1024.0  # the reference's pytorch_context_mem, part of its "other" memory
+        ref_vocab = ref["stage_other_mb"][s] - context
+        ref_round = ref["stage_layers_mb"][s] - ref_states - ref_act
+        ref_total = ref["stage_memory_mb"][s]
+        g = {k: gal[k][s] for k in ("stage_layer_states_mib", "stage_layer_activation_mib", "stage_vocab_mib",
+                                     "stage_transient_mib", "stage_memory_mib")}
+        reserve = (r.reference_model["galva"]["budget_mb"] - r.usable_mib) if r.usable_mib is not None else 0.0
+        g_total = g["stage_memory_mib"] + reserve
+        lines.append(
+            f"| {r.case} | {s} | {ref_states:.0f} / {g['stage_layer_states_mib']:.0f} | "
+            f"{ref_act:.0f} / {g['stage_layer_activation_mib']:.0f} | {ref_vocab:.0f} / {g['stage_vocab_mib']:.0f} | "
+            f"{context:.0f} / {gal['context_mib']:.0f} | 0 / {g['stage_transient_mib']:.0f} | {ref_round:.0f} / 0 | "
+            f"{ref['mem_cache_mb']:.0f} / {reserve:.0f} | {ref_total:.0f} / {g_total:.0f} | "
+            f"{g_total - ref_total:+.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def write_readme(rows: list[Row], wide: list[dict[str, Any]], command: str) -> None:
     with open(README) as f:
         text = f.read()
@@ -379,6 +551,13 @@ def write_readme(rows: list[Row], wide: list[dict[str, Any]], command: str) -> N
     plans = [f"- {r.case}: Galvatron `{r.galvatron_plan}`; Galva `{r.galva_plan}`" for r in rows if r.galva_plan]
     if plans:
         body += "\nChosen plans:\n" + "\n".join(plans) + "\n"
+    if any(r.reference_model for r in rows):
+        body += "\nBoth plans under both cost models (samples/s; Galvatron's model is its own code, run by "
+        body += "`galvatron_eval.py` in its venv):\n\n" + models_table(rows) + "\n"
+        body += "\nMemory: each plan under Galvatron's accounting (what its DP adds for the plan, plus the 20% "
+        body += "cache it keeps off the budget) and under Galva's:\n\n" + memory_table(rows) + "\n"
+        body += "\nGalva's plan, term by term, on the stage Galvatron finds fullest (MiB, Galvatron / Galva):\n\n"
+        body += terms_table(rows) + "\n"
     if wide:
         body += "\nGalva alone, wider searches (Galvatron would need hours for these):\n\n" + wide_table(wide) + "\n\n"
         body += "\n".join(f"- {r['case']}: {r['plan']}" for r in wide) + "\n"
@@ -400,7 +579,12 @@ def main() -> None:
     ap.add_argument("--reuse-reference", action="store_true", help="reuse Galvatron results left in .work/")
     ap.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per Galvatron search")
+    ap.add_argument("--galva-reserve", choices=("reference", "galva"), default="reference",
+                    help="Galva's memory reserve: Galvatron's 20%% above 20 GB (default, the same usable memory) or "
+                    "Galva's own default (5%%)")
     args = ap.parse_args()
+    global RESERVE
+    RESERVE = args.galva_reserve
     ensure_galvatron_venv()
     gdir = galvatron_dir()
     cases = [c for c in CASES if not args.cases or c.name in args.cases]
@@ -412,6 +596,10 @@ def main() -> None:
     with open(os.path.join(WORK, "results.json"), "w") as f:
         json.dump({"cases": [asdict(r) for r in rows], "wide": wide}, f, indent=1)
     print(table(rows))
+    if any(r.reference_model for r in rows):
+        print(models_table(rows))
+        print(memory_table(rows))
+        print(terms_table(rows))
     if wide:
         print(wide_table(wide))
     if args.write_readme:
