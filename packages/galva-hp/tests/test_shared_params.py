@@ -2,9 +2,10 @@
 
 Tiny GPT (4 layers) whose layers 1 and 2 both add one shared vector to their input (layer 1 registers it). Plans on
 4 gloo ranks: the two layers on different pipeline stages under ZeRO-3 on one and ddp on the other, under tp 2
-(the shift computed on every tp rank: ``replicated_over``) and Ulysses (on a sequence shard), and on one stage with
-two tp layouts. Oracle: single-process fp32 training (galva_hp.testing.oracle); tolerance 1e-5 relative on every
-step's loss and gradient norm and on every final parameter, the shared vector included.
+(the shift computed on every tp rank: ``replicated_over``) and Ulysses (on a sequence shard), under ZB-H1's split
+backward, and on one stage with two tp layouts. Oracle: single-process fp32 training (galva_hp.testing.oracle);
+tolerance 1e-5 relative on every step's loss and gradient norm and on every final parameter, the shared vector
+included.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ PLANS = {
     "pp2-tp2|ulysses2-zero3": _plan(
         [{}, {"tp": 2}, {"tp": 2, "ulysses": True, "dp_type": "zero3"}, {}], pp=2, pipeline_schedule="gpipe"
     ),
+    # the split backward of zero-bubble H1 (the copy is a leaf of the chunk's graph: its W step fills it)
+    "pp2-zero3|tp2-zb_h1": _plan([{}, {"dp_type": "zero3"}, {"tp": 2}, {}], pp=2, pipeline_schedule="zb-h1"),
     # one stage, two layouts: tp 2 with Megatron-SP under ZeRO-3 (dp 2), then tp 4 under ddp
     "pp1-tp2-megatron_sp-zero3|tp4": _plan([{}, {"tp": 2, "dp_type": "zero3"}, {"tp": 4}, {}], megatron_sp=True),
 }
