@@ -147,6 +147,8 @@ def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore
         runs[f"galva-{name}"] = lambda m=model, o=optimizer: train_step(m, o, ids, labels)
     runs["torch-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 1)
     runs["torch-interleaved-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 2)
+    if args.cases:
+        runs = {name: run for name, run in runs.items() if name in args.cases}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for step in range(args.warmup + args.steps):
         for name, run in runs.items():
@@ -214,6 +216,8 @@ def table(result: dict[str, float], predicted: dict[str, float] | None, args) ->
         elif predicted is None and name.startswith("galva"):
             guess = "no profiles (run with --profile)"
         rows.append(f"| {name} | {ms:.1f} | {ratio} | {guess} |")
+    if "torch-1f1b" not in result or "torch-interleaved-1f1b" not in result:
+        return "\n".join(rows) + "\n"
     vs = result["galva-1f1b"] / result["torch-1f1b"]
     vs_i = result["galva-interleaved-1f1b"] / result["torch-interleaved-1f1b"]
     setup = (
@@ -239,8 +243,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="(re)write the profiles for the prediction column")
+    parser.add_argument("--cases", nargs="+", help="only these cases (galva-1f1b always included), e.g. galva-zb-h1")
     parser.add_argument("--write-readme", action="store_true")
     args = parser.parse_args()
+    if args.cases:
+        args.cases = sorted({"galva-1f1b", *args.cases})
     if args.profile:
         profile(args)
     result = run_distributed(bench, args.pp, args, timeout=1800, threads_per_rank=1)[0]
