@@ -50,6 +50,17 @@ def _layer_strategy(pp: int, tp: int, world: int, consec: int, zero3: int, ckpt:
     return [pp, tp, dp, info]
 
 
+def _unpadded(model):
+    """The same MemoryCostModel with its ZeRO ratios' `+0.003` on 1/d removed (each ratio is a*(1/d + 0.003) + b,
+    so a = 2*(r(1) - r(2)) and the pad is a*0.003), states and "other" memory recomputed by its own methods."""
+    for name in ("zero2_ratio", "zero3_ratio"):
+        f = getattr(model, name)
+        setattr(model, name, lambda d, f=f: f(d) - 2 * (f(1) - f(2)) * 0.003)
+    model.estimate_model_states_size()
+    model.estimate_other_memory_cost()
+    return model.get_memory_cost()
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in str(text).split(",")]
 
@@ -113,13 +124,16 @@ def evaluate(engine, args, config: dict) -> dict:
     first = stage_set[0] if stage_set else layers[0]
     per_stage_layers: list[float] = []
     per_stage_states: list[float] = []
+    per_stage_states_unpadded: list[float] = []
+    per_stage_other_unpadded: list[float] = []
+    per_stage_other_raw: list[float] = []
     per_stage_act: list[float] = []
     per_stage_other: list[float] = []
     layer_terms: dict[str, list[dict]] = {}
     other_mem = None
     start = 0
     for stage in range(pp):
-        total = states = act = 0.0
+        total = states = act = states_unpadded = 0.0
         kw = dict(mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, vsp=vsp, embed_sdp=embed_sdp, **margs)
         if args.pipeline_type == "pipedream_flush":
             kw["stage_idx"] = stage
@@ -128,6 +142,7 @@ def evaluate(engine, args, config: dict) -> dict:
             key = form_strategy(s)
             if key not in cache:
                 cache[key] = MemoryCostModel(s, bsz, **kw).get_memory_cost()
+                cache[key]["model_states_unpadded"] = _unpadded(MemoryCostModel(s, bsz, **kw))["model_states"]
                 layer_terms.setdefault(key, []).append({
                     "stage": stage,
                     "model_states": float(cache[key]["model_states"]),
@@ -135,26 +150,37 @@ def evaluate(engine, args, config: dict) -> dict:
                 })
             total += math.ceil(cache[key]["enc_total"])
             states += float(cache[key]["model_states"])
+            states_unpadded += float(cache[key]["model_states_unpadded"])
             act += float(cache[key]["activation"])
         if other_mem is None:
             other_mem = MemoryCostModel(first, bsz, **kw).get_memory_cost()["other"]
+            other_unpadded = _unpadded(MemoryCostModel(first, bsz, **kw))["other"]
         if vtp not in other_mem:
             in_space = False
             notes.append(f"vtp {vtp} has no 'other' memory entry (keys {sorted(other_mem)})")
             other = float("nan")
+            per_stage_other_unpadded.append(other)
+            per_stage_other_raw.append(other)
         else:
             other = float(np.ceil(other_mem[vtp][stage]))
+            per_stage_other_unpadded.append(float(other_unpadded[vtp][stage]))
+            per_stage_other_raw.append(float(other_mem[vtp][stage]))
         if args.sequence_parallel and args.global_memory_buffer:
             gm = mbsz / min_tp * max_tp * args.hidden_size * args.seq_length * 4 / 1024 / 1024
             other += int(gm / 2 if args.mixed_precision != "fp32" else gm)
         per_stage_layers.append(total)
         per_stage_states.append(states)
+        per_stage_states_unpadded.append(states_unpadded)
         per_stage_act.append(act)
         per_stage_other.append(other)
         start += division[stage]
     budget = engine.memory_constraint
     mem_cache = int(budget * 0.2) if budget // 1024 > 20 else 0
     stage_memory = [a + b + mem_cache for a, b in zip(per_stage_layers, per_stage_other)]
+    # The same sum without its two artefacts: the +0.003 pad of the ZeRO ratios and the rounding up to whole MB
+    # (per layer and for "other"); the Megatron-SP buffer (off in these cases) is not part of this figure.
+    stage_memory_exact = [s + a + o + mem_cache for s, a, o in
+                          zip(per_stage_states_unpadded, per_stage_act, per_stage_other_unpadded)]
 
     # Time: the search's pipeline_costmodel with the vocab time of this vtp.
     other_time = OtherTimeCostModel(mbsz, pp, world, vsp, embed_sdp, min_tp, max_tp, engine.seqlen_list,
@@ -177,7 +203,26 @@ def evaluate(engine, args, config: dict) -> dict:
     else:
         in_space = False
         notes.append(f"vtp {vtp} has no vocab time entry (keys {sorted(other_time[1])})")
+    # Per distinct layer strategy, its TimeCostModel terms at the global micro-batch B/c (ms per layer per micro-batch)
+    time_terms: dict[str, dict[str, float]] = {}
+    targs = dict(model_args=engine.model_args_list[0], train_args=engine.train_args_list[0],
+                 parallel_args=engine.parallel_args_list[0], profile_model_args=engine.profile_model_args_list[0],
+                 profile_hardware_args=engine.profile_hardware_args_list[0])
+    for s in {form_strategy(s): s for s in layers}.values():
+        m = TimeCostModel(s, bsz / chunk, **targs)
+        per = 1.0 / m.layer_num
+        p2p = m.p2p_message_size * m.p2p_comm_coe if m.pp_size > 1 and m.p2p_comm_coe is not None else 0.0
+        time_terms[form_strategy(s)] = {
+            "forward_ms": m.fct * per,
+            "backward_ms": m.bct * per,
+            "tp_ms": m.tp_communication_time * per,
+            "dp_sync_ms": m.dp_message_size * m.dc * per,
+            "p2p_ms": p2p * per,
+            "with_comm_ms": 1e3 * m.gen_result(),
+            "no_comm_ms": 1e3 * TimeCostModel(s, bsz / chunk, no_comm=True, **targs).gen_result(),
+        }
     return {
+        "time_terms": time_terms,
         "min_tp": min_tp,
         "max_tp": max_tp,
         "mbsz": mbsz,
@@ -192,6 +237,11 @@ def evaluate(engine, args, config: dict) -> dict:
         "vocab_memory_mb": {str(k): [float(x) for x in v] for k, v in (other_mem or {}).items()},
         "stage_memory_mb": stage_memory,
         "fits": all(m <= budget for m in stage_memory),
+        "stage_memory_exact_mb": stage_memory_exact,
+        "stage_layer_states_unpadded_mb": per_stage_states_unpadded,
+        "stage_other_unpadded_mb": per_stage_other_unpadded,
+        "stage_other_unrounded_mb": per_stage_other_raw,
+        "fits_exact": all(m <= budget for m in stage_memory_exact),
         "layer_terms": layer_terms,
         "iteration_s": iteration,
         "stage_time_s": stage_time,

@@ -273,7 +273,27 @@ def galva_breakdown(case: Case, strategy) -> dict[str, Any]:
     layer_states = [st - v.states_mib for st, v in zip(d.stage_states_mib, vt)]
     layer_act = [m - context - tr - v.memory_mib - ls
                  for m, tr, v, ls in zip(d.stage_memory_mib, d.stage_transient_mib, vt, layer_states)]
+    from galva_search.convert import candidate_of
+
+    time_terms: dict[str, dict[str, float]] = {}
+    for i in range(strategy.num_layers):
+        cand = candidate_of(strategy, i)
+        key = reference_label(strategy, i)
+        if key in time_terms:
+            continue
+        t = cost.layer_terms(0, [cand], strategy.micro_batch_size, c)
+        time_terms[key] = {
+            "forward_ms": 1e3 * float(t.forward_s[0]),
+            "backward_ms": 1e3 * float(t.backward_s[0]),
+            "tp_ms": 1e3 * float(t.tp_comm_s[0]),
+            "zero3_ms": 1e3 * float(t.zero3_comm_s[0]),
+            "dp_sync_ms": 1e3 * float(t.grad_sync_s[0]),  # once per ITERATION (the reference: per micro-batch)
+            "exposed_sync_ms": 1e3 * float(t.exposed_sync_s[0]),
+            "p2p_ms": 1e3 * float(t.p2p_s[0]),
+            "micro_batch_ms": 1e3 * float(t.micro_batch_s[0]),
+        }
     return {
+        "time_terms": time_terms,
         "stage_vocab_mib": [v.memory_mib for v in vt],  # vocabulary states + in-flight activations
         "stage_layer_states_mib": layer_states,
         "stage_layer_activation_mib": layer_act,  # in-flight micro-batches included
@@ -286,6 +306,52 @@ def galva_breakdown(case: Case, strategy) -> dict[str, Any]:
         "stage_transient_mib": list(d.stage_transient_mib),
         "context_mib": cost.settings.context_mib,
     }
+
+
+def reference_label(strategy, index: int) -> str:
+    """The reference's form_strategy label of layer `index` (`1-2*-8`, `2-4-2f-c`, ...), to match its terms."""
+    layer = strategy.layers[index]
+    stage = strategy.world_size // strategy.pp
+    dp = stage // layer.tp
+    tp_part, dp_part = str(layer.tp), str(dp)
+    if dp > 1 and layer.dp_type is not None and layer.dp_type.value == "zero3":
+        dp_part += "f"
+    if 1 < layer.tp < stage:
+        if layer.tp_consecutive:
+            tp_part += "*"
+        else:
+            dp_part += "*"
+    if layer.checkpoint:
+        dp_part += "-c"
+    return f"{strategy.pp}-{tp_part}-{dp_part}"
+
+
+def time_terms_table(rows: list[Row]) -> str:
+    """Per layer strategy of the two plans where they differ: the reference's TimeCostModel terms against Galva's
+    layer_terms, ms per layer per micro-batch (dp sync: the reference per micro-batch, Galva once per iteration)."""
+    lines = [
+        "| case | layer (reference label) | compute fwd+bwd | tp | dp sync (message time) | Galva's exposed sync "
+        "(per iteration) | p2p | layer total: reference with comm / no comm, Galva micro-batch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.galva_plan == r.galvatron_plan:
+            continue
+        for plan in ("galva", "galvatron"):
+            ref_terms = _ref(r, plan, "time_terms") or {}
+            gal_terms = _gal(r, plan, "time_terms") or {}
+            for key, rt in ref_terms.items():
+                gt = gal_terms.get(key)
+                if gt is None:
+                    continue
+                lines.append(
+                    f"| {r.case} ({'Galva' if plan == 'galva' else 'Galvatron'}) | `{key}` | "
+                    f"{rt['forward_ms'] + rt['backward_ms']:.2f} / {gt['forward_ms'] + gt['backward_ms']:.2f} | "
+                    f"{rt['tp_ms']:.2f} / {gt['tp_ms']:.2f} | {rt['dp_sync_ms']:.2f} / {gt['dp_sync_ms']:.2f} | "
+                    f"{gt['exposed_sync_ms']:.2f} | {rt['p2p_ms']:.2f} / {gt['p2p_ms']:.2f} | "
+                    f"{rt['with_comm_ms']:.2f} / {rt['no_comm_ms']:.2f}, {gt['micro_batch_ms']:.2f} |"
+                )
+    return "\n".join(lines)
 
 
 def evaluate_in_reference(case: Case, plans: dict[str, dict]) -> dict[str, Any]:
@@ -484,10 +550,11 @@ def models_table(rows: list[Row]) -> str:
 
 
 def memory_table(rows: list[Row]) -> str:
-    """Per stage: the reference's accounting (what its DP adds, + its 20% cache) against its budget, and Galva's."""
+    """Per stage: the reference's accounting (what its DP adds, + its 20% cache) against its budget, the same without
+    its two artefacts (the ZeRO ratios' +0.003 and the rounding up to whole MB), and Galva's model."""
     lines = [
         "| case | plan | Galvatron accounting per stage (MiB, its cache included) | budget | fits | "
-        "Galva model per stage (MiB) | usable (budget - reserve) | fits |",
+        "same without its +0.003 pad and MB rounding | fits | Galva model per stage + reserve (MiB) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -496,14 +563,15 @@ def memory_table(rows: list[Row]) -> str:
             if mem is None:
                 continue
             budget = _ref(r, plan, "budget_mb")
-            gmem = _gal(r, plan, "stage_memory_mib") or []
-            usable = r.usable_mib or 0.0
-            fits_ref = "yes" if _ref(r, plan, "fits") else f"**NO** (+{max(mem) - budget:.0f})"
-            fits_g = "yes" if gmem and max(gmem) <= usable + 1e-6 else "no"
+            exact = _ref(r, plan, "stage_memory_exact_mb") or []
+            reserve = budget - (r.usable_mib or 0.0)
+            gmem = [m + reserve for m in (_gal(r, plan, "stage_memory_mib") or [])]
+            fits_ref = "yes" if _ref(r, plan, "fits") else f"**no** (+{max(mem) - budget:.0f})"
+            fits_exact = "yes" if exact and max(exact) <= budget else "**no**"
             name = "Galva's" if plan == "galva" else "Galvatron's"
             lines.append(
-                f"| {r.case} | {name} | {_ints(mem)} | {budget:.0f} | {fits_ref} | {_ints(gmem)} | "
-                f"{usable:.0f} | {fits_g} |"
+                f"| {r.case} | {name} | {_ints(mem)} | {budget:.0f} | {fits_ref} | {_ints(exact)} | {fits_exact} | "
+                f"{_ints(gmem)} |"
             )
     return "\n".join(lines)
 
@@ -512,29 +580,33 @@ def terms_table(rows: list[Row]) -> str:
     """Galva's plan, the stage the reference finds fullest, term by term (MiB): Galvatron / Galva."""
     lines = [
         "| case | stage | layer model states | layer activations (in flight) | vocab layers | context | "
-        "transients | rounding | cache / reserve | total | difference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "transients | ZeRO +0.003 pad | MB rounding | cache / reserve | total | Galva − Galvatron |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ref, gal = r.reference_model.get("galva"), r.galva_model.get("galva")
         if not ref or not gal:
             continue
         s = max(range(len(ref["stage_memory_mb"])), key=lambda k: ref["stage_memory_mb"][k])
-        ref_states, ref_act = ref["stage_layer_states_mb"][s], ref["stage_layer_activation_mb"][s]
         context = 1024.0  # the reference's pytorch_context_mem, part of its "other" memory
-        ref_vocab = ref["stage_other_mb"][s] - context
-        ref_round = ref["stage_layers_mb"][s] - ref_states - ref_act
-        ref_total = ref["stage_memory_mb"][s]
+        states_u = ref["stage_layer_states_unpadded_mb"][s]
+        act = ref["stage_layer_activation_mb"][s]
+        vocab_u = ref["stage_other_unpadded_mb"][s] - context
+        pad = (ref["stage_layer_states_mb"][s] - states_u) + (
+            ref["stage_other_unrounded_mb"][s] - ref["stage_other_unpadded_mb"][s])
+        rounding = (ref["stage_layers_mb"][s] - ref["stage_layer_states_mb"][s] - act) + (
+            ref["stage_other_mb"][s] - ref["stage_other_unrounded_mb"][s])
+        total = ref["stage_memory_mb"][s]
         g = {k: gal[k][s] for k in ("stage_layer_states_mib", "stage_layer_activation_mib", "stage_vocab_mib",
                                      "stage_transient_mib", "stage_memory_mib")}
-        reserve = (r.reference_model["galva"]["budget_mb"] - r.usable_mib) if r.usable_mib is not None else 0.0
+        reserve = ref["budget_mb"] - (r.usable_mib or 0.0)
         g_total = g["stage_memory_mib"] + reserve
         lines.append(
-            f"| {r.case} | {s} | {ref_states:.0f} / {g['stage_layer_states_mib']:.0f} | "
-            f"{ref_act:.0f} / {g['stage_layer_activation_mib']:.0f} | {ref_vocab:.0f} / {g['stage_vocab_mib']:.0f} | "
-            f"{context:.0f} / {gal['context_mib']:.0f} | 0 / {g['stage_transient_mib']:.0f} | {ref_round:.0f} / 0 | "
-            f"{ref['mem_cache_mb']:.0f} / {reserve:.0f} | {ref_total:.0f} / {g_total:.0f} | "
-            f"{g_total - ref_total:+.0f} |"
+            f"| {r.case} | {s} | {states_u:.1f} / {g['stage_layer_states_mib']:.1f} | "
+            f"{act:.1f} / {g['stage_layer_activation_mib']:.1f} | {vocab_u:.1f} / {g['stage_vocab_mib']:.1f} | "
+            f"{context:.0f} / {gal['context_mib']:.0f} | 0 / {g['stage_transient_mib']:.0f} | {pad:.1f} / 0 | "
+            f"{rounding:.1f} / 0 | {ref['mem_cache_mb']:.0f} / {reserve:.0f} | {total:.0f} / {g_total:.1f} | "
+            f"{g_total - total:+.1f} |"
         )
     return "\n".join(lines)
 
@@ -558,6 +630,8 @@ def write_readme(rows: list[Row], wide: list[dict[str, Any]], command: str) -> N
         body += "cache it keeps off the budget) and under Galva's:\n\n" + memory_table(rows) + "\n"
         body += "\nGalva's plan, term by term, on the stage Galvatron finds fullest (MiB, Galvatron / Galva):\n\n"
         body += terms_table(rows) + "\n"
+        body += "\nTime terms of the layer strategies of both plans where the plans differ (ms per layer per "
+        body += "micro-batch, Galvatron / Galva):\n\n" + time_terms_table(rows) + "\n"
     if wide:
         body += "\nGalva alone, wider searches (Galvatron would need hours for these):\n\n" + wide_table(wide) + "\n\n"
         body += "\n".join(f"- {r['case']}: {r['plan']}" for r in wide) + "\n"
@@ -600,6 +674,7 @@ def main() -> None:
         print(models_table(rows))
         print(memory_table(rows))
         print(terms_table(rows))
+        print(time_terms_table(rows))
     if wide:
         print(wide_table(wide))
     if args.write_readme:
