@@ -224,7 +224,7 @@ class TaskEnumerator:
         self._stage_bounds: dict[tuple, float] = {}
         self._sends: dict[tuple, list[float]] = {}
         self._time_divisions: dict[tuple, tuple[int, ...] | None] = {}
-        self._in_flight: dict[tuple, list[float]] = {}
+        self._in_flight: dict[tuple, tuple[float, ...]] = {}
 
     def tables(self, pp: int, micro_batch: int, accumulating: bool) -> CostTables | None:
         """Tables over the candidates of ``pp`` whose dp divides the micro-batch (None: no such candidate)."""
@@ -304,15 +304,15 @@ class TaskEnumerator:
                                 )
         return tasks
 
-    def in_flight(self, task: Task) -> list[float]:
+    def in_flight(self, task: Task) -> tuple[float, ...]:
         """Micro-batches of activations each stage of ``task`` holds at its peak (``CostModel.in_flight``)."""
         return self._flight(task.pp, task.micro_batches, task.schedule, task.virtual_stages)
 
-    def _flight(self, pp: int, c: int, schedule: PipelineSchedule | None, virtual_stages: int) -> list[float]:
+    def _flight(self, pp: int, c: int, schedule: PipelineSchedule | None, virtual_stages: int) -> tuple[float, ...]:
         key = (pp, c, schedule, virtual_stages)
         hit = self._in_flight.get(key)
         if hit is None:
-            hit = self._in_flight[key] = self.cost.in_flight(pp, c, schedule, virtual_stages)
+            hit = self._in_flight[key] = tuple(self.cost.in_flight(pp, c, schedule, virtual_stages))
         return hit
 
     def vocab_terms(
@@ -361,13 +361,16 @@ class TaskEnumerator:
             return [(L,)]
         n = pp * virtual_stages
         in_flight = self._flight(pp, c, schedule, virtual_stages)
+        # only the first and the last stage hold vocabulary layers
         key = (
             pp,
             n,
             id(tables),
-            tuple(in_flight),
-            tuple(round(v.memory_mib) for v in vocab),
-            tuple(round(v.micro_batch_s, 6) for v in vocab),
+            in_flight,
+            round(vocab[0].memory_mib),
+            round(vocab[-1].memory_mib),
+            round(vocab[0].micro_batch_s, 6),
+            round(vocab[-1].micro_batch_s, 6),
         )
         hit = self._divisions.get(key)
         if hit is not None:
@@ -441,7 +444,7 @@ class TaskEnumerator:
         """
         task = Task(batch, c, pp, tuple(division), option, tables, vt, schedule=schedule, virtual_stages=virtual_stages)
         in_flight = self.in_flight(task)
-        key = (id(tables), tuple(in_flight), option, task.division, pp)
+        key = (id(tables), in_flight, option, task.division)
         if key in self._bounds:
             stage_u = self._bounds[key]
         else:
