@@ -29,14 +29,16 @@ def plan(layers: list[dict[str, object]], **fields: object) -> Strategy:
     return Strategy.model_validate({**base, "layers": layers, **fields})
 
 
+# interleaved (v = 2): stage 0 runs layers 0, 1 | 4, 5 and stage 1 layers 2, 3 | 6, 7; ZB-H1 ([3, 5]): stage 1 splits
+# the backward of layers 3..7 (zero2, ddp buckets over dp 2, zero3 under Ulysses)
 MIXED_PP2 = [
     {"tp": 2, "dp_type": "zero3", "checkpoint": True},
     {"dp_type": "ddp"},
     {"tp": 2, "ulysses": True, "dp_type": "zero2"},
     {"tp": 2, "tp_consecutive": False, "dp_type": "ddp", "checkpoint": True},
-    {"dp_type": "zero3", "checkpoint": True},
-    {"tp": 2, "dp_type": "ddp"},
     {"dp_type": "zero2", "checkpoint": True},
+    {"dp_type": "ddp"},
+    {"dp_type": "ddp", "checkpoint": True},
     {"tp": 2, "ulysses": True, "dp_type": "zero3"},
 ]
 # one rank per stage: the per-layer choice left is checkpointing (and the division into chunks)
@@ -52,6 +54,19 @@ PLANS: dict[str, Strategy] = {
     ),
     "pp4-zb-h1-ckpt-tied": plan(MIXED_PP4, pp=4, pipeline_schedule="zb-h1", pp_division=[1, 3, 2, 2]),
 }
+# bf16 compute, fp32 masters: FSDP2 units gather bf16 parameters again for a weight pass after a later micro-batch's
+# forward resharded them; bound as test_matrix.py's bf16 rows (measured: loss 1.2e-3, norm 2.7e-3, param 1.1e-2)
+BF16_PLANS = {
+    "bf16-pp2-zb-h1-mixed-ckpt-tied": plan(
+        MIXED_PP2,
+        pp=2,
+        pipeline_schedule="zb-h1",
+        vocab={"tp": 2, "sp": True},
+        pp_division=[3, 5],
+        mixed_precision="bf16",
+    ),
+}
+BF16_TOL = {"loss": 5e-3, "norm": 2e-2, "param": 5e-2}
 
 
 SCHEDULES = [
@@ -100,11 +115,13 @@ def test_bubbles_shrink_as_the_papers_say(pp: int, n: int) -> None:
 
 def check_plans(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, float]]:
     ref = reference_run(_make)
-    return {name: run_plan(_make, PLANS[name], ref, BuildOptions(seq_len=SEQ)) for name in names}
+    plans = {**PLANS, **BF16_PLANS}
+    return {name: run_plan(_make, plans[name], ref, BuildOptions(seq_len=SEQ)) for name in names}
 
 
 @pytest.mark.distributed
 def test_schedules_train_like_one_process() -> None:
-    results = run_distributed(check_plans, 4, list(PLANS), timeout=600)[0]
-    failed = {n: d for n, d in results.items() if max(d["loss"], d["norm"], d["param"]) >= TOL}
+    results = run_distributed(check_plans, 4, [*PLANS, *BF16_PLANS], timeout=600)[0]
+    failed = {n: d for n, d in results.items() if n in PLANS and max(d["loss"], d["norm"], d["param"]) >= TOL}
+    failed |= {n: d for n, d in results.items() if n in BF16_PLANS and any(d[k] >= BF16_TOL[k] for k in BF16_TOL)}
     assert not failed, failed

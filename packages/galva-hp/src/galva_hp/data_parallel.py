@@ -86,6 +86,9 @@ class DataParallelUnit(ABC):
     def begin_split_backward(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called before the input pass of a split backward (zero-bubble schedules)."""
 
+    def before_weight_backward(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called before the weight pass of a split backward."""
+
     def finish_split_backward(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after the weight pass that completes this unit's gradients (or every one, when reducing every
         micro-batch) of a split backward."""
@@ -213,6 +216,10 @@ class FsdpUnit(DataParallelUnit):
         writes them later, outside FSDP2's autograd hooks) until :meth:`finish_split_backward`."""
         self.fsdp.set_requires_gradient_sync(False)
         self.fsdp.set_reshard_after_backward(False)
+
+    def before_weight_backward(self) -> None:
+        """Before a weight pass: a later micro-batch's forward may have resharded (zero3) what it reads."""
+        self.fsdp.unshard()
 
     def finish_split_backward(self) -> None:
         """After the weight pass that completes the gradients: reduce-scatter them and reshard, as FSDP2's

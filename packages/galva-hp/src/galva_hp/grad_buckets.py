@@ -114,8 +114,9 @@ class BucketReducer:
             self._unpack(bucket)
         for unit in self.units:  # the unbucketed ones (one-rank groups, per-micro-batch reduction)
             unit.move_grads_to_masters()
-        for bucket in self.buckets:
+        for bucket in self.buckets:  # next iteration: nothing final until its unit is armed again
             bucket.armed = False
+            bucket.ready.clear()
         self._next = 0
 
     @staticmethod

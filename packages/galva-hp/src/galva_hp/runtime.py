@@ -262,7 +262,9 @@ class _StageHooks:
         return out[0] / max(self.tokens, 1)
 
     def before_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
-        if split:  # FSDP2 units were told at the input pass; ddp units have nothing to do before
+        if split:  # FSDP2 units were told at the input pass; their parameters must be gathered for the weight pass
+            for unit in self.units[chunk]:
+                unit.before_weight_backward()
             return
         reducer = self.model.reducer
         if final and reducer is not None:
