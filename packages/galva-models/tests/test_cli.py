@@ -238,7 +238,7 @@ def test_cli_process_exits_nonzero_with_one_line(tmp_path):
     env = {**os.environ, "WORLD_SIZE": "4"}
     proc = subprocess.run(
         [sys.executable, "-m", "galva_models.cli.train", "--model", "tiny-llama", "--tp", "8"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     lines = [line for line in proc.stderr.splitlines() if line.startswith("galva-train")]
     assert proc.returncode == 2 and len(lines) == 1
@@ -255,7 +255,7 @@ def test_end_to_end_preprocess_then_torchrun(tmp_path, corpus_and_tokenizer):
     subprocess.run(
         [str(bindir / "galva-data"), "preprocess", "--input", str(corpus), "--tokenizer", str(tokenizer_dir),
          "--output-prefix", str(prefix), "--append-eod", "--workers", "2"],
-        check=True, timeout=120,
+        check=True, timeout=600,
     )  # fmt: skip
     metrics = tmp_path / "metrics.jsonl"
     proc = subprocess.run(
@@ -264,7 +264,7 @@ def test_end_to_end_preprocess_then_torchrun(tmp_path, corpus_and_tokenizer):
          "--global-batch-size", "8", "--chunks", "2", "--seq-length", "32", "--train-iters", "30", "--fp32",
          "--lr", "3e-3", "--lr-warmup-iters", "3", "--data-path", str(prefix), "--metrics-jsonl", str(metrics),
          "--no-progress", "--log-interval", "10"],
-        capture_output=True, text=True, timeout=420,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -99,7 +99,10 @@ def test_stopped_rank_ends_the_job_naming_it(tmp_path):
     errors = [line for line in lines if "error" in line]
     assert len(errors) == 1, lines
     assert errors[0].startswith("galva-train: error: rank 2 "), errors[0]
-    assert "step " in errors[0] and "waited in " in errors[0] and "--collective-timeout" in errors[0], errors[0]
+    # the others name the collective they wait in; on a loaded machine the stopped rank's silent heartbeat may be
+    # the first sign, and then the line names its last step and collective instead
+    assert "step " in errors[0] and "--collective-timeout" in errors[0], errors[0]
+    assert "waited in " in errors[0] or "stopped responding" in errors[0], errors[0]
     assert not any("Traceback" in line for line in lines), lines
     print(f"job ended {elapsed:.1f} s after SIGSTOP (timeout {TIMEOUT_S:g} s): {errors[0]}")
 

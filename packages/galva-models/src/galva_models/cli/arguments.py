@@ -159,13 +159,13 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
         help="The reference system's galvatron_config_*.json, converted by galva-schema.",
     )
     s.add_argument("--world-size", type=int, help="Ranks (default: $WORLD_SIZE set by torchrun, else 1).")
-    s.add_argument("--pp", "--pipeline-model-parallel-size", "--pp-deg", dest="pp", type=int)
     s.add_argument(
         "--nproc-per-node",
         type=int,
         help="Start this many ranks on this machine (instead of torchrun): the flags are checked once, and a "
         "failed rank ends the job with one line.",
     )
+    s.add_argument("--pp", "--pipeline-model-parallel-size", "--pp-deg", dest="pp", type=int)
     s.add_argument("--tp", "--tensor-model-parallel-size", "--global-tp-deg", dest="tp", type=int)
     s.add_argument("--tp-consecutive", type=int, choices=[0, 1])
     s.add_argument("--ulysses", "--use-ulysses", dest="ulysses", action="store_true", help="tp is the Ulysses degree.")
