@@ -53,8 +53,12 @@ def describe(plan: Strategy) -> str:
     """The plan in one phrase, as the banner and the report print it."""
     tp = sorted({layer.tp for layer in plan.layers})
     dp = sorted({(layer.dp_type or plan.default_dp_type).value for layer in plan.layers})
+    pipeline = f"pp {plan.pp}"
+    if plan.pp > 1:
+        chunks = f", {plan.virtual_stages} chunks per stage" if plan.virtual_stages > 1 else ""
+        pipeline += f" ({plan.pipeline_schedule.value}{chunks})"
     parts = [
-        f"pp {plan.pp}",
+        pipeline,
         f"tp {'/'.join(map(str, tp))}" + (" (Ulysses)" if any(layer.ulysses for layer in plan.layers) else ""),
         f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''}",
         f"global batch {plan.global_batch_size}",
