@@ -103,16 +103,19 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranking-only", action="store_true", help="only print the ranking from .work/check*.json")
+    ap.add_argument("--reuse-profiles", action="store_true",
+                    help="keep .work/model.json and hw{2,4}.json from an earlier run (re-run the checks only)")
     opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     WORK.mkdir(exist_ok=True)
-    if not opts.ranking_only:
+    if not opts.ranking_only and not opts.reuse_profiles:
         run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
              "--max-tp", "4", "--quiet", "-o", "model.json", "--report", "model_report.json"])
     for world in (2, 4):
         reports = [WORK / f"check{world}.json"]
         if not opts.ranking_only:
-            run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"])
+            if not opts.reuse_profiles:
+                run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"])
             directory = WORK / f"plans{world}"
             directory.mkdir(exist_ok=True)
             for name, strategy in strategies(world).items():
