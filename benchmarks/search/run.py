@@ -8,9 +8,11 @@
 2. Prepares the inputs of both searches in benchmarks/search/.work/ (inputs.py): the LLaMA-7B profiles and the
    hardware files shipped with hetu-galvatron, the 8x8 hardware files extrapolated from the 2-node ones.
 3. Per case: runs Galvatron's search (its own venv, a subprocess; wall time of initialize + parallelism_optimization,
-   and the time of its DP calls), runs Galva's planner (in this venv), evaluates BOTH chosen strategies under Galva's
-   cost model, and replays the first DP problems Galvatron solved through galva_search.dp (checking that the optima
-   agree). Results go to .work/results.json and, with --write-readme, into README.md's table.
+   and the time of its DP calls), runs Galva's planner (in this venv), evaluates BOTH chosen strategies under BOTH
+   cost models (Galva's evaluate_strategy here; Galvatron's own MemoryCostModel / pipeline_costmodel through
+   galvatron_eval.py in its venv: per-stage memory against its budget, iteration time, per-layer time terms), and
+   replays the first DP problems Galvatron solved through galva_search.dp (checking that the optima agree).
+   Results go to .work/results.json and, with --write-readme, into README.md's tables.
 
 Not part of the test suite: it takes minutes.
 """
