@@ -232,7 +232,7 @@ def predict(hardware: HardwareProfile, model: ModelProfile, strategy: Strategy, 
     from galva_search.evaluation import evaluate_strategy
 
     settings = CostSettings(context_mib=0.0, backward_coefficient=options.backward_coefficient,
-                            factors=factors or TermFactors())
+                            factors=factors or TermFactors(), state_accounting="galva-hp")
     return evaluate_strategy(CostModel(hardware, model, settings), strategy)
 
 

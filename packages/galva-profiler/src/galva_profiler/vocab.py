@@ -3,8 +3,12 @@
 Positions follow the profile: ``pp_off`` (all vocabulary modules on one stage), ``pp_first`` (the embedding, on the
 first stage) and ``pp_last`` (norm, head and loss, on the last stage). Model states are the parameter elements a
 rank holds in the module's vocabulary-parallel form (built in a gloo group of ``k`` forked ranks, as for layers)
-times 16 bytes (parameter, gradient and Adam states: fp32 4+4+8, or mixed precision 2+2+12); tied embedding and
-head weights count once when both sit on one stage. Activations are saved-tensor bytes per local sample.
+times the bytes galva-hp holds per parameter under ddp (:data:`STATE_BYTES_PER_PARAMETER`: fp32 4 + 4 + 8 = 16;
+bf16 2 + 4 + 12 = 18, the bf16 compute weight, its fp32 gradient, the fp32 master and Adam's two moments; galva-search's
+``state_accounting="galva-hp"``). Tied embedding and head weights count twice when both sit on one stage: galva-hp
+keeps a separate head copy (``build._separate_tied_copies``) with its own gradient, and its optimizer updates both
+copies (AdamW states for each), so ``pp_off`` is the embedding's parameters plus the head's, as ``pp_first`` plus
+``pp_last``, at every vocabulary tp degree. Activations are saved-tensor bytes per local sample.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from galva_profiler.activation_memory import saved_bytes
 from galva_profiler.layer_timing import PassTimes, time_passes
 from galva_profiler.timing import Repeats
 
-STATE_BYTES_PER_PARAMETER = 16
+STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
+"""Model-state bytes galva-hp holds per parameter under ddp with AdamW, by compute dtype (measured by
+``galva-profile check``; galva-search's ``state_bytes_per_parameter`` with ``state_accounting="galva-hp"``)."""
 POSITIONS = ("pp_off", "pp_first", "pp_last")
 MIB = 2**20
 
@@ -85,7 +91,8 @@ def _position_bytes(
         return saved_bytes(lambda: run(2)) - saved_bytes(lambda: run(1))
 
     return {
-        "pp_off": (_unique_elements(embedding, head), slope(both_at)),
+        # the runtime's head keeps its own copy of a tied weight, with its own gradient and optimizer states
+        "pp_off": (_unique_elements(embedding) + _unique_elements(head), slope(both_at)),
         "pp_first": (_unique_elements(embedding), slope(embed_at)),
         "pp_last": (_unique_elements(head), slope(head_at)),
     }
@@ -142,7 +149,7 @@ def measure_vocab(
             }
     for position in POSITIONS:
         result.model_states_mib[position] = {
-            k: v[position][0] * STATE_BYTES_PER_PARAMETER / MIB for k, v in per_degree.items()
+            k: v[position][0] * STATE_BYTES_PER_PARAMETER[dtype] / MIB for k, v in per_degree.items()
         }
         result.activation_mib_per_sample[position] = {k: v[position][1] / MIB for k, v in per_degree.items()}
     return result

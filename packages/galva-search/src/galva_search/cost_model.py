@@ -41,6 +41,23 @@ from galva_search.transitions import (
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
+STATE_ACCOUNTINGS = ("reference", "galva-hp")
+"""Values of :attr:`CostSettings.state_accounting`."""
+# (compute parameter, gradient, master + Adam) bytes per parameter under ddp, by (accounting, fp32)
+_STATE_BYTES = {
+    ("reference", False): (2, 2, 12),  # bf16 parameter and gradient, fp32 master + Adam m, v
+    ("reference", True): (4, 4, 8),
+    ("galva-hp", False): (2, 4, 12),  # galva-hp keeps the gradient in fp32 (master gradient / FSDP2 reduce dtype)
+    ("galva-hp", True): (4, 4, 8),
+}
+
+
+def state_bytes_per_parameter(precision: Precision, accounting: str = "galva-hp") -> int:
+    """Model-state bytes per unsharded parameter (ddp) with AdamW: 16, or 18 for galva-hp in bf16 (docs §4).
+
+    The profiler writes the vocabulary layers' ``model_states_mib`` as galva-hp holds them at its precision.
+    """
+    return sum(_STATE_BYTES[accounting, precision is Precision.FP32])
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,9 @@ class CostSettings:
     default_dp_type: DataParallelType = DataParallelType.DDP
     megatron_sp: bool = False
     context_mib: float = 1024.0  # framework/CUDA context and allocator overhead per device
+    # model-state bytes per parameter: "reference" (bf16 2 + 2 + 12, the reference's formulas) or "galva-hp" (what
+    # galva-hp holds, measured by galva-profile check: bf16 2 + 4 + 12 and FSDP2's peaks; docs §4)
+    state_accounting: str = "reference"
     switch_penalty_s: float = 1e-9  # additive tie-breaker per change of dp type or checkpointing between layers
     factors: TermFactors = TermFactors()  # calibration (galva-search --calibration FILE)
 
@@ -84,12 +104,18 @@ class CostSettings:
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
-        """Bytes per parameter of (compute parameters, gradients, optimizer states incl. fp32 master weights).
+        """Bytes per parameter of (compute parameters, gradients, optimizer states incl. fp32 master weights) that
+        galva-hp holds under ddp; their sum is what one unsharded parameter costs (:func:`state_bytes_per_parameter`).
 
-        Mixed precision with Adam: 2 + 2 + (4 master + 4 + 4) = 16; fp32: 4 + 4 + (4 + 4) = 16.
+        fp32 with Adam: 4 + 4 + (4 + 4) = 16. bf16: 2 + 4 + (4 master + 4 + 4) = 18: the gradient a rank keeps is
+        fp32 (ddp units reduce into the fp32 master's gradient, FSDP2 accumulates and reduce-scatters in its fp32
+        ``reduce_dtype``), as Megatron-LM's 18 bytes, not the 2 + 2 + 12 = 16 of the reference (docs §4).
         """
-        e = self.element_bytes
-        return e, e, (12 if self.precision is not Precision.FP32 else 8)
+        return _STATE_BYTES[self.state_accounting, self.precision is Precision.FP32]
+
+    def __post_init__(self) -> None:
+        if self.state_accounting not in STATE_ACCOUNTINGS:
+            raise ValueError(f"state accounting {self.state_accounting!r} is not one of {', '.join(STATE_ACCOUNTINGS)}")
 
 
 @dataclass(frozen=True)
@@ -223,25 +249,44 @@ class CostModel:
         return ParallelForm.TP not in own.unsupported and head_problem(own, tp, ulysses=False) is None
 
     def state_fraction(self, dp_type: DataParallelType, shard: np.ndarray | int, accumulating: bool) -> np.ndarray:
-        """Share of the unsharded model-state bytes one rank holds under ``dp_type`` over ``shard`` ranks.
+        """Share of the unsharded (ddp) model-state bytes one rank holds under ``dp_type`` over ``shard`` ranks.
 
-        Parameters are sharded by ZeRO-3 only; gradients by ZeRO-2/3 unless gradients are accumulated over several
-        micro-batches (a full-size buffer is then kept, as the reference's async_grad_reduce); optimizer states and
-        master weights by ZeRO-2/3.
+        ``state_accounting`` "reference" keeps the reference's formulas (below in the code). "galva-hp" is what
+        galva-hp holds at its peak (``galva-profile check`` measures it; docs/cost-model.md §4), with
+        ``(p, q, o)`` = :attr:`CostSettings.state_bytes` and ``d`` = ``shard``:
+
+        * ddp, or any type over one rank (galva-hp wraps a one-rank group as ddp): ``p + q + o``;
+        * ZeRO-2: the gathered compute copy ``p`` stays until the layer's backward is done and master weights and
+          Adam states are sharded, ``o/d``; gradients accumulated over several micro-batches are a full-size buffer
+          ``q``; with one micro-batch the gradient shard appears as the gathered copy goes, so the peak holds
+          ``max(p, q/d)`` of the two. In fp32 the parameter shard is kept beside the gathered copy (``p/d`` more,
+          the gathered copy is no master); in bf16 that shard is the master, inside ``o``;
+        * ZeRO-3: parameters at rest are the shards (fp32: ``p/d``; bf16: the master, in ``o/d``; the gathered
+          compute copy is a transient, ``gather_mib``), gradients ``q/d``, or ``q`` while accumulating.
         """
         p_b, g_b, o_b = self.settings.state_bytes
-        shard = np.asarray(shard, dtype=float)
-        inv = 1.0 / shard
-        zero = dp_type in (ZERO2, ZERO3)
-        p = inv if dp_type is ZERO3 else 1.0
-        if dp_type is ZERO2 and accumulating and self.settings.precision is Precision.FP32:
-            # FSDP2 keeps every parameter's fp32 shard beside the gathered copy; in bf16 that shard is the master
-            # (in o), in fp32 it is 4/d bytes more. With one micro-batch the gradient shard only appears as the
-            # layer's gathered copy is freed, so p + (q + o)/d already is the peak (docs/cost-model.md §4).
-            p = 1.0 + inv
-        g = inv if zero and not accumulating else 1.0
-        o = inv if zero else 1.0
-        return np.asarray((p_b * p + g_b * g + o_b * o) / (p_b + g_b + o_b))
+        fp32 = self.settings.precision is Precision.FP32
+        d = np.asarray(shard, dtype=float)
+        inv = 1.0 / d
+        if self.settings.state_accounting == "reference":
+            # p sharded by ZeRO-3 only, o by ZeRO-2/3, q by ZeRO-2/3 unless accumulating (a full-size buffer, the
+            # reference's async_grad_reduce); fp32 ZeRO-2 accumulating keeps the parameter shard too (p/d more)
+            zero = dp_type in (ZERO2, ZERO3)
+            p = inv if dp_type is ZERO3 else (1.0 + inv if dp_type is ZERO2 and accumulating and fp32 else 1.0)
+            g = inv if zero and not accumulating else 1.0
+            o = inv if zero else 1.0
+            return np.asarray((p_b * p + g_b * g + o_b * o) / (p_b + g_b + o_b))
+        if dp_type is ZERO2 and accumulating:
+            held = p_b * (1.0 + inv if fp32 else 1.0) + g_b
+        elif dp_type is ZERO2:  # fp32: p + q/d (the shard counted once); bf16: max(p, q/d), p for d >= 2
+            held = p_b + g_b * inv if fp32 else np.maximum(p_b, g_b * inv)
+        elif dp_type is ZERO3:
+            held = (p_b * inv if fp32 else 0.0 * d) + (g_b if accumulating else g_b * inv)
+        else:
+            held = (p_b + g_b) * np.ones_like(d)
+        held = held + (o_b * inv if dp_type in (ZERO2, ZERO3) else o_b)
+        total = p_b + g_b + o_b
+        return np.asarray(np.where(d <= 1.0, 1.0, held / total))
 
     # ----------------------------------------------------------------------------------------------- layers
     def _static(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic:
@@ -469,6 +514,7 @@ class CostModel:
         consecutive = option.sp or k == 1
         accumulating = num_micro_batches > 1
         e = s.element_bytes
+        profile_bytes = state_bytes_per_parameter(self.model.precision, s.state_accounting)
 
         def position(
             memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: float
@@ -478,9 +524,11 @@ class CostModel:
             tp_time = 0.0
             if k > 1 and not option.sp:
                 tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e)) * f.tp_comm
-            states_full = memory.model_states_mib[1 if option.sp else k]
+            # the profile's states are at its own precision: parameters per rank, then this plan's bytes for them
+            parameters = memory.model_states_mib[1 if option.sp else k] * MIB / profile_bytes
+            states_full = parameters * sum(s.state_bytes) / MIB
             states = states_full * float(self.state_fraction(dp_type, shard, accumulating)) * f.states
-            grad_bytes = states_full * MIB / sum(s.state_bytes) * e
+            grad_bytes = parameters * e
             sync = gather = 0.0
             if shard > 1 and dp_type in (ZERO2, ZERO3):
                 gather = float(comm.all_gather(shard, consecutive, grad_bytes)) * f.dp_comm
