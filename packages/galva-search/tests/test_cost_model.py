@@ -332,3 +332,78 @@ def test_tables_are_vectorised_consistently(hw_1x8, llama7b):
             assert getattr(together, name)[i] == pytest.approx(getattr(alone, name)[0], **EXACT), (c, name)
     assert np.all(together.micro_batch_s > 0)
 
+
+
+# ------------------------------------------------------------------------------------------------ galva-hp states
+@pytest.mark.parametrize(
+    ("dp_type", "c", "per_parameter"),
+    [
+        # bf16 (2, 4, 12) over d = 2 (issue #9: galva-profile check measured these on tiny-llama and tiny-gpt2)
+        (DDP, 1, 2 + 4 + 12),  # bf16 weight, fp32 master gradient, fp32 master, Adam m and v
+        (DDP, 4, 2 + 4 + 12),
+        (ZERO2, 1, 2 + 12 / 2),  # the fp32 gradient shard (4/2) appears as the gathered bf16 copy (2) goes
+        (ZERO2, 4, 2 + 4 + 12 / 2),  # FSDP2 accumulates the unsharded gradient in its fp32 reduce dtype
+        (ZERO3, 1, 4 / 2 + 12 / 2),  # at rest: the master shard (in o) and the gradient shard
+        (ZERO3, 4, 4 + 12 / 2),
+    ],
+)
+def test_galva_hp_bf16_state_bytes_by_dp_type(tiny, tiny_hw, dp_type, c, per_parameter):
+    t, cost = terms(tiny, tiny_hw, Candidate(1, 2, 2, dp_type=dp_type), c=c, state_accounting="galva-hp")
+    assert cost.settings.state_bytes == (2, 4, 12)
+    parameters = 64 / 4 / 2  # Mi parameters per rank at tp 2
+    assert t.states_mib[0] == pytest.approx(parameters * per_parameter, **EXACT)
+
+
+@pytest.mark.parametrize(
+    ("dp_type", "c", "per_parameter"),
+    [
+        (DDP, 1, 16),
+        (ZERO2, 1, 4 + 4 / 4 + 8 / 4),
+        (ZERO2, 2, 4 + 4 / 4 + 4 + 8 / 4),  # the fp32 shard beside the gathered copy and the accumulated gradient
+        (ZERO3, 1, 16 / 4),
+        (ZERO3, 2, 4 / 4 + 4 + 8 / 4),
+    ],
+)
+def test_galva_hp_fp32_state_bytes_equal_the_reference_formulas(make_model, tiny_hw, dp_type, c, per_parameter):
+    fp32 = make_model(precision="fp32")
+    cand = Candidate(1, 1, 4, dp_type=dp_type)
+    for accounting in ("galva-hp", "reference"):
+        t, _ = terms(fp32, tiny_hw, cand, c=c, precision=Precision.FP32, state_accounting=accounting)
+        assert t.states_mib[0] == pytest.approx(64 / 4 * per_parameter, **EXACT), accounting
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.BF16])
+@pytest.mark.parametrize("dp_type", [ZERO2, ZERO3])
+def test_galva_hp_zero_over_one_rank_is_ddp(make_model, tiny_hw, precision, dp_type):
+    """galva-hp wraps a one-rank sharding group as a ddp unit: no shard beside the gathered copy."""
+    model = make_model(precision=precision.value)
+    for c in (1, 4):
+        t, cost = terms(model, tiny_hw, Candidate(1, 4, 1, dp_type=dp_type), c=c, precision=precision,
+                        state_accounting="galva-hp")
+        assert t.states_mib[0] == pytest.approx(64 / 4 / 4 * sum(cost.settings.state_bytes), **EXACT)
+
+
+def test_galva_hp_vocab_states_are_the_profiles_bytes(tiny, tiny_hw):
+    """The profiler writes a bf16 profile's vocabulary states at galva-hp's 18 bytes per parameter: the cost model
+    reads them back unchanged under ddp, shards them as a layer under ZeRO-3, and syncs 2 bytes per parameter."""
+    from galva_search.cost_model import state_bytes_per_parameter
+
+    assert state_bytes_per_parameter(Precision.BF16) == 18
+    assert state_bytes_per_parameter(Precision.FP32) == 16
+    assert state_bytes_per_parameter(Precision.BF16, "reference") == 16
+    cost = CostModel(tiny_hw, tiny, CostSettings(state_accounting="galva-hp"))
+    (v,) = cost.vocab_terms(1, VocabOption(1), 8, 1, [1])
+    assert v.memory_mib == pytest.approx(400 + 2 * 40.0)
+    sync = 2 * 3 / 4 * (400 * 2**20 / 18 * 2) / 100e9
+    assert v.exposed_sync_s == pytest.approx(0.25 * sync, **EXACT)
+    (v,) = cost.vocab_terms(1, VocabOption(2, zero3=True), 8, 1, [1])
+    assert v.memory_mib == pytest.approx(200 * (4 / 2 + 12 / 2) / 18 + 4 * 20.0)
+    # an fp32 plan on the bf16 profile: the same parameters at 16 bytes
+    fp32 = CostModel(tiny_hw, tiny, CostSettings(precision=Precision.FP32, state_accounting="galva-hp"))
+    (v,) = fp32.vocab_terms(1, VocabOption(1), 8, 1, [1])
+    assert v.states_mib == pytest.approx(400 / 18 * 16)
+
+
+def test_unknown_state_accounting_is_refused():
+    with pytest.raises(ValueError, match="state accounting 'galvatron' is not one of reference, galva-hp"):
+        CostSettings(state_accounting="galvatron")
