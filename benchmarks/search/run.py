@@ -213,6 +213,7 @@ def galva_cost_model(case: Case):
         precision=Precision.BF16,
         pipeline_schedule=PipelineSchedule.ONE_F_ONE_B,  # Galvatron's pipedream_flush
         default_dp_type=DataParallelType.ZERO2,
+        state_accounting=STATE_ACCOUNTING,
     )
     return CostModel(hardware, model, settings)
 
@@ -233,6 +234,7 @@ def galva_options(case: Case, batch_size: int | tuple[int, ...], chunks: int | N
     )
 
 
+STATE_ACCOUNTING = "reference"  # --state-accounting: Galva's default bytes per parameter, or "galva-hp" (measured)
 RESERVE = "reference"  # --galva-reserve: "reference" (the same usable memory as Galvatron) or "galva" (its 5%)
 
 
@@ -658,9 +660,14 @@ def main() -> None:
     ap.add_argument("--galva-reserve", choices=("reference", "galva"), default="reference",
                     help="Galva's memory reserve: Galvatron's 20%% above 20 GB (default, the same usable memory) or "
                     "Galva's own default (5%%)")
+    ap.add_argument("--state-accounting", choices=("reference", "galva-hp"), default="reference",
+                    help="Galva's model-state bytes: its default (the reference's 2+2+12 formulas without the pad) or "
+                    "what galva-hp holds (bf16 fp32 gradients, measured by galva-profile check)")
+    ap.add_argument("--results", default="results.json", help="file name under .work/ for the results")
     args = ap.parse_args()
-    global RESERVE
+    global RESERVE, STATE_ACCOUNTING
     RESERVE = args.galva_reserve
+    STATE_ACCOUNTING = args.state_accounting
     ensure_galvatron_venv()
     gdir = galvatron_dir()
     cases = [c for c in CASES if not args.cases or c.name in args.cases]
@@ -669,7 +676,7 @@ def main() -> None:
         inputs.prepare_hardware(gdir, case_dirs(c)["hardware"], c.nodes, c.gpus_per_node)
     rows = [run_case(c, args) for c in cases]
     wide = [] if args.cases else run_wide()
-    with open(os.path.join(WORK, "results.json"), "w") as f:
+    with open(os.path.join(WORK, args.results), "w") as f:
         json.dump({"cases": [asdict(r) for r in rows], "wide": wide}, f, indent=1)
     print(table(rows))
     if any(r.reference_model for r in rows):
