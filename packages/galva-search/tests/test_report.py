@@ -78,7 +78,7 @@ def test_cli_writes_a_self_contained_report_with_the_search_numbers(data_dir, tm
     report, summary = tmp_path / "out" / "report.html", tmp_path / "summary.json"
     code = main(["--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile",
                  # 18 GB: room for the 5% reserve and the recomputation / ZeRO-3 transients
-                 str(data_dir / "llama7b_model.json"), "--quiet", "--memory", "18GB", "--global-batch-size", "64",
+                 str(data_dir / "llama7b_model.json"), "--quiet", "--memory", "20GB", "--global-batch-size", "64",
                  "--max-tp", "2", "--sp-space", "tp+sp", "--summary-json", str(summary),
                  "--report-html", str(report)])
     out, err = capsys.readouterr()
@@ -195,7 +195,7 @@ def test_time_breakdown_sums_to_the_iteration_and_is_drawn(data_dir, tmp_path):
     """The pipeline (pp > 1) plan of the CLI test: every kind of time appears, the parts add up to the prediction."""
     summary = tmp_path / "summary.json"
     assert main(["--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile",
-                 str(data_dir / "llama7b_model.json"), "--quiet", "--memory", "18GB", "--global-batch-size", "64",
+                 str(data_dir / "llama7b_model.json"), "--quiet", "--memory", "20GB", "--global-batch-size", "64",
                  "--max-tp", "2", "--sp-space", "tp+sp", "--summary-json", str(summary),
                  "--output", str(tmp_path / "plan.json")]) == 0
     data = json.loads(summary.read_text())

@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--megatron-sp", dest="megatron_sp", action="store_true", default=None)
     sp.add_argument("--no-megatron-sp", dest="megatron_sp", action="store_false")
     g.add_argument("--backward-coefficient", type=float, default=2.0, help="backward time / forward time")
+    g.add_argument("--state-accounting", choices=["galva-hp", "reference"], default="galva-hp",
+                   help="model-state bytes per parameter: what galva-hp holds (bf16: 2 + 4 fp32 gradient + 12, "
+                        "FSDP2's peaks; default) or the reference's formulas (bf16 2 + 2 + 12), to reproduce its plans")
     g.add_argument("--calibration", metavar="PATH",
                    help="a galva_schema Calibration (galva-profile check --calibration-output): per-term factors")
 
@@ -285,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         default_dp_type=default_dp,
         megatron_sp=megatron_sp,
         context_mib=parse_memory(args.context_memory, allow_zero=True),
+        state_accounting=args.state_accounting,
         factors=_factors(args.calibration),
     )
     cost = CostModel(hardware, model, settings, hardware_source=str(args.hardware_profile), model_source=model_source)

@@ -91,9 +91,10 @@ class CostSettings:
     default_dp_type: DataParallelType = DataParallelType.DDP
     megatron_sp: bool = False
     context_mib: float = 1024.0  # framework/CUDA context and allocator overhead per device
-    # model-state bytes per parameter: "reference" (bf16 2 + 2 + 12, the reference's formulas) or "galva-hp" (what
-    # galva-hp holds, measured by galva-profile check: bf16 2 + 4 + 12 and FSDP2's peaks; docs §4)
-    state_accounting: str = "reference"
+    # model-state bytes per parameter: "galva-hp" (what galva-hp holds, measured by galva-profile check: bf16
+    # 2 + 4 + 12 and FSDP2's peaks; docs §4), the default since galva-hp runs the plans, or "reference" (bf16
+    # 2 + 2 + 12, the reference's formulas: under-counts galva-hp's bf16 ddp states by 11%)
+    state_accounting: str = "galva-hp"
     switch_penalty_s: float = 1e-9  # additive tie-breaker per change of dp type or checkpointing between layers
     factors: TermFactors = TermFactors()  # calibration (galva-search --calibration FILE)
 
