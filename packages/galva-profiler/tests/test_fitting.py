@@ -30,3 +30,16 @@ def test_quadratic_recovers_a_parabola() -> None:
 def test_too_few_points_is_an_error() -> None:
     with pytest.raises(ValueError, match="needs 3 distinct points"):
         polyfit([1, 1, 2], [1, 2, 3], 2)
+
+
+def test_timings_that_fall_with_the_batch_are_caught_for_retiming():
+    from galva_profiler.layer_timing import PassTimes
+    from galva_profiler.model_profile import unsteady_timing
+
+    steady = {1: PassTimes(1.3, 2.6), 2: PassTimes(1.5, 3.0), 4: PassTimes(1.8, 3.6), 8: PassTimes(2.6, 5.2)}
+    assert unsteady_timing(steady) is None
+    # a load spike during the batch-1 and batch-4 timings (the shape of a discarded run in benchmarks/costmodel)
+    spiked = {1: PassTimes(26.0, 52.0), 2: PassTimes(21.0, 42.0), 4: PassTimes(39.0, 78.0), 8: PassTimes(15.0, 30.0)}
+    problem = unsteady_timing(spiked)
+    assert problem is not None and "falls with the batch size" in problem
+    assert unsteady_timing({4: PassTimes(1.0, 2.0)}) is None

@@ -14,6 +14,7 @@ Backward time is measured the same way and reported (with its ratio to forward, 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -130,6 +131,21 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
     return out, vocab
 
 
+RETIMES = 2
+"""Extra timings of a layer whose forward time does not grow with the batch (see :func:`unsteady_timing`)."""
+
+
+def unsteady_timing(times: dict[int, PassTimes]) -> str | None:
+    """Why per-batch forward times cannot be a layer's (None if they can): more samples never take less time, so a
+    fitted slope below zero means the timings caught outside load, not the layer."""
+    if len(times) < 2:
+        return None
+    slope, _ = alpha_beta(sorted(times), [times[b].forward_ms for b in sorted(times)]).coefficients
+    if slope < 0:
+        return f"forward time falls with the batch size ({slope:.3f} ms per sample)"
+    return None
+
+
 def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabled: bool = True) -> ModelSweep:
     """Measure every layer type (its first layer only), then the vocabulary modules."""
     dtype = DTYPES[options.precision]
@@ -156,6 +172,23 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
                 measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)
                 progress.step(f"{measurement.name} seq {seq} batch {batch}")
+            for _ in range(RETIMES):
+                problem = unsteady_timing(measurement.times[seq])
+                if problem is None:
+                    break
+                # a burst of outside load while one batch size was timed: time them all again, in one go
+                for batch in batches:
+                    run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
+                    measurement.times[seq][batch] = time_passes(run, options.repeats)
+            else:
+                problem = unsteady_timing(measurement.times[seq])
+                if problem is not None:
+                    print(
+                        f"galva-profile: warning: {measurement.name} at sequence {seq}: {problem} after "
+                        f"{RETIMES + 1} timings; was the machine busy? The profile keeps the last one",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             measurement.activations[seq] = measure_layer(
                 module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
                 degrees, options.timeout_s,
