@@ -20,14 +20,12 @@ steps. The prediction is ``galva_search.evaluate_strategy`` on profiles of this 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from bench_dp import _clip_global, _time  # same directory: the global-norm clip and the interleaved step timer
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
@@ -87,17 +85,6 @@ class Chunk(nn.Module):
         return hidden
 
 
-def _clip_global(params: list[nn.Parameter], max_norm: float) -> None:
-    total = torch.zeros(1)
-    for p in params:
-        if p.grad is not None:
-            total += p.grad.pow(2).sum()
-    dist.all_reduce(total)
-    scale = min(1.0, max_norm / (float(total.sqrt()) + 1e-6))
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(scale)
-
 
 def _torch_run(args, rank: int, ids, labels, tokens: int, v: int):  # type: ignore[no-untyped-def]
     """A step of the same model under torch.distributed.pipelining: Schedule1F1B (v = 1) or Interleaved1F1B."""
@@ -149,16 +136,7 @@ def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore
     runs["torch-interleaved-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 2)
     if args.cases:
         runs = {name: run for name, run in runs.items() if name in args.cases}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for step in range(args.warmup + args.steps):
-        for name, run in runs.items():
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            dist.barrier()
-            if step >= args.warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return _time(runs, args)
 
 
 # ------------------------------------------------------------------------------------------------ prediction
