@@ -16,8 +16,9 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 
-__all__ = ["LaunchError", "launch_local", "running_under_launcher"]
+__all__ = ["LaunchError", "init_single_rank_group", "launch_local", "running_under_launcher"]
 
 _SIGNALS = {int(s) for s in signal.Signals}
 
@@ -29,6 +30,14 @@ class LaunchError(RuntimeError):
 def running_under_launcher() -> bool:
     """True inside a rank started by ``torchrun`` or :func:`launch_local` (they set ``RANK``/``WORLD_SIZE``)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_single_rank_group(backend: str, timeout: timedelta) -> None:
+    """The process group of a command run plainly, without a launcher (no ``RANK`` / ``WORLD_SIZE``): one rank,
+    its rendezvous store in this process's memory, so no port is chosen, raced for or left open."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
 
 
 def launch_local(nproc: int, module: str, args: Sequence[str], *, prog: str) -> int:

@@ -66,6 +66,7 @@ def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
+    from galva_comm.launch import init_single_rank_group, running_under_launcher
     from galva_hp.watchdog import startup_timeout
 
     timeout_s = startup_timeout(timeout_s)
@@ -74,7 +75,10 @@ def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        if running_under_launcher():
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        else:  # run plainly: the one rank the world size defaults to
+            init_single_rank_group(backend, timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -161,8 +165,17 @@ def run(cfg: TrainConfig) -> int:
     A watchdog runs beside the loop (:mod:`galva_hp.watchdog`): a rank that stops making progress for
     ``--collective-timeout`` seconds ends the job with one line naming it; Ctrl-C ends every rank with one line.
     """
+    from galva_comm.launch import running_under_launcher
     from galva_hp.watchdog import Watchdog
 
+    if cfg.world_size > 1 and not running_under_launcher():
+        n = cfg.world_size
+        print(
+            f"galva-train: error: a world of {n} ranks needs {n} processes: add --nproc-per-node {n}, or start "
+            "galva-train with torchrun",
+            file=sys.stderr,
+        )
+        return 2
     rank, world = _init_distributed(cfg.collective_timeout_s)
     watchdog = Watchdog(rank=rank, world_size=world, timeout_s=cfg.collective_timeout_s, prog="galva-train").start()
     try:
