@@ -40,8 +40,8 @@ def test_validate_reports_one_line_per_bad_file_and_exits_1(tmp_path, capsys):
     assert out == f"{plan}: OK (galva.strategy)\n"
     lines = err.splitlines()
     assert len(lines) == 2
-    assert lines[0] == f"{BAD}: layers[3].tp: 8 is larger than the 4 ranks of a pipeline stage"
-    assert lines[1].startswith(f"{PIPELINE}: kind: missing") and "galva-schema convert" in lines[1]
+    assert lines[0] == f"galva-schema: error: {BAD}: layers[3].tp: 8 is larger than the 4 ranks of a pipeline stage"
+    assert lines[1].startswith(f"galva-schema: error: {PIPELINE}: kind: missing") and "galva-schema convert" in lines[1]
 
 
 def test_convert_errors_are_one_line(tmp_path, capsys):
@@ -49,7 +49,7 @@ def test_convert_errors_are_one_line(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["convert", "--from-galvatron-strategy", str(bad), "--world-size", "8", "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cp_sizes_enc[0..1]" in err
+    assert err.count("\n") == 1 and err.startswith("galva-schema: error: ") and "cp_sizes_enc[0..1]" in err
     assert not out.exists()
     with pytest.raises(SystemExit) as info:
         main(["convert", "-o", str(out)])  # neither direction given

@@ -4,7 +4,7 @@ Every file carries ``schema_version`` and ``kind``; unknown keys are errors; a b
 :class:`SchemaError` with one line naming the file, the field and the layer.
 """
 
-from galva_schema._base import GalvaFile
+from galva_schema._base import GalvaFile, load_json_object
 from galva_schema.calibration import Calibration, CalibrationPoint, MemoryFactors, TimeFactors
 from galva_schema.checkpoint import CheckpointManifest, ModuleEntry, TensorInfo
 from galva_schema.cluster import ClusterSpec
@@ -27,7 +27,7 @@ from galva_schema.model_profile import (
     VocabMemory,
     VocabProfile,
 )
-from galva_schema.strategy import LayerStrategy, Strategy, VocabStrategy, even_division
+from galva_schema.strategy import MAX_BATCH_SIZE, LayerStrategy, Strategy, VocabStrategy, even_division
 from galva_schema.vocabulary import (
     SCHEMA_VERSION,
     DataParallelType,
@@ -51,6 +51,7 @@ FILE_TYPES: dict[str, type[GalvaFile]] = {
 
 __all__ = [
     "FILE_TYPES",
+    "MAX_BATCH_SIZE",
     "SCHEMA_VERSION",
     "AllreduceBandwidth",
     "BatchTime",
@@ -85,6 +86,7 @@ __all__ = [
     "VocabProfile",
     "VocabStrategy",
     "even_division",
+    "load_json_object",
     "output_problem",
     "plan_problems",
     "write_bytes_atomic",

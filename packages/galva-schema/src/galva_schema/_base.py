@@ -138,22 +138,48 @@ def _expected(path: str, what: str, value: Any) -> str:
 
 
 def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a JSON file that must hold an object; every failure is a :class:`SchemaError` naming the file."""
+    """Read a JSON file that must hold an object; every failure is a :class:`SchemaError` naming the file.
+
+    This is the one reader of Galva's JSON files. A key given twice in one object is refused (``json`` would keep the
+    last one silently), and so are a file that is not UTF-8 text and nesting deeper than Python's parser can follow.
+    """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SchemaError("file not found", source=str(path)) from None
+    except UnicodeDecodeError as err:
+        raise SchemaError(f"not a JSON text file (byte {err.start} is not UTF-8)", source=str(path)) from None
     except OSError as err:
         raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as err:
         message = f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
         raise SchemaError(message, source=str(path)) from None
+    except _DuplicateKey as err:
+        message = f"key {err.key!r} appears twice in one object; JSON readers keep only the last: remove one"
+        raise SchemaError(message, source=str(path)) from None
+    except RecursionError:
+        raise SchemaError("not valid JSON: nested too deeply to read", source=str(path)) from None
     if not isinstance(data, dict):
         raise SchemaError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
     return data
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _src(source: str | os.PathLike[str] | None) -> str | None:

@@ -7,20 +7,35 @@
     galva-schema convert --from-galvatron-strategy IN [--world-size W] -o OUT
     galva-schema convert --to-galvatron-strategy IN -o OUT
 
-Exit status: 0 when everything is valid, 1 when a file is bad (one ``FILE: field: problem`` line per file on
-stderr), 2 for a usage error.
+Exit status: 0 when everything is valid, 1 when a file is bad (one ``galva-schema: error: FILE: field: problem``
+line per file on stderr), 2 for a usage error (one ``galva-schema: error: ...`` line).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from galva_schema._base import GalvaFile
+from galva_schema._base import GalvaFile, load_json_object
 from galva_schema.errors import SchemaError
+
+PROG = "galva-schema"
+
+
+def _error(message: object) -> None:
+    """Every error line of every command: ``galva-schema: error: ...`` (docs/troubleshooting.md)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line, ``galva-schema: error: ...`` (exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        _error(f"{message} (see {self.prog} --help)")
+        sys.exit(2)
 
 
 def _kinds() -> dict[str, type[GalvaFile]]:
@@ -32,17 +47,8 @@ def _kinds() -> dict[str, type[GalvaFile]]:
 def validate_file(path: str | Path) -> GalvaFile:
     """Load ``path`` as the Galva file type named by its ``kind`` key; raises :class:`SchemaError`."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise SchemaError(f"cannot read file: {err.strerror}", source=str(path)) from None
-    except json.JSONDecodeError as err:
-        raise SchemaError(
-            f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}", source=str(path)
-        ) from None
+    data = load_json_object(path)
     kinds = _kinds()
-    if not isinstance(data, dict):
-        raise SchemaError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
     kind = data.get("kind")
     if kind not in kinds:
         hint = (
@@ -64,7 +70,7 @@ def _validate(args: argparse.Namespace) -> int:
         try:
             loaded = validate_file(name)
         except SchemaError as err:
-            print(err, file=sys.stderr)
+            _error(err)
             status = 1
         else:
             print(f"{name}: OK ({loaded.KIND})")
@@ -74,7 +80,12 @@ def _validate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from galva_schema.schemas import export_schemas
 
-    for path in export_schemas(args.directory):
+    try:
+        written = export_schemas(args.directory)
+    except OSError as err:
+        _error(f"{err.filename or args.directory}: cannot write: {err.strerror or err}")
+        return 2
+    for path in written:
         print(path)
     return 0
 
@@ -86,7 +97,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     problem = output_problem(args.output)
     if problem is not None:
-        print(f"galva-schema: error: --output {args.output}: {problem}", file=sys.stderr)
+        _error(f"--output {args.output}: {problem}")
         return 2
     try:
         if args.from_galvatron_strategy:
@@ -101,15 +112,18 @@ def _convert(args: argparse.Namespace) -> int:
         else:
             write_galvatron_strategy(Strategy.load(args.to_galvatron_strategy), args.output)
     except SchemaError as err:
-        print(err, file=sys.stderr)
+        _error(err)
         return 1
+    except OSError as err:  # checked above; a disk that filled up since is still one line
+        _error(f"--output {args.output}: cannot write: {err.strerror or err}")
+        return 2
     print(f"wrote {args.output}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="galva-schema", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     validate = commands.add_parser("validate", help="check Galva files (the kind comes from their `kind` key)")
     validate.add_argument("files", nargs="+", metavar="FILE")

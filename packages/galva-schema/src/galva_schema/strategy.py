@@ -18,6 +18,15 @@ from galva_schema.errors import group_problems
 from galva_schema.sharding import sequence_shards
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
 
+MAX_BATCH_SIZE = 2**31 - 1
+"""Upper bound of ``global_batch_size`` and ``num_micro_batches`` (samples and micro-batches per optimizer step).
+
+No real job comes near it: the largest published runs take a few thousand sequences per step, about 10**6 times
+less. A larger value is a typo or an overflow upstream, and it would be taken silently otherwise (a search that
+spins over its divisors for minutes, a plan that crashes the runtime). It is the largest signed 32-bit integer: a
+count below it fits whatever integer type a library holds it in.
+"""
+
 
 class LayerStrategy(GalvaModel):
     """How one transformer layer is parallelised inside its pipeline stage."""
@@ -73,8 +82,12 @@ class Strategy(GalvaFile):
     virtual_stages: PositiveInt = Field(
         1, description="Model chunks per pipeline stage (interleaved-1f1b: 2 or more; every other schedule: 1)."
     )
-    num_micro_batches: PositiveInt = Field(1, description="Micro-batches per iteration (gradient accumulation).")
-    global_batch_size: PositiveInt = Field(description="Samples per optimizer step over the whole world.")
+    num_micro_batches: PositiveInt = Field(
+        1, le=MAX_BATCH_SIZE, description="Micro-batches per iteration (gradient accumulation)."
+    )
+    global_batch_size: PositiveInt = Field(
+        le=MAX_BATCH_SIZE, description="Samples per optimizer step over the whole world."
+    )
     mixed_precision: Precision = Precision.BF16
     default_dp_type: DataParallelType = DataParallelType.DDP
     megatron_sp: bool = Field(
