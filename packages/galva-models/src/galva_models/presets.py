@@ -111,14 +111,49 @@ PRESETS: dict[str, Callable[[], Any]] = {
 }
 
 
+TINY_SIZES: dict[str, Any] = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    intermediate_size=128, vocab_size=128, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+    eos_token_id=2, tie_word_embeddings=False,
+)  # fmt: skip
+"""The sizes of ``tiny-<model_type>`` for a family that has no preset of its own: the tiny Llama's."""
+
+
 class UnknownPresetError(ValueError):
     pass
 
 
+def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
+    """A tiny config of any transformers family (:data:`TINY_SIZES` set on the family's own config class, so every
+    other field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed layers (None
+    keeps its default)."""
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise UnknownPresetError(f"unknown model preset 'tiny-{model_type}': no transformers family {model_type!r}")
+    config = CONFIG_MAPPING[model_type]()
+    for field, value in TINY_SIZES.items():
+        setattr(config, field, value)
+    types = getattr(config, "layer_types", None)
+    if types:  # keep the family's repeating pattern of sliding and full layers
+        config.layer_types = [types[i % len(types)] for i in range(config.num_hidden_layers)]
+    if sliding_window is not None and getattr(config, "sliding_window", None) is not None:
+        config.sliding_window = sliding_window
+    for field, value in config.to_dict().items():  # deterministic, like every tiny preset
+        if isinstance(value, float) and ("dropout" in field or "pdrop" in field):
+            setattr(config, field, 0.0)
+    return config
+
+
 def preset_config(name: str) -> Any:
-    """A fresh transformers config for preset ``name``."""
-    try:
-        build = PRESETS[name]
-    except KeyError:
-        raise UnknownPresetError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}") from None
-    return build()
+    """A fresh transformers config for preset ``name`` (``tiny-<model_type>`` for any transformers family without a
+    preset of its own: :func:`tiny_config`)."""
+    build = PRESETS.get(name)
+    if build is not None:
+        return build()
+    if name.startswith("tiny-"):
+        return tiny_config(name.removeprefix("tiny-"))
+    raise UnknownPresetError(
+        f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}, and tiny-<model_type> for any "
+        "transformers family"
+    )

@@ -23,12 +23,15 @@ differentiable_reduce_scatter     reduce-scatter along dim    all-gather along `
 differentiable_split              keep this rank's chunk      all-gather along ``dim``
 differentiable_all_to_all         scatter one dim, gather     the inverse all-to-all
                                   another
+differentiable_gather_replicated  all-gather along ``dim``    keep this rank's chunk
 ================================  ==========================  ==========================
 
 ``differentiable_copy_to_group`` applied to a *parameter* inside ``forward`` makes autograd sum that parameter's
 gradient over the group: this is how parameters replicated over a tensor-parallel group but used on a sequence
 shard (Megatron-SP norms, row-parallel biases, position embeddings) get their full gradient. Under
 :func:`defer_param_grad_sums` (the runtime's iterations) that sum is left to the runtime, once per iteration.
+:func:`sum_grad_over` asks for the same once-per-iteration sum without passing the parameter through a function
+(modules parallelized in place, whose forward is the model's own).
 """
 
 from __future__ import annotations
@@ -50,12 +53,14 @@ __all__ = [
     "differentiable_all_gather",
     "differentiable_all_to_all",
     "differentiable_copy_to_group",
+    "differentiable_gather_replicated",
     "differentiable_reduce_from_group",
     "differentiable_reduce_scatter",
     "differentiable_split",
     "group_rank",
     "group_size",
     "reduce_scatter_along_dim",
+    "sum_grad_over",
 ]
 
 # the *_single names are the non-deprecated spellings in recent torch; older torch only has the *_tensor ones
@@ -174,6 +179,16 @@ def _defer_param(x: Tensor, group: ProcessGroup | None) -> bool:
     return True
 
 
+def sum_grad_over(param: nn.Parameter, group: ProcessGroup | None) -> None:
+    """Have the runtime sum ``param``'s accumulated gradient over ``group`` once per iteration.
+
+    Called from a forward (with the parameter object that forward uses, e.g. FSDP2's gathered one). Outside the
+    runtime's iterations (a layer timed alone by the profiler) nothing sums it: the gradient stays this rank's part.
+    """
+    if _ACTIVE is not None and group is not None and group_size(group) > 1:
+        _ACTIVE.params[id(param)] = (param, group)
+
+
 # ----------------------------------------------------------------------------------------- autograd functions
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
@@ -244,6 +259,17 @@ class _AllToAll(torch.autograd.Function):
         return all_to_all_along(grad, gather_dim, scatter_dim, ctx.group), None, None, None
 
 
+class _GatherReplicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.group = dim, group
+        return all_gather_along_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return chunk_along_dim(grad, ctx.dim, ctx.group), None, None
+
+
 def _trivial(group: ProcessGroup | None) -> bool:
     return group_size(group) == 1
 
@@ -280,3 +306,12 @@ def differentiable_all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, grou
     """Forward :func:`all_to_all_along`; backward the inverse all-to-all (scatter ``gather_dim``, gather
     ``scatter_dim``)."""
     return x if _trivial(group) else _AllToAll.apply(x, scatter_dim, gather_dim, group)
+
+
+def differentiable_gather_replicated(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """Forward all-gather along ``dim``; backward keeps this rank's chunk of the gradient.
+
+    For a gathered result that every rank then uses identically (a column-parallel output gathered back to the
+    whole feature dimension): each rank's gradient is already the whole gradient, so no sum is needed.
+    """
+    return x if _trivial(group) else _GatherReplicated.apply(x, dim, group)

@@ -53,6 +53,7 @@ __all__ = [
     "padded_vocab_size",
     "token_loss_sum",
     "vocab_parallel_cross_entropy",
+    "vocab_parallel_loss_sum",
     "vocab_range",
 ]
 
@@ -209,23 +210,34 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         hidden = enter_tp_region(self.norm(hidden), self.group, self.sequence_parallel)
-        full_labels = all_gather_along_dim(labels, SEQ_DIM, self.group) if self.sequence_parallel else labels
         logits = self.lm_head(hidden)[0]
-        per_token = vocab_parallel_cross_entropy(logits, full_labels, self.group, self.start, self.end)
-        per_token = differentiable_copy_to_group(per_token, self.group)
-        owned = self._owned(full_labels) & (full_labels != IGNORE_INDEX)
-        return (per_token * owned).sum(), owned.sum()
+        return vocab_parallel_loss_sum(logits, labels, self.group, self.vocab_size, self.sequence_parallel)
 
-    def _owned(self, labels: Tensor) -> Tensor:
-        if self.tp == 1:
-            return torch.ones_like(labels, dtype=torch.bool)
-        if self.sequence_parallel:
-            seq = labels.shape[SEQ_DIM]
-            positions = torch.arange(seq, device=labels.device)
-            local = seq // self.tp
-            return ((positions >= self.rank * local) & (positions < (self.rank + 1) * local)).expand_as(labels)
-        flat = torch.arange(labels.numel(), device=labels.device).view_as(labels)
-        return flat % self.tp == self.rank
+
+def vocab_parallel_loss_sum(
+    logits: Tensor, labels: Tensor, group: ProcessGroup | None, vocab_size: int, sequence_parallel: bool
+) -> tuple[Tensor, Tensor]:
+    """``(loss_sum, token_count)`` over the tokens this rank owns (module docstring), from this rank's logits shard
+    ``[b, s, V_pad/tp]`` of the whole sequence and its ``labels`` (its sequence slice under Megatron-SP)."""
+    tp, rank = group_size(group), group_rank(group)
+    start, end, _ = vocab_range(vocab_size, tp, rank)
+    full_labels = all_gather_along_dim(labels, SEQ_DIM, group) if sequence_parallel else labels
+    per_token = vocab_parallel_cross_entropy(logits, full_labels, group, start, end)
+    per_token = differentiable_copy_to_group(per_token, group)
+    owned = _owned(full_labels, tp, rank, sequence_parallel) & (full_labels != IGNORE_INDEX)
+    return (per_token * owned).sum(), owned.sum()
+
+
+def _owned(labels: Tensor, tp: int, rank: int, sequence_parallel: bool) -> Tensor:
+    if tp == 1:
+        return torch.ones_like(labels, dtype=torch.bool)
+    if sequence_parallel:
+        seq = labels.shape[SEQ_DIM]
+        positions = torch.arange(seq, device=labels.device)
+        local = seq // tp
+        return ((positions >= rank * local) & (positions < (rank + 1) * local)).expand_as(labels)
+    flat = torch.arange(labels.numel(), device=labels.device).view_as(labels)
+    return flat % tp == rank
 
 
 class VocabParallelClassifier(nn.Module):

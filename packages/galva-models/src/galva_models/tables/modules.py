@@ -1,0 +1,296 @@
+"""Galva's modules cut from a Hugging Face model where it stands: the embedding side, each layer, the head.
+
+Each holds the Hugging Face submodules themselves (no copies), under their Hugging Face names, and runs the
+family's own code around them:
+
+- what the model's forward hands each layer (masks, position embeddings for that layer's type, position ids, ...)
+  is computed by that forward itself: :class:`LayerInputs` runs the base model with stand-ins for its layers that
+  record their arguments (cached per batch shape, dtype and device);
+- the embedding side is the base model's forward up to the first layer (embedding scales, multipliers, dropout);
+- the head is the task model's forward after the base model (final norm, ``lm_head``, logit soft-capping or
+  scaling), then the token loss.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from galva_hp.parallel.gather_state import param_or_grad
+from galva_hp.parallel.mappings import group_rank, sum_grad_over
+from galva_hp.parallel.rng import rank_stream
+from galva_hp.parallel.vocab import vocab_parallel_loss_sum
+from galva_models.adapters.modules import first_output, token_loss_sum
+from galva_models.tables.sharding import Split, TpRegion, gather_split
+
+__all__ = ["LayerInputs", "ModuleForm", "TableEmbedding", "TableHead", "TableLayer"]
+
+
+class _Shared:
+    """A reference that copies of its holder share (``copy.deepcopy`` does not follow it): the whole model."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+        return self
+
+
+class _Stop(Exception):
+    """Raised by the last stand-in a pass needs: the rest of the forward is not run."""
+
+
+class _StandIn(nn.Module):
+    """Stands for layer ``index`` during a recording pass: records what the forward hands it."""
+
+    def __init__(self, real: nn.Module, index: int, sink: dict[int, Any], stop: int) -> None:
+        super().__init__()
+        self._real = _Shared(real)
+        self.index, self.sink, self.stop = index, sink, stop
+
+    def __getattr__(self, name: str) -> Any:  # a forward may read a layer's attributes (its attention type)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._real.value, name)
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        self.sink[self.index] = (hidden_states, args, kwargs)
+        if self.index >= self.stop:
+            raise _Stop
+        return hidden_states
+
+
+def _view(module: nn.Module, overrides: dict[str, nn.Module]) -> nn.Module:
+    """``module`` with some children replaced, for one call; ``module`` itself is untouched."""
+    view = copy.copy(module)
+    view._modules = {**module._modules, **overrides}
+    return view
+
+
+def materialized_copy(module: nn.Module, model: Any) -> nn.Module:
+    """A copy of a parameter-free module (a rotary embedding), on the CPU with its buffers computed when the model
+    was built on the meta device."""
+    out = copy.deepcopy(module)
+    if any(b.is_meta for b in out.buffers()):
+        out.to_empty(device="cpu")
+        for sub in out.modules():
+            model._init_weights(sub)
+    return out
+
+
+class LayerInputs(nn.Module):
+    """What the base model's forward hands each layer, computed by that forward.
+
+    ``context`` holds copies of the parameter-free modules the forward uses before its layers (the rotary
+    embedding), so every Galva module can run it on its own stage. The base model itself is shared, not held.
+    """
+
+    def __init__(self, base: nn.Module, layers: str, context: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.context = nn.ModuleDict(context)
+        self._base = _Shared(base)
+        self._layers = layers
+        self._cache: dict[tuple[Any, ...], dict[int, Any]] = {}
+
+    def run(self, stop: int, overrides: dict[str, nn.Module], **inputs: Any) -> dict[int, Any]:
+        """Run the base forward with stand-ins for its layers up to layer ``stop``: ``{index: (hidden, args,
+        kwargs)}``. ``overrides`` replace base modules (this Galva module's own copies)."""
+        base = self._base.value
+        real = getattr(base, self._layers)
+        sink: dict[int, Any] = {}
+        stand_ins = nn.ModuleList([_StandIn(layer, i, sink, stop) for i, layer in enumerate(real)])
+        view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins})
+        try:
+            type(base).forward(view, **inputs, use_cache=False)
+        except _Stop:
+            pass
+        return sink
+
+    def layer_call(self, index: int, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> Any:
+        """``(args, kwargs)`` the forward hands layer ``index`` for a ``[batch, seq]`` input (the whole sequence)."""
+        key = (batch, seq, dtype, device)
+        if key not in self._cache:
+            hidden = self._base.value.config.hidden_size
+            embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
+            n = len(getattr(self._base.value, self._layers))
+            recorded = self.run(n - 1, {}, inputs_embeds=embeds)
+            self._cache = {key: {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}}
+        return self._cache[key][index]
+
+
+@dataclass
+class ModuleForm:
+    """A Galva module's parallel form, set by the parallelizer (in place): its region and what it asks of the runtime."""
+
+    region: TpRegion | None = None
+    grad_sums: list[tuple[str, ProcessGroup]] = field(default_factory=list)
+    """Parameters (by name in the module) whose gradient the runtime sums over the group."""
+    seq_group: ProcessGroup | None = None
+    """The group over which the module's boundary activations hold slices of the sequence."""
+    seq_shards: int = 1
+    ulysses: bool = False
+    vocab_group: ProcessGroup | None = None
+    """Head under vocabulary tp: the group its logits are split over."""
+    sequence_parallel: bool = False
+
+
+class _InPlace(nn.Module):
+    """Common to the three: the parallel form, the gradient sums it asks for, and ``gather_full``."""
+
+    form: ModuleForm | None
+
+    def _begin(self) -> None:
+        if self.form is None:
+            return
+        for name, group in self.form.grad_sums:
+            sum_grad_over(self.get_parameter(name), group)  # the parameter forward uses (FSDP2's gathered one)
+
+    def _end(self) -> None:
+        if self.form is not None and self.form.region is not None:
+            self.form.region.clear()
+
+    def _streams(self, device: torch.device) -> Any:
+        """Dropout on a sequence slice: this rank's own stream (:mod:`galva_hp.parallel.rng`)."""
+        if self.form is None or self.form.seq_group is None or not self.training:
+            return _nothing()
+        return rank_stream(self.form.seq_group, device)
+
+    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
+        """The single-process parameters (or gradients) under this module's names; split ones are gathered."""
+        out = {}
+        for name, param in self.named_parameters():
+            value = param_or_grad(param, grads)
+            split: Split | None = getattr(param, "galva_split", None)
+            out[name] = value if split is None else gather_split(value, split)
+        return out
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _nothing() -> _Nothing:
+    return _Nothing()
+
+
+class TableEmbedding(_InPlace):
+    """The base model's modules before its layers (``embed_tokens``, an embedding dropout), run by its own forward."""
+
+    def __init__(self, modules: dict[str, nn.Module], inputs: LayerInputs) -> None:
+        super().__init__()
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.inputs = inputs
+        self._names = tuple(modules)
+        self.form = None
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        self._begin()
+        extra: dict[str, Any] = {}
+        form = self.form
+        if form is not None and form.ulysses:  # vocabulary sp: this rank's slice of the positions
+            local = input_ids.shape[1]
+            start = group_rank(form.seq_group) * local
+            extra["position_ids"] = torch.arange(start, start + local, device=input_ids.device).unsqueeze(0)
+        overrides = {name: getattr(self, name) for name in self._names}
+        with self._streams(input_ids.device):
+            recorded = self.inputs.run(0, overrides, input_ids=input_ids, **extra)
+        self._end()
+        return recorded[0][0]  # what the forward hands the first layer
+
+
+class TableLayer(_InPlace):
+    """One Hugging Face layer (``layer``), called as the model's forward calls it."""
+
+    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs) -> None:
+        super().__init__()
+        self.layer = layer
+        self.index = index
+        self.inputs = inputs
+        self.form = None
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        form = self.form
+        shards = form.seq_shards if form is not None else 1
+        batch, local = hidden.shape[:2]
+        args, kwargs = self.inputs.layer_call(self.index, batch, local * shards, hidden.dtype, hidden.device)
+        if form is not None and form.ulysses:
+            kwargs = _local_positions(kwargs, local * shards, group_rank(form.seq_group) * local, local)
+        self._begin()
+        with self._streams(hidden.device):
+            out = first_output(self.layer(hidden, *args, **kwargs))
+        self._end()
+        return out
+
+
+def _local_positions(kwargs: dict[str, Any], seq: int, start: int, local: int) -> dict[str, Any]:
+    """The layer's arguments for a rank holding positions ``[start, start + local)``: every per-position tensor
+    (position embeddings, position ids) is sliced; masks stay whole (attention sees the whole sequence)."""
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            if value.dim() >= 2 and value.shape[1] == seq:
+                return value.narrow(1, start, local)
+            if value.dim() == 1 and value.shape[0] == seq:
+                return value.narrow(0, start, local)
+            return value
+        if isinstance(value, tuple):
+            return tuple(cut(v) for v in value)
+        return value
+
+    return {k: (v if k == "attention_mask" else cut(v)) for k, v in kwargs.items()}
+
+
+class _BaseOutput(nn.Module):
+    """Stands for the base model in the task model's forward: the hidden state after the final modules."""
+
+    def __init__(self, after: nn.ModuleDict) -> None:
+        super().__init__()
+        self.after = after
+
+    def forward(self, *args: Any, inputs_embeds: Tensor, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        hidden = inputs_embeds
+        for module in self.after.values():
+            hidden = module(hidden)
+        return BaseModelOutputWithPast(last_hidden_state=hidden)
+
+
+class TableHead(_InPlace):
+    """The base model's modules after its layers (the final norm), ``lm_head`` and the token loss, run by the task
+    model's own forward: ``(hidden, labels) -> (loss_sum, token_count)``."""
+
+    def __init__(self, after: dict[str, nn.Module], lm_head: nn.Module, task_model: nn.Module, base: str) -> None:
+        super().__init__()
+        for name, module in after.items():
+            self.add_module(name, module)
+        self.lm_head = lm_head
+        self._after = tuple(after)
+        self._task = _Shared(task_model)
+        self._base_name = base
+        self.form = None
+
+    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        self._begin()
+        task = self._task.value
+        base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}))
+        view = _view(task, {self._base_name: base, "lm_head": self.lm_head})
+        with self._streams(hidden.device):
+            logits = type(task).forward(view, inputs_embeds=hidden, use_cache=False).logits
+        self._end()
+        form = self.form
+        if form is not None and form.vocab_group is not None:
+            vocab = task.config.get_text_config().vocab_size
+            return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, form.sequence_parallel)
+        return token_loss_sum(logits, labels)

@@ -1,0 +1,215 @@
+"""Tensor parallelism in place: a Hugging Face module keeps its name, class and place; only its parameters become
+this rank's part and its forward gains the communication its table style needs (:data:`~.plans.STYLES`).
+
+Every split parameter is tagged (:class:`Split`) so that :func:`gather_split` can put the single-process tensor
+back together (checkpoints, tests), and with megatron's ``tensor_model_parallel`` attributes so that the runtime
+counts it once in the gradient norm.
+
+Entering a tp region (:class:`TpRegion`): a column-parallel module's input is the layer's activation, replicated
+over tp (plain tp: its gradient is summed over tp in backward) or this rank's sequence slice (Megatron-SP: gathered
+along the sequence, gradient reduce-scattered). The block holding column-parallel modules (attention, MLP) enters,
+and blocks reading one tensor (a parallel attention + MLP layer) share one gather.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from galva_hp.parallel.mappings import (
+    all_gather_along_dim,
+    differentiable_all_gather,
+    differentiable_copy_to_group,
+    differentiable_gather_replicated,
+    differentiable_reduce_from_group,
+    differentiable_reduce_scatter,
+    differentiable_split,
+    group_rank,
+    group_size,
+)
+from galva_hp.parallel.tensor_parallel import mark_tp_split
+from galva_hp.parallel.vocab import vocab_range
+
+__all__ = [
+    "Split",
+    "TpRegion",
+    "enter_region_at",
+    "gather_split",
+    "shard_linear",
+    "split_embedding",
+    "split_vocab_rows",
+]
+
+SEQ_DIM = 1
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a parameter is this rank's part of the single-process tensor."""
+
+    dim: int
+    group: ProcessGroup
+    full: int
+    """The single-process size along ``dim`` (without vocabulary padding)."""
+    blocks: int = 1
+    """Packed blocks along ``dim``, each split on its own (a fused gate/up projection: 2)."""
+
+
+def _part(tensor: Tensor, dim: int, group: ProcessGroup, blocks: int) -> Tensor:
+    tp, rank = group_size(group), group_rank(group)
+    pieces = [b.chunk(tp, dim=dim)[rank] for b in tensor.chunk(blocks, dim=dim)]
+    return torch.cat(pieces, dim=dim).detach().clone()
+
+
+def _replace(module: nn.Module, name: str, value: Tensor, split: Split | None) -> None:
+    old = getattr(module, name)
+    param = nn.Parameter(value, requires_grad=old.requires_grad)
+    if split is not None:
+        param.galva_split = split  # type: ignore[attr-defined]
+        mark_tp_split(param, split.dim, split.group)
+    setattr(module, name, param)
+
+
+def _check_divisible(what: str, size: int, parts: int) -> None:
+    if size % parts:
+        raise ValueError(f"{what}: {size} does not split over {parts} ranks")
+
+
+class TpRegion:
+    """Entering (and leaving) one layer's tensor-parallel region, with one gather per input tensor."""
+
+    def __init__(self, group: ProcessGroup, sequence_parallel: bool) -> None:
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self._last: tuple[Tensor, Tensor] | None = None
+
+    def enter(self, x: Tensor) -> Tensor:
+        if self._last is not None and self._last[0] is x:
+            return self._last[1]
+        if self.sequence_parallel:
+            y = differentiable_all_gather(x, SEQ_DIM, self.group)
+        else:
+            y = differentiable_copy_to_group(x, self.group)
+        self._last = (x, y)
+        return y
+
+    def leave(self, partial: Tensor) -> Tensor:
+        if self.sequence_parallel:
+            return differentiable_reduce_scatter(partial, SEQ_DIM, self.group)
+        return differentiable_reduce_from_group(partial, self.group)
+
+    def clear(self) -> None:
+        self._last = None
+
+
+def enter_region_at(module: nn.Module, region: TpRegion) -> None:
+    """``module`` (an attention or MLP block holding column-parallel modules) takes its input into ``region``.
+
+    The block, not each projection, enters: Hugging Face blocks shape their heads from their own input's sequence
+    length, which under Megatron-SP must already be the whole sequence.
+    """
+
+    def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if args:
+            return (region.enter(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": region.enter(kwargs["hidden_states"])}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def shard_linear(linear: nn.Module, style: str, region: TpRegion, path: str, replicate: bool = False) -> list[str]:
+    """Put ``linear`` (an ``nn.Linear``) into ``style`` in place for ``region``'s group. ``replicate``: keep the
+    weights whole although the style is column-parallel (key/value heads fewer than tp ranks: each rank picks the
+    heads it needs in attention). Returns the names of its parameters that stay replicated and whose gradient the
+    runtime must sum over tp (a replicated column-parallel input's weights)."""
+    if not isinstance(linear, nn.Linear):
+        raise ValueError(f"{path}: tensor-parallel style {style!r} needs an nn.Linear, found {type(linear).__name__}")
+    group = region.group
+    tp = group_size(group)
+    blocks = 2 if style.startswith("packed_") else 1
+    if style in ("colwise", "colwise_gather_output", "packed_colwise"):  # the input enters at its block
+        if replicate:
+            return [n for n, _ in linear.named_parameters()]
+        _check_divisible(f"{path} output features", linear.out_features, tp * blocks)
+        split = Split(0, group, linear.out_features, blocks)
+        _replace(linear, "weight", _part(linear.weight, 0, group, blocks), split)
+        if linear.bias is not None:
+            _replace(linear, "bias", _part(linear.bias, 0, group, blocks), split)
+        if style == "colwise_gather_output":
+            linear.register_forward_hook(lambda m, a, out: differentiable_gather_replicated(out, -1, group))
+        return []
+    if style in ("rowwise", "rowwise_split_input", "packed_rowwise"):
+        _check_divisible(f"{path} input features", linear.in_features, tp * blocks)
+        _replace(linear, "weight", _part(linear.weight, 1, group, blocks), Split(1, group, linear.in_features, blocks))
+        split_input = style == "rowwise_split_input"
+        linear.forward = types.MethodType(_rowwise_forward(region, split_input), linear)  # type: ignore[method-assign]
+        return []
+    raise ValueError(f"{path}: tensor-parallel style {style!r} is not one Galva runs")
+
+
+def _rowwise_forward(region: TpRegion, split_input: bool) -> Any:
+    def forward(self: nn.Linear, x: Tensor) -> Tensor:
+        if split_input:
+            x = differentiable_split(x, -1, region.group)
+        out = region.leave(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias  # the bias once, after the sum
+
+    return forward
+
+
+def split_vocab_rows(module: nn.Module, names: tuple[str, ...], group: ProcessGroup, vocab_size: int) -> None:
+    """Replace ``module``'s parameters ``names`` (rows = vocabulary) by this rank's padded rows (galva-hp's
+    vocabulary rule: :func:`galva_hp.parallel.vocab.vocab_range`; padding rows are zero)."""
+    tp, rank = group_size(group), group_rank(group)
+    start, end, rows = vocab_range(vocab_size, tp, rank)
+    for name in names:
+        full = getattr(module, name)
+        if full is None:
+            continue
+        local = torch.zeros((rows, *full.shape[1:]), dtype=full.dtype, device=full.device)
+        local[: end - start] = full.detach()[start:end]
+        _replace(module, name, local, Split(0, group, vocab_size))
+
+
+def split_embedding(embedding: nn.Module, group: ProcessGroup, sequence_parallel: bool, path: str) -> None:
+    """A token embedding (``nn.Embedding`` or a subclass that scales its output) split over the vocabulary in place:
+    ids outside this rank's rows look up zeros, and the output is summed over the group (reduce-scattered along
+    the sequence under Megatron-SP)."""
+    if not isinstance(embedding, nn.Embedding):
+        raise ValueError(f"{path}: vocabulary tp needs an nn.Embedding, found {type(embedding).__name__}")
+    vocab = embedding.num_embeddings
+    tp, rank = group_size(group), group_rank(group)
+    start, end, rows = vocab_range(vocab, tp, rank)
+    split_vocab_rows(embedding, ("weight",), group, vocab)
+    embedding.num_embeddings = rows
+    pad = embedding.padding_idx
+    embedding.padding_idx = pad - start if pad is not None and start <= pad < end else None
+    outside: list[Tensor] = []
+
+    def before(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        ids = args[0]
+        mask = (ids < start) | (ids >= end)
+        outside.append(mask)
+        return ((ids - start).masked_fill(mask, 0), *args[1:])
+
+    def after(module: nn.Module, args: tuple[Any, ...], out: Tensor) -> Tensor:
+        out = out.masked_fill(outside.pop().unsqueeze(-1), 0.0)
+        if sequence_parallel:
+            return differentiable_reduce_scatter(out, SEQ_DIM, group)
+        return differentiable_reduce_from_group(out, group)
+
+    embedding.register_forward_pre_hook(before)
+    embedding.register_forward_hook(after)
+
+
+def gather_split(value: Tensor, split: Split) -> Tensor:
+    """The single-process tensor of a split parameter (or of its gradient). Collective over ``split.group``."""
+    blocks = value.chunk(split.blocks, dim=split.dim)
+    gathered = [all_gather_along_dim(b.contiguous(), split.dim, split.group) for b in blocks]
+    full = torch.cat(gathered, dim=split.dim)
+    return full.narrow(split.dim, 0, split.full)

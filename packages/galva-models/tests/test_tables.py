@@ -1,0 +1,125 @@
+"""Families from their own tables, parallelized in place, train like single-process Hugging Face training.
+
+Every family here is a tiny random config of transformers' own config class (``tiny-<model_type>``: the tiny Llama's
+sizes, the family's defaults otherwise, dropout off, sliding windows of half the sequence) and is run by the one
+table adapter: no Galva code names it. Oracle: the Hugging Face model (``model(input_ids, labels=input_ids).loss``)
+with fp32 AdamW, clipping and the same schedule. Tolerance: 1e-5 relative on every step's loss and gradient norm
+over 4 steps (the galva-hp bound), bf16 rows within galva-hp's bf16 bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from galva_comm.testing import run_distributed
+from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
+from galva_hp.testing.oracle import OPTIM, SEQ, STEPS, batch
+from galva_models.presets import tiny_config
+from galva_models.tables import ADAPTER, supports
+from galva_schema import Strategy, plan_problems
+
+TOL = 1e-5
+BF16_TOL = {"loss": 5e-3, "norm": 2e-2}  # galva-hp's bound for bf16 compute with fp32 masters
+
+DENSE = (
+    "llama mistral ministral qwen2 qwen3 gemma gemma2 gemma3_text phi phi3 olmo2 granite starcoder2 cohere glm4 "
+    "gpt_neox smollm3 exaone4 ernie4_5 seed_oss apertus arcee olmo olmo3 helium glm cohere2 internlm3"
+).split()
+"""Dense causal-LM families with tables that build on CPU (the issue's list and more)."""
+
+_BASE = {"world_size": 4, "global_batch_size": 8, "num_micro_batches": 2, "mixed_precision": "fp32"}
+
+
+def _plan(layers: list[dict], **fields) -> Strategy:
+    return Strategy.model_validate({**_BASE, "pp": 1, "layers": layers, **fields})
+
+
+PLANS = {
+    "tp2": _plan([{"tp": 2}] * 4, vocab={"tp": 2}),
+    "tp2-megatron_sp": _plan([{"tp": 2, "checkpoint": True}] * 4, megatron_sp=True, vocab={"tp": 2}),
+    "ulysses2": _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2, "sp": True}),
+    "pp2-zero3": _plan([{"checkpoint": True}] * 4, pp=2, default_dp_type="zero3"),
+    # a different form per layer on 4 ranks: tp2 / ZeRO-3 / Ulysses 2 / strided tp4 over two stages
+    "pp2-mixed": _plan(
+        [{"tp": 2, "checkpoint": True}, {"dp_type": "zero3"}, {"tp": 2, "ulysses": True}, {"tp": 2, "tp_consecutive": False}],
+        pp=2,
+        vocab={"tp": 2},
+    ),
+    "tp4-bf16": _plan([{"tp": 4}] * 4, vocab={"tp": 4}, mixed_precision="bf16"),
+}
+
+
+def _config(family: str):
+    return tiny_config(family, sliding_window=SEQ // 2)
+
+
+def _model(family: str):
+    torch.manual_seed(0)
+    return ADAPTER.build_model(_config(family))
+
+
+def hf_reference(family: str) -> tuple[list[float], list[float]]:
+    model = _model(family)
+    params = list(model.parameters())
+    optimizer, scheduler = reference_optimizer(params, OPTIM)
+    ids, _ = batch()
+    losses, norms = [], []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids[step], labels=ids[step]).loss
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
+def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
+    layered = ADAPTER.decompose(_model(family))
+    built = build(layered, PLANS[plan], BuildOptions(seq_len=SEQ))
+    optimizer = GalvaOptimizer(built.param_records(), OPTIM)
+    ids, labels = batch()
+    losses, norms = [], []
+    for step in range(STEPS):
+        metrics = train_step(built, optimizer, ids[step], labels[step])
+        losses.append(metrics.loss)
+        norms.append(metrics.grad_norm)
+    return losses, norms
+
+
+def _rel(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def check(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for family in dict.fromkeys(f for f, _ in cases):
+        ref_losses, ref_norms = hf_reference(family)
+        for plan in [p for f, p in cases if f == family]:
+            losses, norms = galva_run(family, plan)
+            out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+    return out
+
+
+def _assert(results: list[dict[str, tuple[float, float]]]) -> None:
+    for case, (loss_diff, norm_diff) in results[0].items():
+        tol = (BF16_TOL["loss"], BF16_TOL["norm"]) if "bf16" in case else (TOL, TOL)
+        assert loss_diff < tol[0], f"{case}: loss differs from Hugging Face by {loss_diff:.2e} (relative)"
+        assert norm_diff < tol[1], f"{case}: grad norm differs from Hugging Face by {norm_diff:.2e} (relative)"
+
+
+SWEEP = [(family, plan) for family in DENSE for plan in ("tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed")]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("families", [DENSE[i : i + 7] for i in range(0, len(DENSE), 7)], ids=lambda f: f[0])
+def test_families_train_like_hugging_face(families: list[str]):
+    cases = [(f, p) for f, p in SWEEP if f in families]
+    _assert(run_distributed(check, 4, cases, timeout=900))
+
+
+def test_every_family_in_the_sweep_is_taken_by_its_tables():
+    for family in DENSE:
+        assert supports(_config(family)), family
