@@ -52,8 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # disk full, permissions: name the file, no traceback
-        where = f"{err.filename}: " if err.filename else ""
+    except OSError as err:  # disk full, permissions: name the file, no traceback (the output is left as it was)
+        if err.filename:
+            where = f"{err.filename}: "
+        else:  # a failed write() names no file: it was one of the output's
+            out = getattr(args, "out_dir", None)
+            where = f"cannot write {out}: " if out else ""
         print(f"{PROG}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,8 @@ gathers a tensor. A piece held by several ranks (data-parallel replicas, tp-repl
 written by the lowest of them. Checksums are computed file by file on all ranks in turn, then rank 0 writes
 ``rng.safetensors`` and the manifest, last, and renames the temporary directory: a save that dies half-way leaves
 ``<name>.tmp-<token>`` without a manifest, which :func:`galva_ckpt.saves.latest_checkpoint` ignores with a warning.
+A save that fails with an ``OSError`` on any rank (a full disk) is abandoned by every rank together: the temporary
+directory is removed and every rank raises the same one-line :class:`CheckpointError`; earlier saves are untouched.
 
 Every rank must call :func:`save_sharded` with its own pieces (it is collective over the default group).
 """
@@ -152,22 +154,29 @@ def save_sharded(
     name = [f"{target.name}.tmp-{secrets.token_hex(4)}"]
     dist.broadcast_object_list(name, src=0)
     tmp = target.parent / name[0]
+    failure = None
     if rank == 0:
-        for relative, layout in layouts.items():
-            path = tmp / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as out:
-                out.write(len(layout.header).to_bytes(8, "little"))
-                out.write(layout.header)
-                out.truncate(layout.size)
-    dist.barrier()
+        try:
+            for relative, layout in layouts.items():
+                path = tmp / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "wb") as out:
+                    out.write(len(layout.header).to_bytes(8, "little"))
+                    out.write(layout.header)
+                    out.truncate(layout.size)
+        except OSError as err:
+            failure = err
+    _agree(failure, target, tmp)  # in place of a barrier: every rank learns of a failure on any rank
     start = time.perf_counter()
     written = 0
-    for piece, data in pieces:
-        if owner[piece] == rank:
-            written += _write_piece(tmp / piece.file, layouts[piece.file], piece, data)
+    try:
+        for piece, data in pieces:
+            if owner[piece] == rank:
+                written += _write_piece(tmp / piece.file, layouts[piece.file], piece, data)
+    except OSError as err:
+        failure = err
     write_s = time.perf_counter() - start
-    dist.barrier()
+    _agree(failure, target, tmp)
     if os.environ.get(STALL_ENV) == str(finish.get("step")):
         time.sleep(3600)  # tests kill the job here, with the tensors written and no manifest
 
@@ -185,16 +194,33 @@ def save_sharded(
             writer.files[relative] = infos_of[relative]
             entry = ModuleEntry(name=module, file=relative, tensors=dict(tensors))
             (writer.optimizer_modules if is_optimizer else writer.modules).append(entry)
-        writer.write_rng({f"rank{r}/{k}": v for r, part in enumerate(states) for k, v in part.items()})
-        writer.finish(**finish)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    dist.barrier()
+        try:
+            writer.write_rng({f"rank{r}/{k}": v for r, part in enumerate(states) for k, v in part.items()})
+            writer.finish(**finish)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        except OSError as err:
+            failure = err
+    _agree(failure, target, tmp)
     if rank == 0:
         written += sum(8 + len(layout.header) for layout in layouts.values())
         written += sum((target / f).stat().st_size for f in ("manifest.json", "rng.safetensors"))
     return {"bytes": float(written), "seconds": write_s}
+
+
+def _agree(failure: OSError | None, target: Path, tmp: Path) -> None:
+    """A barrier that also shares failures: if any rank's ``OSError`` is in, rank 0 removes the temporary directory
+    and every rank raises the same one-line error (the first failing rank's reason)."""
+    reasons: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(reasons, None if failure is None else (failure.strerror or str(failure)))
+    reason = next((r for r in reasons if r is not None), None)
+    if reason is None:
+        return
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()  # the temporary directory is gone before any rank reports
+    raise CheckpointError(f"cannot save checkpoint to {target}: {reason}")
 
 
 def _check_tiling(target: Path, owner: Mapping[Piece, int], layouts: Mapping[str, _Layout]) -> None:

@@ -91,7 +91,10 @@ class CheckpointIO:
         keep_last: int = 0,
         family: str | None = None,
     ) -> dict[str, float]:
-        """Save step ``step`` as ``<root>/step-<N>`` (collective); keep the newest ``keep_last`` saves."""
+        """Save step ``step`` as ``<root>/step-<N>`` (collective); keep the newest ``keep_last`` saves.
+
+        A save that cannot be written (a full disk) raises the same one-line :class:`CheckpointError` on every rank
+        and leaves no temporary directory; the saves before it stay as they were."""
         model_infos, optimizer_infos = self._infos()
         pieces: list[tuple[Piece, Tensor]] = []
         for p in self.placements:
@@ -132,11 +135,8 @@ class CheckpointIO:
             "scheduler": scheduler,
             "data_position": {"step": step},
         }
-        target = step_dir(root, step)
-        if dist.get_rank() == 0:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        stats = save_sharded(target, model_infos, optimizer_infos if opt else None, pieces, rng, finish)
+        # save_sharded creates the directories (on rank 0; a failure there is every rank's one-line CheckpointError)
+        stats = save_sharded(step_dir(root, step), model_infos, optimizer_infos if opt else None, pieces, rng, finish)
         if dist.get_rank() == 0:
             prune(root, keep_last)
         dist.barrier()

@@ -41,14 +41,21 @@ class MetricsLogger:
         tensorboard_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         log_interval: int = 1,
+        resume_step: int | None = None,
     ) -> None:
+        """``resume_step``: the run continues a checkpoint after that many steps; the JSONL file keeps the earlier
+        run's records of steps before it and is appended to (None: a fresh run, the file starts anew)."""
         self.log_interval = max(1, log_interval)
         self._jsonl = None
         self._jsonl_path = jsonl_path
         if jsonl_path is not None:
             path = Path(jsonl_path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._jsonl = path.open("w", buffering=1)  # line-buffered: a crash keeps every finished step
+            mode = "w"
+            if resume_step is not None and path.is_file():
+                keep_steps_before(path, resume_step)
+                mode = "a"
+            self._jsonl = path.open(mode, buffering=1)  # line-buffered: a crash keeps every finished step
         self._tb = None
         if tensorboard_dir is not None:
             try:
@@ -100,6 +107,29 @@ class MetricsLogger:
                 self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def keep_steps_before(path: Path, step: int) -> None:
+    """Drop the records of ``path`` for steps ``>= step`` (0-based: steps a resumed run does again) and any line that
+    is not a whole record (cut short by a crash); the file is rewritten atomically, and only if something goes."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    kept = [line for line in lines if _step_of(line) < step]
+    if kept != lines:
+        from galva_schema import write_text_atomic
+
+        write_text_atomic(path, "".join(kept))
+
+
+def _step_of(line: str) -> float:
+    """A whole record's step; infinity (never kept) for a line that is not one."""
+    if not line.endswith("\n"):
+        return math.inf  # the last line of a run killed mid-write
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return math.inf
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else math.inf
 
 
 def json_value(value: Any) -> Any:

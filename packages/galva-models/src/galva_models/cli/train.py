@@ -248,6 +248,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
             tensorboard_dir=cfg.tensorboard_dir,
             progress=cfg.progress,
             log_interval=cfg.log_interval,
+            resume_step=start_step or None,  # a resumed run appends to the earlier run's metrics
         )
     try:
         last = start_step  # steps done
@@ -280,12 +281,13 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
                 return 1
             last = step + 1
             if cfg.checkpoint.save and cfg.checkpoint.save_interval and last % cfg.checkpoint.save_interval == 0:
-                _save(io, cfg, optimizer, last)
+                if not _save(io, cfg, optimizer, last, rank):
+                    return 1
                 saved_at = last
             if cfg.checkpoint.exit_interval and last % cfg.checkpoint.exit_interval == 0:
                 break
-        if cfg.checkpoint.save and saved_at != last:
-            _save(io, cfg, optimizer, last)
+        if cfg.checkpoint.save and saved_at != last and not _save(io, cfg, optimizer, last, rank):
+            return 1
     finally:
         if logger is not None:
             logger.close()
@@ -304,10 +306,19 @@ def _tokens(cfg: TrainConfig, batch: Any) -> int:
     return int(batch.size) * (cfg.layer_specs[0].seq_length if cfg.layer_specs else 1)
 
 
-def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int) -> None:
+def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int, rank: int) -> bool:
+    """Save step ``step`` (collective); False after a save that could not be written (every rank learns it
+    together, rank 0 says it in one line: the run ends, its earlier saves intact and no temporary left)."""
+    from galva_ckpt.errors import CheckpointError
     from galva_models.checkpointing import scheduler_state
 
-    io.save(cfg.checkpoint.save, step, scheduler_state(optimizer), keep_last=cfg.checkpoint.keep_last)
+    try:
+        io.save(cfg.checkpoint.save, step, scheduler_state(optimizer), keep_last=cfg.checkpoint.keep_last)
+    except CheckpointError as err:
+        if rank == 0:
+            print(f"galva-train: error: {err}", file=sys.stderr)
+        return False
+    return True
 
 
 def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], world: int) -> None:
@@ -334,6 +345,34 @@ def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], wo
         print(f"galva-train: warning: cannot write --report-html {path}: {err}", file=sys.stderr)
 
 
+SAVE_LOCK_ENV = "GALVA_TRAIN_SAVE_LOCK"
+"""Set by a process launching the ranks (``--nproc-per-node``) to the ``--save`` lock file it holds for them."""
+
+
+def _own_save_dir(cfg: TrainConfig, launching: bool) -> Any:
+    """Take ``--save`` for this run (:class:`galva_ckpt.saves.SaveDirLock`, held until the process ends): done by
+    the process launching the ranks, else by global rank 0, before any process group exists. Returns the lock, or
+    None where another process holds it for this run. Raises ``SaveDirBusy`` when another run owns the directory."""
+    from galva_ckpt.saves import SaveDirLock
+
+    if cfg.checkpoint.save is None:
+        return None
+    lock = SaveDirLock(cfg.checkpoint.save)
+    held_for_us = os.environ.get(SAVE_LOCK_ENV) == str(lock.path.resolve())
+    if not launching and (os.environ.get("RANK", "0") != "0" or held_for_us):
+        return None
+    try:
+        lock.acquire()
+    except OSError as err:  # a file system without locks: the run goes on, unprotected, and says so
+        print(
+            f"galva-train: warning: --save {cfg.checkpoint.save}: cannot lock it ({err.strerror or err}); "
+            "a second run saving there would not be stopped",
+            file=sys.stderr,
+        )
+        return None
+    return lock
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_train_config(argv)
@@ -341,17 +380,32 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # every rank finds the same mistake: one of them says it
             print(f"galva-train: error: {err}", file=sys.stderr)
         return 2
+    from galva_ckpt.saves import SaveDirBusy
     from galva_comm.launch import LaunchError, launch_local, running_under_launcher
 
-    if cfg.launch_ranks and not running_under_launcher():
-        # checked once here; the ranks parse the same arguments again and run
-        args = sys.argv[1:] if argv is None else list(argv)
-        try:
-            return launch_local(cfg.launch_ranks, "galva_models.cli.train", args, prog="galva-train")
-        except LaunchError as err:
-            print(f"galva-train: error: {err}", file=sys.stderr)
-            return 1
-    return run(cfg)
+    launching = bool(cfg.launch_ranks) and not running_under_launcher()
+    try:
+        lock = _own_save_dir(cfg, launching)
+    except SaveDirBusy as err:  # two runs saving into one directory would overwrite each other's saves
+        print(f"galva-train: error: --save {err}", file=sys.stderr)
+        return 2
+    try:
+        if launching and cfg.launch_ranks:
+            # checked once here; the ranks parse the same arguments again and run
+            args = sys.argv[1:] if argv is None else list(argv)
+            if lock is not None:
+                os.environ[SAVE_LOCK_ENV] = str(lock.path.resolve())
+            try:
+                return launch_local(cfg.launch_ranks, "galva_models.cli.train", args, prog="galva-train")
+            except LaunchError as err:
+                print(f"galva-train: error: {err}", file=sys.stderr)
+                return 1
+            finally:
+                os.environ.pop(SAVE_LOCK_ENV, None)
+        return run(cfg)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":
