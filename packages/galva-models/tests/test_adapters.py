@@ -135,5 +135,14 @@ def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
 
 
 def test_unknown_model_type():
-    with pytest.raises(ValueError, match="model_type 'mamba' has no Galva adapter; supported: bert, gpt2"):
+    with pytest.raises(ValueError, match="model_type 'mamba' has no Galva adapter: supported are bert, gpt2"):
         adapter_for("mamba")
+
+
+def test_families_with_tables_need_no_adapter():
+    """llama, mistral and qwen2 are run from transformers' own tables, like every causal LM that has them."""
+    from galva_models import tables
+
+    for family in ("llama", "mistral", "qwen2", "gemma2", "phi3"):
+        assert adapter_for(family) is tables.ADAPTER
+        assert adapter_for(preset_config(f"tiny-{family}")) is tables.ADAPTER

@@ -142,10 +142,14 @@ def _read_hf_tensors(weights: HFWeights, names: Sequence[str]) -> Iterator[torch
                 raise CheckpointError(f"{path}: tensor {name}: cannot be read ({err})") from None
 
 
+_FORMER_FAMILIES = {"llama": ("llama", "mistral", "qwen2")}
+"""A manifest's family name from before these families ran from their tables -> the families it stands for."""
+
+
 def _check_manifest(reader: CheckpointReader, layout: ModelLayout) -> None:
     """The manifest's modules and shapes are those its own config implies (a hand-edited or foreign manifest)."""
     manifest, where = reader.manifest, reader.directory / MANIFEST
-    if manifest.model_family != layout.family:
+    if manifest.model_family != layout.family and layout.family not in _FORMER_FAMILIES.get(manifest.model_family, ()):
         raise CheckpointError(f"{where}: model_family {manifest.model_family!r} but the config is a {layout.family}")
     wanted = [m.name for m in layout.modules]
     if [m.name for m in manifest.modules] != wanted:

@@ -17,6 +17,7 @@ not move the training RNG).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -101,14 +102,15 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
         labelled: list[dict[str, Tensor]] = []
         for shift in passes:
             _label(sources, shift, single_pass=len(passes) == 1)
+            labelled_module = copy.deepcopy(single)  # a parallelizer may convert in place, once per module
             with torch.random.fork_rng(devices=[]):
                 if name == "embedding":
-                    converted = parallelizer.embedding(single, ctx)
+                    converted = parallelizer.embedding(labelled_module, ctx)
                 elif name == "head":
-                    converted = parallelizer.head(single, ctx)
+                    converted = parallelizer.head(labelled_module, ctx)
                 else:
                     index = int(name.split(".")[1])
-                    converted = parallelizer.layer(single, layer_type=fresh.layer_types[index], ctx=ctx)
+                    converted = parallelizer.layer(labelled_module, layer_type=fresh.layer_types[index], ctx=ctx)
             labelled.append({n: p.detach().clone() for n, p in converted.named_parameters()})
         single.to_empty(device="meta")
         offsets = torch.tensor([0] + [p.numel() for _, p in sources]).cumsum(0)

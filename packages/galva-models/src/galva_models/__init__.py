@@ -1,7 +1,10 @@
 """galva-models: Hugging Face model adapters, datasets and the ``galva-train`` / ``galva-data`` commands.
 
-- :mod:`galva_models.adapters`: one module per family (gpt2, llama [+ mistral, qwen2], bert, t5, vit, swin) that
-  decomposes a transformers model into a :class:`galva_hp.model.LayeredModel` and gives its parallel forms.
+- :mod:`galva_models.tables`: every causal-LM family whose config carries transformers' tensor-parallel and
+  pipeline tables (llama, mistral, qwen2/3, gemma 1-3, phi, olmo, granite, ...), cut where it stands and
+  parallelized in place; no family code.
+- :mod:`galva_models.adapters`: one module per family without tables (gpt2, bert, t5, vit, swin) that decomposes a
+  transformers model into a :class:`galva_hp.model.LayeredModel` and gives its parallel forms.
 - :mod:`galva_models.data`: random data (a function of seed and step only), Megatron indexed datasets, and the
   global-batch contract with galva-hp's runtime.
 - :mod:`galva_models.attention`: attention backend selection (SDPA default, flash-attn optional).

@@ -45,7 +45,7 @@ class CheckpointNames:
     """Every module of a model with its on-disk tensor names, in Galva order."""
 
     family: str
-    """galva-models adapter name (``llama`` also for mistral and qwen2)."""
+    """The family adapter's name, or the ``model_type`` for a family run from its tables."""
     model_type: str
     """Hugging Face ``model_type`` of the config."""
     modules: tuple[ModuleNames, ...]
@@ -102,7 +102,8 @@ def checkpoint_names(config: Any) -> CheckpointNames:
     if unplaced:
         raise ValueError(f"{adapter.name}: tensors in no Galva module: {', '.join(unplaced[:5])}")
     tied = {_disk_name(hf_model, alias): to_disk[target] for alias, target in tied_memory.items()}
-    return CheckpointNames(adapter.name, str(config.model_type), tuple(modules), tied)
+    family = adapter.name if adapter.model_types else str(config.model_type)
+    return CheckpointNames(family, str(config.model_type), tuple(modules), tied)
 
 
 def _module_names(layered: LayeredModel) -> list[str]:

@@ -125,8 +125,8 @@ class UnknownPresetError(ValueError):
 
 def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     """A tiny config of any transformers family (:data:`TINY_SIZES` set on the family's own config class, so every
-    other field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed layers (None
-    keeps its default)."""
+    other field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed
+    layers (None keeps its default)."""
     from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:

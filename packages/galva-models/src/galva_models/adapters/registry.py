@@ -1,4 +1,5 @@
-"""Which adapter handles a Hugging Face ``model_type``. Adding a family = one module + one line in ``_MODULES``."""
+"""Which adapter handles a Hugging Face model: a family adapter for the families without tables (``_MODULES``),
+otherwise the one table adapter (:mod:`galva_models.tables`) for any causal LM whose tables say how it splits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("gpt2", "llama", "bert", "t5", "vit", "swin")
+_MODULES = ("gpt2", "bert", "t5", "vit", "swin")
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 
@@ -17,17 +18,29 @@ def _adapters() -> list[FamilyAdapter]:
 
 
 def family_names() -> list[str]:
-    """Every supported Hugging Face ``model_type``."""
+    """The ``model_type`` values of the family adapters (every causal LM with tables is supported besides)."""
     return sorted(t for a in _adapters() for t in a.model_types)
 
 
 def adapter_for(config_or_type: Any) -> FamilyAdapter:
-    """The adapter for a config (or a ``model_type`` string); a clear error names the supported types."""
+    """The adapter for a config (or a ``model_type`` string); a clear error says what is supported."""
+    from galva_models import tables
+
     model_type = config_or_type if isinstance(config_or_type, str) else getattr(config_or_type, "model_type", None)
     for adapter in _adapters():
         if model_type in adapter.model_types:
             return adapter
-    raise ValueError(f"model_type {model_type!r} has no Galva adapter; supported: {', '.join(family_names())}")
+    config = config_or_type
+    if isinstance(config_or_type, str):
+        from transformers import CONFIG_MAPPING
+
+        config = CONFIG_MAPPING[model_type]() if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
+    if config is not None and tables.supports(config):
+        return tables.ADAPTER
+    raise ValueError(
+        f"model_type {model_type!r} has no Galva adapter: supported are {', '.join(family_names())} and every "
+        "causal LM whose config carries transformers' tensor-parallel and pipeline tables"
+    )
 
 
 def build_layered(config: Any, attn_implementation: str = "sdpa", **options: Any) -> tuple[Any, LayeredModel]:

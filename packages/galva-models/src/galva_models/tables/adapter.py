@@ -70,9 +70,7 @@ def decompose(model: Any) -> LayeredModel:
     def inputs() -> LayerInputs:
         return LayerInputs(base, tables.layers, {n: materialized_copy(m, model) for n, m in context.items()})
 
-    layers: list[nn.Module] = [
-        TableLayer(layer, i, inputs()) for i, layer in enumerate(getattr(base, tables.layers))
-    ]
+    layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(getattr(base, tables.layers))]
     family = config.model_type
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs()),

@@ -73,10 +73,10 @@ def register(inner: str) -> None:
 
 def _inner_function(inner: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
     if inner == "eager":  # each family has its own eager attention (soft-capping, sinks, ...)
-        return importlib.import_module(type(module).__module__).eager_attention_forward  # type: ignore[no-any-return]
+        return importlib.import_module(type(module).__module__).eager_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return ALL_ATTENTION_FUNCTIONS[inner]  # type: ignore[no-any-return]
+    return ALL_ATTENTION_FUNCTIONS[inner]
 
 
 class _ModuleView:

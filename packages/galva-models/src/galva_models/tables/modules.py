@@ -13,6 +13,7 @@ family's own code around them:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +107,8 @@ class LayerInputs(nn.Module):
         sink: dict[int, Any] = {}
         stand_ins = nn.ModuleList([_StandIn(layer, i, sink, stop) for i, layer in enumerate(real)])
         view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins})
-        try:
+        with contextlib.suppress(_Stop):
             type(base).forward(view, **inputs, use_cache=False)
-        except _Stop:
-            pass
         return sink
 
     def layer_call(self, index: int, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> Any:
@@ -126,7 +125,7 @@ class LayerInputs(nn.Module):
 
 @dataclass
 class ModuleForm:
-    """A Galva module's parallel form, set by the parallelizer (in place): its region and what it asks of the runtime."""
+    """A Galva module's parallel form, set in place by the parallelizer: its region and what it asks of the runtime."""
 
     region: TpRegion | None = None
     grad_sums: list[tuple[str, ProcessGroup]] = field(default_factory=list)
@@ -158,7 +157,7 @@ class _InPlace(nn.Module):
     def _streams(self, device: torch.device) -> Any:
         """Dropout on a sequence slice: this rank's own stream (:mod:`galva_hp.parallel.rng`)."""
         if self.form is None or self.form.seq_group is None or not self.training:
-            return _nothing()
+            return contextlib.nullcontext()
         return rank_stream(self.form.seq_group, device)
 
     def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
@@ -169,18 +168,6 @@ class _InPlace(nn.Module):
             split: Split | None = getattr(param, "galva_split", None)
             out[name] = value if split is None else gather_split(value, split)
         return out
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _nothing() -> _Nothing:
-    return _Nothing()
 
 
 class TableEmbedding(_InPlace):

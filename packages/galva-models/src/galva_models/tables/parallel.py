@@ -2,8 +2,9 @@
 
 - A layer under tp: each module the tp table names takes its style (:mod:`.sharding`); attention modules learn
   which key/value heads they read when those are replicated; under Megatron-SP the layer's boundaries are
-  sequence slices (the first column-parallel module gathers, the row-parallel ones reduce-scatter) and every
-  replicated parameter's gradient is summed over tp.
+  sequence slices (the attention and MLP blocks gather their input, the row-parallel modules reduce-scatter) and
+  the gradient of every replicated parameter outside those blocks (norms, row-parallel biases) is summed over tp;
+  inside them a replicated parameter sees the whole sequence (Olmo 2's qk-norm over gathered heads) and is not.
 - A layer under Ulysses: weights unchanged; its attention modules exchange sequence for heads
   (:mod:`.attention`), and each rank's position embeddings are those of its slice.
 - Embedding and head under vocabulary tp: the token table and ``lm_head`` split over the vocabulary (padded),
@@ -98,9 +99,13 @@ class TableParallelizer:
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
                 kv_heads=(first, 1) if replicate_kv else None, heads_group=group
             )
-        if sequence_parallel:  # every replicated parameter sees this rank's slice of the sequence
+        if sequence_parallel:  # replicated parameters outside the region (norms, row-parallel biases) see a slice
             split = _split_names(module)
-            summed |= {n for n, _ in module.named_parameters() if n not in split}
+            inside = tuple(f"layer.{path}." for path in entries)
+            biases = {f"layer.{p}.bias" for p, st in self.tables.tp.items() if "rowwise" in st}
+            summed |= {
+                n for n, _ in module.named_parameters() if n not in split and (not n.startswith(inside) or n in biases)
+            }
         module.form = ModuleForm(
             region=region,
             grad_sums=[(n, group) for n in sorted(summed)],
