@@ -142,3 +142,41 @@ def test_bad_shard_size_is_a_usage_error(galva: Path, tmp_path: Path, cli) -> No
     with pytest.raises(SystemExit) as exit_info:
         cli("g2h", galva, tmp_path / "back", "--max-shard-size", "lots")
     assert exit_info.value.code == 2
+
+
+def _rewrite(galva: Path, relative: str, data: bytes) -> None:
+    """Replace a module file and record its new size and sha256 in the manifest: only its content is wrong."""
+    import hashlib
+
+    (galva / relative).write_bytes(data)
+    manifest = json.loads((galva / "manifest.json").read_text())
+    manifest["files"][relative] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (galva / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage", ["header", "length"])
+def test_info_reads_every_header(galva: Path, cli, damage: str) -> None:
+    """A file whose checksum matches the manifest but whose safetensors header does not parse: info said 'OK'."""
+    relative = "model/layers.1.safetensors"
+    data = bytearray((galva / relative).read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    if damage == "header":
+        data[8 : 8 + size] = b"{" + b" " * (size - 1)  # cut JSON, same length
+    else:
+        data[:8] = (10**12).to_bytes(8, "little")  # a header longer than the file
+    _rewrite(galva, relative, bytes(data))
+    _fails(cli("info", galva), f"{relative}: not a readable safetensors file")
+
+
+def test_info_compares_every_header_with_the_manifest(galva: Path, cli) -> None:
+    from safetensors.torch import load_file, save_file
+
+    relative = "model/head.safetensors"
+    tensors = load_file(galva / relative)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name][:1].clone()  # a valid file that holds another shape than the manifest says
+    save_file(tensors, galva / relative, metadata={"format": "pt"})
+    _rewrite(galva, relative, (galva / relative).read_bytes())
+    _fails(cli("info", galva), f"{relative}: tensor {name} is [1", "manifest says")
+    ok = cli("info", galva, "--no-verify")  # reads the manifest only, as it says
+    assert ok.code == 0 and "checksums    not verified" in ok.out

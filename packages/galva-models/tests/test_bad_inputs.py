@@ -229,3 +229,65 @@ def test_ranks_other_than_zero_stay_quiet_about_a_shared_mistake(capsys, monkeyp
     monkeypatch.setenv("RANK", "1")
     assert train_main([*GPT2, "--tp", "0"]) == 2
     assert capsys.readouterr().err == ""  # rank 0 says it once for the job
+
+
+# ------------------------------------------------------------------------------------------- issue #22: no silent run
+SEARCH_DATA = Path(__file__).parents[2] / "galva-search" / "tests" / "data"
+
+
+def _searched_plan(tmp_path: Path) -> tuple[Path, Path]:
+    """A strategy and the --summary-json galva-search wrote with it (llama-7b-like, 32 layers, 8 devices)."""
+    from galva_search.cli import main as search_main
+
+    plan, summary = tmp_path / "plan.json", tmp_path / "summary.json"
+    assert search_main(["--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
+                        str(SEARCH_DATA / "llama7b_model.json"), "--memory", "36GB", "--global-batch-size", "16",
+                        "--quiet", "--output", str(plan), "--summary-json", str(summary)]) == 0  # fmt: skip
+    return plan, summary
+
+
+def test_report_refuses_a_summary_of_another_plan(tmp_path, capsys):
+    plan, summary = _searched_plan(tmp_path)
+    metrics = _metrics(tmp_path / "m.jsonl", [2.0, 1.0])
+    out = tmp_path / "r.html"
+    capsys.readouterr()
+    assert report_main([str(metrics), "--strategy", str(plan), "--summary", str(summary), "-o", str(out)]) == 0
+    capsys.readouterr()
+    out.unlink()
+    other = tmp_path / "other.json"  # another model: 80 layers
+    Strategy.uniform(world_size=8, num_layers=80, global_batch_size=16).save(other)
+    argv = [str(metrics), "--strategy", str(other), "--summary", str(summary), "-o", str(out)]
+    line = one_line(capsys, report_main(argv), 2, str(summary), str(other), "32 layers", "80")
+    assert line.startswith("galva-report: error: ")
+    same_model = Strategy.load(plan).model_copy(update={"global_batch_size": 32})  # same layers, another batch
+    same_model.save(other)
+    one_line(capsys, report_main(argv), 2, str(summary), "global_batch_size is 16, but 32", str(other))
+    assert not out.exists()
+
+
+def test_report_refuses_a_summary_with_a_duplicate_key(tmp_path, capsys):
+    plan, summary = _searched_plan(tmp_path)
+    data = json.loads(summary.read_text())
+    summary.write_text('{"iteration_time_s": 0.001, ' + json.dumps(data)[1:])
+    metrics = _metrics(tmp_path / "m.jsonl", [2.0, 1.0])
+    capsys.readouterr()
+    code = report_main([str(metrics), "--strategy", str(plan), "--summary", str(summary)])
+    one_line(capsys, code, 2, str(summary), "key 'iteration_time_s' appears twice")
+
+
+def test_data_refuses_an_empty_dataset(tmp_path, corpus_and_tokenizer, capsys):
+    _, tokenizer_dir, _ = corpus_and_tokenizer
+    corpus = tmp_path / "empty.jsonl"
+    corpus.write_text('{"text": ""}\n\n{"text": "   "}\n')
+    argv = ["preprocess", "--input", str(corpus), "--tokenizer", str(tokenizer_dir), "--output-prefix",
+            str(tmp_path / "ds"), "--quiet"]  # fmt: skip
+    line = one_line(capsys, data_main(argv), 1, str(corpus), "--json-key 'text'", "nothing to train on")
+    assert line.startswith("galva-data: error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]  # no .bin / .idx, no temporary file
+
+
+def test_train_refuses_a_global_batch_beyond_the_schema_bound(capsys):
+    """galva_schema.MAX_BATCH_SIZE: 10**30 samples used to pass validation and crash the run."""
+    line = one_line(capsys, train_main([*GPT2, "--global-batch-size", str(10**30)]), 2, "global_batch_size",
+                    "2147483647")  # fmt: skip
+    assert line.startswith("galva-train: error: ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,69 @@ def test_profiles_feed_galva_search(tmp_path: Path) -> None:
     argv += ["--memory", "4GiB", "--global-batch-size", "4", "--output", str(tmp_path / "plan.json"), "--quiet"]
     assert search(argv) == 0
     assert Strategy.load(tmp_path / "plan.json").world_size == 2
+
+
+# ------------------------------------------------------------------------------------------- issue #22: no silent run
+SEARCH_DATA = Path(__file__).parents[2] / "galva-search" / "tests" / "data"
+
+
+def _in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``galva-profile`` in this process: exit 2 and one ``galva-profile: error:`` line, returned."""
+    from galva_profiler.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("galva-profile: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("max_tp", ["3", "6", "256", "0"])
+def test_max_tp_must_be_a_power_of_two(tmp_path: Path, max_tp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-tp 3 measured tp 1 and 2 only, silently (the sweep measures powers of two)."""
+    out = tmp_path / "m.json"
+    line = _in_process(["model", "--preset", "tiny-llama", "--seq-lengths", "16", "--max-tp", max_tp, "--quiet",
+                        "-o", str(out)], capsys)  # fmt: skip
+    assert f"--max-tp {max_tp}: expected a power of two from 1 to 128" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_refuses_the_profile_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 32-layer llama-7b-like profile checked against tiny-llama: predictions of one model, measurements of
+    another."""
+    plan = tmp_path / "plan.json"
+    Strategy.uniform(world_size=8, num_layers=4, global_batch_size=8).save(plan)
+    profile = SEARCH_DATA / "llama7b_model.json"
+    line = _in_process(["check", "--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
+                        str(profile), "--preset", "tiny-llama", "--strategy", str(plan), "-o",
+                        str(tmp_path / "check.json")], capsys)  # fmt: skip
+    assert f"--model-profile {profile}" in line and "32 decoder layers of hidden size 4096" in line
+    assert "--preset tiny-llama has 4 llama layers of hidden size 64" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_check_refuses_a_profile_of_the_same_shape_but_another_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tiny-gpt2 and tiny-llama both have 4 layers of hidden size 64: the parameters of a layer tell them apart."""
+    import argparse
+
+    from galva_profiler.check_cli import _check_same_model
+    from galva_profiler.model_source import load_config
+
+    data = json.loads((SEARCH_DATA / "llama7b_model.json").read_text())
+    layer = data["layer_types"][0]
+    layer.update(num_layers=4, hidden_size=64, parameter_mib=0.14111328125)  # tiny-llama's layer: 36 992 parameters
+    data.update(model_name="tiny-llama")
+    data["vocab"]["vocab_size"] = 128
+    profile = tmp_path / "tiny-llama.json"
+    profile.write_text(json.dumps(data))
+    args = argparse.Namespace(preset="tiny-llama", model_config=None, model_profile=str(profile))
+    _check_same_model(load_config("tiny-llama", None)[0], args, ModelProfile.load(profile))  # the same model: accepted
+    plan = tmp_path / "plan.json"
+    Strategy.uniform(world_size=8, num_layers=4, global_batch_size=8).save(plan)
+    line = _in_process(["check", "--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
+                        str(profile), "--preset", "tiny-gpt2", "--strategy", str(plan), "-o",
+                        str(tmp_path / "check.json")], capsys)  # fmt: skip
+    assert "0.1411 MiB of fp32 parameters each" in line and "--preset tiny-gpt2 has 4 gpt2 layers" in line

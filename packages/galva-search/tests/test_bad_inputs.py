@@ -78,3 +78,27 @@ def test_profile_values_are_not_coerced(data_dir, tmp_path, capsys):
     path.write_text(json.dumps(hardware))
     argv = ["--hardware-profile", str(path), "--model-profile", str(data_dir / "llama7b_model.json"), "--quiet"]
     one_line(capsys, argv, 2, str(path), "cluster.num_nodes", "expected an integer")
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--num-layers", "80"], ["--num-layers 80", "32 layers", "not 80"]),
+        (["--hidden-size", "8192"], ["--hidden-size 8192", "hidden size 4096"]),
+        (["--seq-length", "4096"], ["--seq-length 4096", "sequence length 2048"]),
+        (["--model-name", "llama-70b"], ["--model-name 'llama-70b'", "'llama-7b-like'"]),
+    ],
+)
+def test_reference_flags_that_contradict_a_galva_profile(base, data_dir, flags, names, capsys):
+    """The flags for reference files were ignored with a Galva profile: a 32-layer plan made for an 80-layer run."""
+    one_line(capsys, [*base, *flags], 2, str(data_dir / "llama7b_model.json"), *names)
+
+
+def test_reference_flags_that_agree_with_a_galva_profile_are_accepted(base, capsys):
+    assert main([*base, "--num-layers", "32", "--hidden-size", "4096", "--seq-length", "2048"]) == 0
+
+
+@pytest.mark.parametrize("flag", ["--global-batch-size", "--max-batch-size", "--num-micro-batches"])
+def test_batch_flags_beyond_the_schema_bound_are_refused_before_the_search(base, flag, capsys):
+    """10**18 samples: the search spun for 30 s over its divisors and planned 5e17 micro-batches."""
+    one_line(capsys, [*base, flag, str(10**18)], 2, f"{flag} must be <= 2147483647", str(10**18))

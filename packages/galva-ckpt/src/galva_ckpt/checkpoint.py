@@ -162,6 +162,13 @@ class CheckpointReader:
     def iter_module(self, name: str, optimizer: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield one module's tensors one at a time, after verifying its file and its header."""
         entry = self._entry(name, optimizer)
+        path = self.check_header(name, optimizer)
+        yield from iter_tensors(path, entry.tensors)
+
+    def check_header(self, name: str, optimizer: bool = False) -> Path:
+        """Verify one module's file, then read its safetensors header (no tensor data): it must parse and list exactly
+        the manifest's tensors with their shapes and dtypes. Returns the file's path; CheckpointError otherwise."""
+        entry = self._entry(name, optimizer)
         self.verify(entry.file)
         path = self.directory / entry.file
         header = read_header(path)
@@ -176,7 +183,7 @@ class CheckpointReader:
         extra = sorted(set(header) - set(entry.tensors))
         if extra:
             raise CheckpointError(f"{path}: tensor {extra[0]} is not in the manifest")
-        yield from iter_tensors(path, entry.tensors)
+        return path
 
     def read_module(self, name: str, optimizer: bool = False) -> dict[str, torch.Tensor]:
         """One module's full tensors (``optimizer=True``: its optimizer state)."""

@@ -1,4 +1,4 @@
-"""``galva-ckpt info``: what a checkpoint holds, and whether every file matches its checksum."""
+"""``galva-ckpt info``: what a checkpoint holds, and whether every file matches its checksum and can be read."""
 
 from __future__ import annotations
 
@@ -6,15 +6,27 @@ from collections import Counter
 from pathlib import Path
 
 from galva_ckpt.checkpoint import CheckpointReader
+from galva_ckpt.reading import read_header
 
 __all__ = ["describe"]
 
 
 def describe(directory: str | Path, verify: bool = True) -> str:
-    """A human-readable summary; with ``verify`` every file is checked first (CheckpointError on a mismatch)."""
+    """A human-readable summary; with ``verify`` every file is checked first (CheckpointError on a mismatch): its
+    checksum, and for model and optimizer modules the safetensors header against the manifest."""
     reader = CheckpointReader(directory)
     checked = reader.verify_all() if verify else []
     m = reader.manifest
+    headers = 0
+    if verify:  # a file whose checksum matches can still have a header no reader parses
+        for entry in m.modules:
+            reader.check_header(entry.name)
+        for entry in m.optimizer.modules if m.optimizer is not None else ():
+            reader.check_header(entry.name, optimizer=True)
+        headers = len(m.modules) + (len(m.optimizer.modules) if m.optimizer is not None else 0)
+        if m.rng_file is not None:
+            read_header(reader.directory / m.rng_file)
+            headers += 1
     dtypes: Counter[str] = Counter()
     for entry in m.modules:
         for info in entry.tensors.values():
@@ -40,5 +52,9 @@ def describe(directory: str | Path, verify: bool = True) -> str:
     lines.append(f"data         {m.data_position if m.data_position is not None else '-'}")
     lines.append(f"rng          {m.rng_file or '-'}")
     lines.append(f"hf files     {', '.join(m.hf_files) if m.hf_files else '-'}")
-    lines.append(f"checksums    {len(checked)} files OK (sha256)" if verify else "checksums    not verified")
+    lines.append(
+        f"checksums    {len(checked)} files OK (sha256), {headers} safetensors headers read"
+        if verify
+        else "checksums    not verified"
+    )
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from galva_schema import SchemaError, Strategy, write_text_atomic
+from galva_schema import SchemaError, Strategy, load_json_object, write_text_atomic
 from galva_search.report import CHARTS, PlanFacts, ReportError, render_page
 
 __all__ = ["CHARTS", "ReportError", "load_metrics", "load_plan", "main", "render_report", "write_report"]
@@ -76,14 +76,10 @@ def load_plan(strategy_path: str | os.PathLike[str], summary_path: str | os.Path
     except (SchemaError, OSError) as err:
         raise ReportError(str(err).splitlines()[0]) from None
     try:
-        summary = json.loads(Path(summary_path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReportError(f"{summary_path}: no such file") from None
-    except (OSError, ValueError) as err:
-        raise ReportError(f"{summary_path}: not a JSON summary ({err})".splitlines()[0]) from None
-    if not isinstance(summary, dict):
-        raise ReportError(f"{summary_path}: expected a JSON object")
-    return PlanFacts.from_summary(strategy, summary, str(summary_path))
+        summary = load_json_object(summary_path)  # galva-schema's reader: duplicate keys refused, one line
+    except SchemaError as err:
+        raise ReportError(str(err).splitlines()[0]) from None
+    return PlanFacts.from_summary(strategy, summary, str(summary_path), str(strategy_path))
 
 
 def render_report(

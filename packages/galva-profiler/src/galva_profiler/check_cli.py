@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from galva_profiler.errors import ProfileError
 from galva_profiler.outputs import check_writable_file
@@ -75,6 +75,7 @@ def run_check(args: argparse.Namespace) -> int:
     except SchemaError as err:
         raise ProfileError(str(err)) from None
     seq = model.layer_types[0].seq_length
+    _check_same_model(config, args, model)
     options = CheckOptions(args.steps, args.warmup, seq, timeout_s=args.timeout,
                            backward_coefficient=args.backward_coefficient)
     if args.top:
@@ -116,6 +117,45 @@ def run_check(args: argparse.Namespace) -> int:
         calibration.save(args.calibration_output)
     print(text)
     return 0
+
+
+def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfile) -> None:
+    """The model profile must describe the model the check trains: per layer type the count, hidden size and
+    parameters of one layer (0.1%: the same layer counted by another tool), and the vocabulary. Otherwise one model's
+    predictions would be compared with another's measurements, silently. Layer type names are labels (a profile
+    converted from reference files has its own), so they are shown, not compared."""
+    from galva_profiler.model_profile import layer_specs
+    from galva_profiler.model_source import MetaModel
+
+    meta = MetaModel.build(config, "")  # on the meta device: no weights
+    specs = layer_specs(meta, profile.layer_types[0].seq_length)
+    built = [
+        (kind, count, specs[first].hidden_size, sum(p.numel() for p in meta.layered.layers[first].parameters()) * 4)
+        for kind, first, count in meta.layer_runs()
+    ]
+    profiled = [(t.name, t.num_layers, t.hidden_size, t.parameter_mib * 2**20) for t in profile.layer_types]
+    same = len(built) == len(profiled) and all(
+        b[1:3] == p[1:3] and abs(b[3] - p[3]) <= 1e-3 * max(b[3], p[3]) for b, p in zip(built, profiled)
+    )
+    flag = f"--preset {args.preset}" if args.preset else f"--model-config {args.model_config}"
+    if not same:
+        raise ProfileError(
+            f"--model-profile {args.model_profile}: profiles {profile.model_name!r} with {_layers(profiled)}, but "
+            f"{flag} has {_layers(built)}: give the profile of the model being checked"
+        )
+    vocab = getattr(config, "vocab_size", None)
+    if profile.vocab.vocab_size is not None and vocab is not None and profile.vocab.vocab_size != vocab:
+        raise ProfileError(
+            f"--model-profile {args.model_profile}: profiles {profile.model_name!r} with a vocabulary of "
+            f"{profile.vocab.vocab_size}, but {flag} has {vocab}: give the profile of the model being checked"
+        )
+
+
+def _layers(types: list[tuple[str, int, int, float]]) -> str:
+    return ", ".join(
+        f"{count} {kind} layers of hidden size {hidden} ({size / 2**20:.4g} MiB of fp32 parameters each)"
+        for kind, count, hidden, size in types
+    )
 
 
 def _searched(hardware: HardwareProfile, model: ModelProfile, args: argparse.Namespace) -> Strategy:

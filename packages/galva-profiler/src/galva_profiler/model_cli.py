@@ -65,8 +65,6 @@ def run_model(args: argparse.Namespace) -> int:
         check_writable_file(args.report, "--report")
     if args.galvatron_dir:
         check_writable_dir(args.galvatron_dir, "--galvatron-dir")
-    if args.max_tp < 1:
-        raise ProfileError(f"--max-tp {args.max_tp}: must be at least 1")
     batches = args.batch_sizes or ([1, 2] if args.quick else [1, 2, 4, 8])
     repeats = Repeats(
         warmup=args.warmup if args.warmup is not None else 2,

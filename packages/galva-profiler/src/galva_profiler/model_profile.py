@@ -44,6 +44,10 @@ DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16, Precisi
 MIB = 2**20
 
 
+MAX_TP = 128
+"""Largest tp degree the sweep measures: the measured degrees are the powers of two up to ``--max-tp``."""
+
+
 @dataclass(frozen=True)
 class ModelSweepOptions:
     seq_lengths: tuple[int, ...]
@@ -56,6 +60,11 @@ class ModelSweepOptions:
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if self.max_tp < 1 or self.max_tp > MAX_TP or self.max_tp & (self.max_tp - 1):
+            raise ProfileError(
+                f"--max-tp {self.max_tp}: expected a power of two from 1 to {MAX_TP} (the sweep measures the tp, "
+                f"Ulysses and vocab tp degrees 1, 2, 4, ... up to it)"
+            )
         if self.time_form == "batch" and len(set(self.batch_sizes)) < 2:
             raise ProfileError("--time-form batch needs 2 or more --batch-sizes")
         if self.time_form == "sequence" and len(set(self.seq_lengths)) < 3:
@@ -110,7 +119,7 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
     from galva_schema.constraints import supported_degrees
 
     constraints = model.constraints(seq_lengths[0])
-    candidates = [d for d in (2**i for i in range(8)) if d <= max_tp]
+    candidates = [2**i for i in range(MAX_TP.bit_length()) if 2**i <= max_tp]
     out: dict[str, list[int]] = {}
     for mode, form, ulysses in (
         ("tp", ParallelForm.TP, False),
@@ -154,7 +163,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
     total = len(seqs) * (len(runs) * (len(batches) + 1) + 1)
     progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
-    specs = _specs(model, seqs[0])
+    specs = layer_specs(model, seqs[0])
     layers: list[LayerMeasurement] = []
     for kind, first, count in runs:
         module = model.layer(first, dtype).train()
@@ -162,7 +171,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
         layers.append(LayerMeasurement(kind, first, count, hidden, parameter_bytes))
     for seq in seqs:
-        specs = _specs(model, seq)
+        specs = layer_specs(model, seq)
         for measurement in layers:
             module = model.layer(measurement.first_index, dtype)
             layer_seq = specs[measurement.first_index].seq_length
@@ -208,7 +217,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
 
 
-def _specs(model: MetaModel, seq: int) -> list[Any]:
+def layer_specs(model: MetaModel, seq: int) -> list[Any]:
+    """The adapter's spec of every layer at sequence length ``seq`` (hidden size, heads, ...)."""
     try:
         return list(model.adapter.layer_specs(model.config, seq))
     except ValueError as err:

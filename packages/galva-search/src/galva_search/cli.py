@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from galva_schema import (
+    MAX_BATCH_SIZE,
     DataParallelType,
     PipelineSchedule,
     Precision,
@@ -175,6 +176,7 @@ _RANGES: dict[str, tuple[float, bool]] = {
     "max_batch_size": (1, True), "batch_size_scale": (1, True), "num_micro_batches": (1, True), "max_tp": (1, True),
     "max_pp": (1, True), "backward_coefficient": (0, False), "threads": (0, True),
 }  # fmt: skip
+_BATCH_FLAGS = ("global_batch_size", "min_batch_size", "max_batch_size", "num_micro_batches")
 _OUTPUTS = ("output", "summary_json", "galvatron_output", "log", "report_html")
 
 
@@ -194,6 +196,13 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise _UsageError(f"{_flag(dest)} must be a finite number, got {value}")
         if value < low or (value == low and not inclusive):
             raise _UsageError(f"{_flag(dest)} must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+    for dest in _BATCH_FLAGS:  # before the search spins over the divisors of an absurd batch
+        value = getattr(args, dest)
+        if value is not None and value > MAX_BATCH_SIZE:
+            raise _UsageError(
+                f"{_flag(dest)} must be <= {MAX_BATCH_SIZE} (2**31 - 1, galva_schema.MAX_BATCH_SIZE; no real job "
+                f"comes near it), got {value}"
+            )
     if args.galvatron_output and args.pipeline_schedule not in ("1f1b", "pipedream_flush", "gpipe"):
         raise _UsageError(
             f"--galvatron-output: the reference's strategy format holds gpipe and 1f1b plans only; "
@@ -333,6 +342,13 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``galva-search``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`)."""
+    from galva_schema.interrupt import run_command
+
+    return run_command("galva-search", lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -44,7 +44,9 @@ def load_model(
     """One Galva model-profile file, or two reference files (computation, then memory) with the layer counts and
     hidden sizes per layer type that those files do not carry."""
     if len(paths) == 1:
-        return ModelProfile.load(paths[0])
+        profile = ModelProfile.load(paths[0])
+        _check_flags_agree(profile, paths[0], num_layers, hidden_sizes, seq_lengths, model_name)
+        return profile
     if len(paths) != 2:
         raise SchemaError(f"--model-profile: give one Galva file or two reference files, got {len(paths)}")
     computation, memory = (Path(p) for p in paths)
@@ -67,6 +69,37 @@ def load_model(
 
 
 _FLAG_NAMES = {"num_layers": "--num-layers", "hidden_sizes": "--hidden-size", "seq_lengths": "--seq-length"}
+
+
+def _check_flags_agree(
+    profile: ModelProfile,
+    path: str | os.PathLike[str],
+    num_layers: Sequence[int] | None,
+    hidden_sizes: Sequence[int] | None,
+    seq_lengths: Sequence[int] | None,
+    model_name: str | None,
+) -> None:
+    """A Galva profile carries what the reference-file flags say; a flag that contradicts it would plan one model
+    with another's numbers (or be ignored): refuse it, naming the flag and the profile's value."""
+    types = profile.layer_types
+    facts = [
+        ("--num-layers", num_layers, [t.num_layers for t in types], "{} layers"),
+        ("--hidden-size", hidden_sizes, [t.hidden_size for t in types], "hidden size {}"),
+        ("--seq-length", seq_lengths, [t.seq_length for t in types], "sequence length {}"),
+    ]
+    for flag, given, held, what in facts:
+        if given and list(given) != held:
+            text = ",".join(map(str, given))
+            raise SchemaError(
+                f"{flag} {text}: the model profile ({profile.model_name}) has {what.format(','.join(map(str, held)))} "
+                f"(per layer type), not {text}; drop the flag (it is for reference files) or give this model's profile",
+                source=str(path),
+            )
+    if model_name is not None and model_name != profile.model_name:
+        raise SchemaError(
+            f"--model-name {model_name!r} contradicts the model profile's model_name {profile.model_name!r}",
+            source=str(path),
+        )
 _NAME_FACTS = {"hidden": ("--hidden-size", "hidden size"), "seqlen": ("--seq-length", "sequence length")}
 
 

@@ -70,10 +70,19 @@ class PlanFacts:
         )
 
     @classmethod
-    def from_summary(cls, strategy: Strategy, summary: Mapping[str, Any], source: str = "summary") -> PlanFacts:
-        """From a ``galva-search --summary-json`` dict (``kind: galva.search_summary``) and its strategy."""
+    def from_summary(
+        cls, strategy: Strategy, summary: Mapping[str, Any], source: str = "summary", strategy_source: str = "strategy"
+    ) -> PlanFacts:
+        """From a ``galva-search --summary-json`` dict (``kind: galva.search_summary``) and its strategy; a summary
+        written for another plan (another model's layer count, another division or batch) is refused."""
         if summary.get("kind") != "galva.search_summary":
             raise ReportError(f"{source}: kind {summary.get('kind')!r} is not a galva-search summary (--summary-json)")
+        mismatch = _summary_mismatch(strategy, summary)
+        if mismatch is not None:
+            raise ReportError(
+                f"{source}: {mismatch} in {strategy_source}: the summary of another plan; give the --summary-json "
+                f"galva-search wrote with this strategy"
+            )
         try:
             return cls(
                 strategy,
@@ -89,6 +98,26 @@ class PlanFacts:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ReportError(f"{source}: {type(err).__name__}: {err}") from None
+
+
+def _summary_mismatch(strategy: Strategy, summary: Mapping[str, Any]) -> str | None:
+    """The first plan fact of a search summary that its strategy contradicts, as ``key X, but Y``; None if none."""
+    division = summary.get("pp_division")
+    layers = sum(division) if isinstance(division, list) and all(isinstance(n, int) for n in division) else None
+    if layers is not None and layers != strategy.num_layers:
+        return f"pp_division {division} plans {layers} layers, but the model has {strategy.num_layers}"
+    facts = {
+        "pp_division": list(strategy.pp_division),
+        "pp": strategy.pp,
+        "virtual_stages": strategy.virtual_stages,
+        "pipeline_schedule": strategy.pipeline_schedule.value,
+        "global_batch_size": strategy.global_batch_size,
+        "num_micro_batches": strategy.num_micro_batches,
+    }
+    for key, value in facts.items():
+        if key in summary and summary[key] != value:
+            return f"{key} is {summary[key]!r}, but {value!r}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,11 @@ class _Runner:
         raise SystemExit(1)
 
 
+def _max_tp(nproc: int) -> int:
+    """galva-profile's --max-tp for ``nproc`` ranks: the largest power of two it measures that fits them."""
+    return min(1 << (nproc.bit_length() - 1), 128)
+
+
 def _strategy_note(path: Path) -> str:
     from galva_schema import Strategy
 
@@ -214,7 +219,7 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--report", str(prof / "hardware-report.json"), "--quiet"), {"hardware profile": hw})
     r.stage("profile-model", _python_command(
         "galva_profiler.cli", "model", "--model-config", str(model_dir), "--seq-lengths", str(o.seq_length),
-        "--max-tp", str(nproc), "--precision", precision, "--quick", "-o", str(model_profile),
+        "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick", "-o", str(model_profile),
         "--report", str(prof / "model-report.json"), "--quiet"), {"model profile": model_profile})
     r.stage("search", _python_command(
         "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,

@@ -122,6 +122,11 @@ def preprocess(
                 _tokenizer = tokenizer
                 documents, tokens = _write(builder, map(_encode, items), bar, torch, np)
         builder.finalize(str(tmp_idx))
+        if documents == 0:  # a dataset of nothing would only fail later, in galva-train
+            raise ValueError(
+                f"{source}: no document has any token under --json-key {json_key!r}: nothing to train on; "
+                f"no dataset written"
+            )
         os.replace(tmp_bin, bin_path)
         os.replace(tmp_idx, idx_path)
     finally:
