@@ -218,3 +218,27 @@ def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str])
             assert torch.equal(state[name], tensor), (family, name)
         stored = set(saved) | set(reader.manifest.tied)
         assert stored >= {n for n in state if "rotary" not in n and not n.endswith("inv_freq")}, family
+
+
+def _train(rank: int, world_size: int, argv: list[str]) -> int:
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import run
+
+    return run(parse_train_config(argv, world_size=world_size))
+
+
+@pytest.mark.distributed
+def test_galva_train_takes_a_config_directory_of_a_family_no_galva_file_names(tmp_path):
+    """``galva-train --model-config DIR`` for a family Galva's sources never mention (internlm3): its tables are
+    enough, under Megatron-SP x pp2 and under Ulysses with vocabulary sp."""
+    import json
+
+    _config("internlm3").save_pretrained(tmp_path / "cfg")
+    common = ["--model-config", str(tmp_path / "cfg"), "--fp32", "--global-batch-size", "4", "--chunks", "2",
+              "--seq-length", "16", "--no-progress", "--train-iters", "3"]  # fmt: skip
+    plans = [["--pp", "2", "--tp", "2", "--sequence-parallel", "--vocab-tp", "2"], ["--tp", "2", "--ulysses"]]
+    for k, plan in enumerate(plans):
+        metrics = tmp_path / f"m{k}.jsonl"
+        assert run_distributed(_train, 4, [*common, *plan, "--metrics-jsonl", str(metrics)], timeout=600) == [0] * 4
+        losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+        assert len(losses) == 3 and all(loss == loss for loss in losses)

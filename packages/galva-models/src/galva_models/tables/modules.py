@@ -246,12 +246,12 @@ class _BaseOutput(nn.Module):
         self.after = after
 
     def forward(self, *args: Any, inputs_embeds: Tensor, **kwargs: Any) -> Any:
-        from transformers.modeling_outputs import BaseModelOutputWithPast
+        from transformers.modeling_outputs import MoeModelOutputWithPast
 
         hidden = inputs_embeds
         for module in self.after.values():
             hidden = module(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden)
+        return MoeModelOutputWithPast(last_hidden_state=hidden)  # a mixture of experts' forward reads router_logits
 
 
 class TableHead(_InPlace):

@@ -4,7 +4,7 @@
   which key/value heads they read when those are replicated; under Megatron-SP the layer's boundaries are
   sequence slices (the attention and MLP blocks gather their input, the row-parallel modules reduce-scatter) and
   the gradient of every replicated parameter outside those blocks (norms, row-parallel biases) is summed over tp;
-  inside them a replicated parameter sees the whole sequence (Olmo 2's qk-norm over gathered heads) and is not.
+  inside a block, under either, one used on this rank's features only is summed too (``sum_where_sharded``).
 - A layer under Ulysses: weights unchanged; its attention modules exchange sequence for heads
   (:mod:`.attention`), and each rank's position embeddings are those of its slice.
 - Embedding and head under vocabulary tp: the token table and ``lm_head`` split over the vocabulary (padded),
@@ -28,6 +28,7 @@ from galva_models.tables.sharding import (
     shard_linear,
     split_embedding,
     split_vocab_rows,
+    sum_where_sharded,
 )
 
 __all__ = ["TableParallelizer", "head_counts"]
@@ -99,7 +100,12 @@ class TableParallelizer:
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
                 kv_heads=(first, 1) if replicate_kv else None, heads_group=group
             )
-        if sequence_parallel:  # replicated parameters outside the region (norms, row-parallel biases) see a slice
+        for path in sorted(entries):
+            block = _find(module.layer, path)
+            if block is not None:
+                inner = {p[len(path) + 1 :]: st for p, st in self.tables.tp.items() if p.startswith(path + ".")}
+                sum_where_sharded(block, {p: st for p, st in inner.items() if _find(block, p) is not None}, group)
+        if sequence_parallel:  # replicated parameters outside the blocks (norms, row-parallel biases) see a slice
             split = _split_names(module)
             inside = tuple(f"layer.{path}." for path in entries)
             biases = {f"layer.{p}.bias" for p, st in self.tables.tp.items() if "rowwise" in st}

@@ -32,6 +32,7 @@ from galva_hp.parallel.mappings import (
     differentiable_split,
     group_rank,
     group_size,
+    sum_grad_over,
 )
 from galva_hp.parallel.tensor_parallel import mark_tp_split
 from galva_hp.parallel.vocab import vocab_range
@@ -44,6 +45,7 @@ __all__ = [
     "shard_linear",
     "split_embedding",
     "split_vocab_rows",
+    "sum_where_sharded",
 ]
 
 SEQ_DIM = 1
@@ -160,6 +162,35 @@ def _rowwise_forward(region: TpRegion, split_input: bool) -> Any:
         return out if self.bias is None else out + self.bias  # the bias once, after the sum
 
     return forward
+
+
+def sum_where_sharded(block: nn.Module, styles: dict[str, str], group: ProcessGroup) -> None:
+    """Inside a tp block (``styles``: its modules' styles, by path in the block), a replicated parameter used after a
+    column-parallel module, before the data is whole again, sees only this rank's features (Qwen 3's qk-norm,
+    Apertus's learned activation): its gradient is summed over tp. One after a gathered output (Olmo 2's qk-norm
+    over every head) sees the whole data and is not. Followed call by call, since the order is the family's code."""
+    sharded = [False]
+
+    def reset(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        sharded[0] = False
+
+    block.register_forward_pre_hook(reset, with_kwargs=True)
+    for path, style in styles.items():
+        after = style in ("colwise", "packed_colwise")  # rowwise and gathered outputs are whole again
+
+        def mark(module: nn.Module, args: tuple[Any, ...], out: Any, after: bool = after) -> None:
+            sharded[0] = after
+
+        block.get_submodule(path).register_forward_hook(mark)
+
+    def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if sharded[0]:
+            for param in module.parameters(recurse=False):
+                sum_grad_over(param, group)
+
+    for path, sub in block.named_modules():
+        if path and path not in styles and next(sub.parameters(recurse=False), None) is not None:
+            sub.register_forward_pre_hook(record)
 
 
 def split_vocab_rows(module: nn.Module, names: tuple[str, ...], group: ProcessGroup, vocab_size: int) -> None:
