@@ -229,8 +229,8 @@ def test_megatron_sp_choice(tmp_path):
     mem = tmp_path / "memory_profiling_bf16_both.json"
     mem.write_text(json.dumps(both))
     comp = MODELS / "computation_profiling_bf16_llama-7b_seqlen2048.json"
-    with pytest.raises(SchemaError, match="pass megatron_sp=True or False"):
-        read_galvatron_model_profile(comp, mem, **LLAMA)
+    plain = read_galvatron_model_profile(comp, mem, **LLAMA)  # both kinds: the plain ones, as the reference's default
+    assert not plain.megatron_sp and plain == read_galvatron_model_profile(comp, mem, **LLAMA, megatron_sp=False)
     assert read_galvatron_model_profile(comp, mem, **LLAMA, megatron_sp=True).megatron_sp
     with pytest.raises(
         SchemaError, match=r"layertype_0: missing \(the file has layertype_0_sp: pass megatron_sp=True\)"

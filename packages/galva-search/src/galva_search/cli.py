@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--global-strategy", dest="fine_grained", action="store_false",
                       help="one strategy for every layer")
     sp = g.add_mutually_exclusive_group()
-    sp.add_argument("--megatron-sp", dest="megatron_sp", action="store_true", default=None)
+    sp.add_argument("--megatron-sp", dest="megatron_sp", action="store_true", default=None,
+                    help="search with Megatron-SP (default: as the model profile was measured; a reference memory "
+                    "file with both plain and _sp sections is read without it, as the reference's search does)")
     sp.add_argument("--no-megatron-sp", dest="megatron_sp", action="store_false")
     g.add_argument("--backward-coefficient", type=float, default=2.0, help="backward time / forward time")
     g.add_argument("--state-accounting", choices=["galva-hp", "reference"], default="galva-hp",

@@ -21,7 +21,9 @@ Computation keys (forward ms **per sample**; per layer for layer types):
 * ``sequence`` (one layer type) → :class:`SequenceTime` from the ``bsz1`` entries: a quadratic in the sequence
   length for the layer (3 lengths at least), a line for "other" (2 at least; stored with ``a = 0``).
 
-Memory keys (MiB; suffix ``_sp`` when profiled with Megatron-SP, chosen by ``megatron_sp``):
+Memory keys (MiB; suffix ``_sp`` when profiled with Megatron-SP, chosen by ``megatron_sp``; a file with both kinds,
+as the reference's own llama_hf profile, is read without ``_sp`` unless ``megatron_sp=True``, as the reference's
+search reads it without ``--sequence_parallel``):
 
 * ``layertype_{t}[_sp]`` → ``{seq: {parameter_size, tp_activation_per_bsz_dict: {"1": .., "2": .., "checkpoint": ..}}}``
   → ``parameter_mib``, ``activation_mib_per_sample`` (the tp keys) and ``checkpoint_activation_mib_per_sample``.
@@ -116,7 +118,7 @@ def read_galvatron_model_profile(
         time_mode, memory_mode: how to read the files, as the reference search's ``time_profile_mode`` /
             ``memory_profile_mode`` (see the module docstring).
         megatron_sp: read the ``_sp`` memory sections (profiled with Megatron-SP); ``None`` picks the only kind
-            present and fails if both are.
+            present, and the plain sections where both are (the reference search's default).
         precision: defaults to the ``bf16``/``fp16``/``fp32`` in the computation file name.
         static_batch_size: in static time mode, the batch size to take when several were measured (default: largest).
         layer_type_names: names of the types (default ``layertype_0``, ...).
@@ -367,13 +369,8 @@ class _MemoryFile:
                     raise self.error(f"{key}: layer type {layer[1]} but num_layers lists {num_types} type(s)")
             elif key != "model_config" and not _RAW_MEMORY.fullmatch(key):
                 raise self.error(f"{key}: unknown key (expected layertype_{{t}}[_sp] or other_memory_pp_*[_sp])")
-        if megatron_sp is None:
-            if len(kinds) == 2:
-                raise self.error(
-                    f"{kinds[False]} and {kinds[True]}: the file has sections with and without Megatron-SP (_sp); "
-                    "pass megatron_sp=True or False"
-                )
-            megatron_sp = True in kinds
+        if megatron_sp is None:  # both kinds: the plain ones, as the reference's search without --sequence_parallel
+            megatron_sp = kinds.keys() == {True}
         self.megatron_sp = bool(megatron_sp)
         self.suffix = "_sp" if self.megatron_sp else ""
 
