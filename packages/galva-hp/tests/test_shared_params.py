@@ -3,9 +3,9 @@
 Tiny GPT (4 layers) whose layers 1 and 2 both add one shared vector to their input (layer 1 registers it). Plans on
 4 gloo ranks: the two layers on different pipeline stages under ZeRO-3 on one and ddp on the other, under tp 2
 (the shift computed on every tp rank: ``replicated_over``) and Ulysses (on a sequence shard), under ZB-H1's split
-backward, and on one stage with two tp layouts. Oracle: single-process fp32 training (galva_hp.testing.oracle);
-tolerance 1e-5 relative on every step's loss and gradient norm and on every final parameter, the shared vector
-included.
+backward (the readers on two stages, and both on the split stage), and on one stage with two tp layouts. Oracle:
+single-process fp32 training (galva_hp.testing.oracle); tolerance 1e-5 relative on every step's loss and gradient
+norm and on every final parameter, the shared vector included.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ PLANS = {
     ),
     # the split backward of zero-bubble H1 (the copy is a leaf of the chunk's graph: its W step fills it)
     "pp2-zero3|tp2-zb_h1": _plan([{}, {"dp_type": "zero3"}, {"tp": 2}, {}], pp=2, pipeline_schedule="zb-h1"),
+    # ZB-H1 with both readers on the split stage: the copy's gradient meets the input-gradient path in both layers,
+    # one behind the other; the I step takes it (a W step would run layer 2's backward again, on freed tensors)
+    "pp2-ddp|both-readers-tp2-zb_h1": _plan(
+        [{}, {}, {"tp": 2}, {}], pp=2, pp_division=[1, 3], pipeline_schedule="zb-h1", num_micro_batches=4
+    ),
     # one stage, two layouts: tp 2 with Megatron-SP under ZeRO-3 (dp 2), then tp 4 under ddp
     "pp1-tp2-megatron_sp-zero3|tp4": _plan([{}, {"tp": 2, "dp_type": "zero3"}, {"tp": 4}, {}], megatron_sp=True),
 }

@@ -195,6 +195,8 @@ ENCODER_PLANS = {
     ),
     "pp2-split1|3-ulysses2": _enc_plan({"tp": 2, "ulysses": True}, pp_division=[1, 3]),
     "pp2-tp2-megatron_sp-vtp2-bf16": _enc_plan({"tp": 2}, megatron_sp=True, vocab={"tp": 2}, mixed_precision="bf16"),
+    # zero-bubble H1: stage 1 splits its backward over both decoder layers (4 micro-batches: I and W interleave)
+    "pp2-zb-h1": _enc_plan({}, pipeline_schedule="zb-h1", num_micro_batches=4),
 }
 ENCODER_CASES = [
     ("bert", "pp2-tp2-zero3"),
@@ -236,6 +238,8 @@ ENCODER_CASES = [
     ("t5", "pp2-split1|3-ulysses2"),
     ("t5", "pp2-dp2-zero3-bf16"),  # bf16: every layer reads the fp32 table copy cast to bf16
     ("t5", "pp2-ulysses2-bf16"),
+    # both decoder layers on the split stage read the decoder's table: its gradient is taken in the input pass
+    ("t5", "pp2-zb-h1"),
 ]
 ENC_SEQ = 12
 

@@ -15,8 +15,10 @@ the weights' gradients from the intermediate gradients ``I`` kept, without runni
 (``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``, a private module of
 torch: the split needs autograd-graph surgery that torch has no public API for). The weights of a chunk are the leaf
 tensors its graph accumulates into, found by walking the graph, so FSDP2's gathered parameters, shared parameters and
-tied copies are all covered. A ``W`` writes ``.grad`` directly: no post-accumulate-grad hook fires, so the hooks of
-:func:`run_schedule` tell the runtime which step finishes a chunk's gradients.
+tied copies are all covered; a weight read by several layers of the chunk (T5's relative-position table) gets its
+gradient in ``I`` instead (:func:`_split_weights` says why). A ``W`` writes ``.grad`` directly: no
+post-accumulate-grad hook fires, so the hooks of :func:`run_schedule` tell the runtime which step finishes a chunk's
+gradients.
 
 The schedule never scales gradients: the loss each micro-batch back-propagates is already divided by the global
 token count (unlike ``torch.distributed.pipelining``, whose default divides by the number of micro-batches).
@@ -41,7 +43,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.autograd.graph import Node
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._backward import (
+    construct_reverse_graph,
+    get_param_groups,
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from galva_hp.pipeline_schedules import Step, schedule_order
 
@@ -172,8 +179,8 @@ def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHook
             if received is None:
                 raise ValueError(f"chunk {chunk} has no input to split its backward at")
             hooks.before_input_backward(chunk, k)
-            weights = _graph_leaves(roots, exclude=received)
-            _, groups = stage_backward_input(roots, grads, [received], iter(weights))
+            weights, with_input = _split_weights(roots, received)
+            _, groups = stage_backward_input(roots, grads, [received, *with_input], iter(weights))
             pending_weights[(chunk, k)] = (weights, groups)
         if chunk > 0:
             assert received is not None and received.grad is not None, f"chunk {chunk}'s input received no gradient"
@@ -182,18 +189,32 @@ def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHook
     return outputs
 
 
-def _graph_leaves(roots: Sequence[Tensor], exclude: Tensor) -> list[nn.Parameter]:
-    """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, except ``exclude``."""
+def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, but ``received``, in
+    two lists: those whose gradients the ``W`` step computes, and those the ``I`` step computes with the input's.
+
+    ``W`` restarts autograd at the nodes where a weight's gradient path meets the input-gradient path, with the
+    gradients ``I`` left there. A weight that meets that path at several nodes, one behind the other (a parameter
+    read by two layers of the chunk: T5's relative-position table, any shared weight), would make ``W`` run the
+    input-gradient path between those nodes again: twice the chunk's backward between them, through saved tensors
+    that the ``W`` of other weights has already freed ("backward through the graph a second time"). Such a weight's
+    gradient is cheap to take in ``I``, which walks that path anyway."""
     seen: set[Node] = set()
     stack = [r.grad_fn for r in roots if r.grad_fn is not None]
-    leaves: dict[int, nn.Parameter] = {}  # plain leaf tensors too: autograd treats them alike
+    leaves: dict[Node, nn.Parameter] = {}  # accumulate-grad node -> its leaf (plain leaf tensors too, as autograd does)
+    inputs: list[Node] = []
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
         variable = getattr(node, "variable", None)
-        if isinstance(variable, Tensor) and variable is not exclude:
-            leaves[id(variable)] = variable  # type: ignore[assignment]
+        if variable is received:
+            inputs.append(node)
+        elif isinstance(variable, Tensor):
+            leaves[node] = variable  # type: ignore[assignment]
         stack.extend(fn for fn, _ in node.next_functions if fn is not None)
-    return list(leaves.values())
+    reverse = construct_reverse_graph([r.grad_fn for r in roots if r.grad_fn is not None])
+    groups = get_param_groups(inputs, list(leaves), reverse)
+    several = {node for group in groups if len(group["intermediates"]) > 1 for node in group["params"]}
+    return [t for n, t in leaves.items() if n not in several], [t for n, t in leaves.items() if n in several]
