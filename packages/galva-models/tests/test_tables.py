@@ -17,7 +17,7 @@ from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, t
 from galva_hp.testing.oracle import OPTIM, SEQ, STEPS, batch
 from galva_models.presets import tiny_config
 from galva_models.tables import ADAPTER, supports
-from galva_schema import Strategy
+from galva_schema import Strategy, plan_problems
 
 TOL = 1e-5
 BF16_TOL = {"loss": 5e-3, "norm": 2e-2}  # galva-hp's bound for bf16 compute with fp32 masters
@@ -142,8 +142,13 @@ def _assert(results: list[dict[str, tuple[float, float]]]) -> None:
 
 
 SWEEP = [
-    (family, plan) for family in DENSE for plan in ("tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed")
+    (family, plan)
+    for family in DENSE
+    for plan in ("tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed", "tp4-bf16")
 ]
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
+"""Mixtures of experts: their attention and experts run as the family computes them under the forms that keep
+each expert whole on a rank (data, pipeline and Ulysses parallelism); expert layouts are their own issue."""
 
 
 @pytest.mark.distributed
@@ -154,8 +159,28 @@ def test_families_train_like_hugging_face(families: list[str]):
 
 
 def test_every_family_in_the_sweep_is_taken_by_its_tables():
-    for family in DENSE:
+    for family in DENSE + MOE:
         assert supports(_config(family)), family
+
+
+@pytest.mark.distributed
+def test_mixtures_of_experts_train_like_hugging_face_where_experts_stay_whole():
+    cases = [(family, plan) for family in MOE for plan in ("ulysses2", "pp2-zero3")]
+    _assert(run_distributed(check, 4, cases, timeout=900))
+
+
+def test_a_form_a_family_cannot_take_is_refused_in_one_line_by_the_search_s_check():
+    """The constraints the search plans with refuse tp for a mixture of experts (its expert layout is its own), and
+    a tp degree that splits no heads evenly, naming the layers; the same function galva-hp's build asks."""
+    from galva_models.tables.adapter import constraints
+
+    problems = plan_problems(PLANS["tp2"], constraints(_config("mixtral")), world_size=4, seq_len=SEQ)
+    assert problems and all("\n" not in p for p in problems)
+    assert any("mixtral has expert layers" in p for p in problems), problems
+    odd = tiny_config("qwen3")
+    odd.num_attention_heads, odd.num_key_value_heads = 6, 3
+    problems = plan_problems(PLANS["tp4-bf16"], constraints(odd), world_size=4, seq_len=SEQ)
+    assert any("tp 4 does not divide the 6 attention heads" in p for p in problems), problems
 
 
 # ------------------------------------------------------------------------------------------- checkpoints, any family

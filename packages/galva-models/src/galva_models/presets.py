@@ -118,6 +118,12 @@ TINY_SIZES: dict[str, Any] = dict(
 )  # fmt: skip
 """The sizes of ``tiny-<model_type>`` for a family that has no preset of its own: the tiny Llama's."""
 
+TINY_EXPERTS: dict[str, Any] = dict(
+    num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+)  # fmt: skip
+"""A tiny mixture of experts (set where the family's config has the field): 4 experts of width 32, 2 per token."""
+
 
 class UnknownPresetError(ValueError):
     pass
@@ -134,6 +140,9 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     config = CONFIG_MAPPING[model_type]()
     for field, value in TINY_SIZES.items():
         setattr(config, field, value)
+    for field, value in TINY_EXPERTS.items():
+        if getattr(config, field, None) is not None:
+            setattr(config, field, value)
     types = getattr(config, "layer_types", None)
     if types:  # keep the family's repeating pattern of sliding and full layers
         config.layer_types = [types[i % len(types)] for i in range(config.num_hidden_layers)]

@@ -17,6 +17,7 @@ with the children, so nothing is built twice.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,7 +92,7 @@ def _rank_worker(
         else:
             ctx = ParallelContext(tp_group=group, megatron_sp=mode == "megatron_sp")
         local_seq = seq if mode == "tp" else seq // world_size
-        parallel = parallelizer.layer(module, layer_type, ctx)
+        parallel = parallelizer.layer(copy.deepcopy(module), layer_type, ctx)  # forms may be applied in place, once
         out[mode] = _measure(parallel, local_seq, hidden, dtype)
     return out
 
