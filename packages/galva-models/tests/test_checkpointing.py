@@ -81,6 +81,30 @@ def test_keep_last_and_finetune(tmp_path):
     assert manifest.step == 1 and manifest.optimizer is not None and manifest.optimizer.step == 1
 
 
+def test_the_runs_tokenizer_is_saved_and_exported(tmp_path):
+    """A run whose --model-config directory holds a tokenizer keeps it in every save; a run resumed from that save
+    keeps it too; g2h of the --save directory (its newest save) writes it back for AutoTokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    from galva_models.presets import preset_config
+
+    preset_config("tiny-llama").save_pretrained(tmp_path / "model")
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(tmp_path / "model")
+    galva_train(["--model-config", tmp_path / "model", *COMMON, "--train-iters", "1", "--save", tmp_path / "s"], 1)
+    galva_train(["--load", tmp_path / "s", *COMMON, "--train-iters", "2", "--save", tmp_path / "r"], 1)
+    for root, step in ((tmp_path / "s", 1), (tmp_path / "r", 2)):
+        manifest = CheckpointReader(root / f"step-{step:08d}").manifest
+        assert {"tokenizer.json", "tokenizer_config.json"} <= set(manifest.hf_files), manifest.hf_files
+        galva_to_hf(resolve(root), tmp_path / f"hf-{root.name}", progress=False)
+        out = tmp_path / f"hf-{root.name}"
+        assert AutoTokenizer.from_pretrained(out, local_files_only=True)("hello world")["input_ids"] == [1, 2]
+        assert (out / "tokenizer.json").read_bytes() == (tmp_path / "model" / "tokenizer.json").read_bytes()
+        AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+
+
 def test_a_save_killed_half_way_leaves_the_previous_one(tmp_path, capsys):
     root = tmp_path / "saves"
     env = {
@@ -111,8 +135,45 @@ def test_a_save_killed_half_way_leaves_the_previous_one(tmp_path, capsys):
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and "ignoring incomplete save" in warning[0] and "step-00000002.tmp-" in warning[0]
     assert CheckpointReader(root / "step-00000001").verify_all()
-    galva_train(["--load", root, *COMMON, *PLAN_B, "--train-iters", "2", "--metrics-jsonl", tmp_path / "r.jsonl"])
-    assert len(losses(tmp_path / "r.jsonl")) == 1  # continued from step 1
+    galva_train(["--load", root, *COMMON, *PLAN_B, "--train-iters", "3", "--metrics-jsonl", tmp_path / "r.jsonl"])
+    assert len(losses(tmp_path / "r.jsonl")) == 2  # continued from step 1
+
+
+SCHEDULE = ["--lr-warmup-iters", "1", "--lr-decay-style", "linear"]  # --min-lr 0: linear decay ends at lr 0.0
+
+
+def test_a_resume_repeats_the_schedule_unless_overridden_and_keeps_the_precision(tmp_path, capsys):
+    """An fp32 run of 4 steps saved; resumed with --train-iters 8 it is refused in one line naming the flag, the
+    saved and the given value (a default that differs too), before any process group. With Megatron's override flag
+    the new schedule runs from step 4: the learning rates equal an uninterrupted 8-step run's (the first resumed one
+    is not the old schedule's end, 0.0). A resume given plan flags keeps the checkpoint's fp32 unless told --bf16."""
+    from galva_models.cli.train import main as train_main
+
+    run = ["--model", "tiny-llama", "--global-batch-size", "2", "--seq-length", "16", "--no-progress", *SCHEDULE]
+    galva_train([*run, "--fp32", "--train-iters", "4", "--save", tmp_path / "s"], 1)
+    galva_train([*run, "--fp32", "--train-iters", "8", "--metrics-jsonl", tmp_path / "full.jsonl"], 1)
+    resume = ["--load", str(tmp_path / "s"), "--global-batch-size", "2", "--seq-length", "16", "--no-progress"]
+    capsys.readouterr()
+    for extra, needles in (
+        ([*SCHEDULE, "--train-iters", "8"], ["--train-iters 8 differs from the 4", "--override-lr-schedule"]),
+        (["--train-iters", "4", "--lr-warmup-iters", "1"], ["--lr-decay-style cosine (the default) differs from the"]),
+    ):
+        assert train_main([*resume, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("galva-train: error: ") and "Traceback" not in err, err
+        assert all(needle in err for needle in needles), err
+    assert parse_train_config([*resume, *SCHEDULE, "--train-iters", "4"], 1).strategy.mixed_precision.value == "fp32"
+    cfg = parse_train_config([*resume, *SCHEDULE, "--train-iters", "8", "--override-lr-schedule", "--bf16"], 1)
+    assert cfg.strategy.mixed_precision.value == "bf16"  # given explicitly
+    cfg = parse_train_config([*resume, *SCHEDULE, "--train-iters", "8", "--override-opt_param-scheduler"], 1)
+    assert cfg.strategy.mixed_precision.value == "fp32"
+    assert any("fp32 kept from --load" in note for note in cfg.plan_overrides), cfg.plan_overrides
+
+    galva_train([*resume, *SCHEDULE, "--train-iters", "8", "--override-opt_param-scheduler",
+                 "--metrics-jsonl", tmp_path / "resumed.jsonl"], 1)  # fmt: skip
+    full = [json.loads(line)["lr"] for line in (tmp_path / "full.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line)["lr"] for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
+    assert resumed == full[4:] and resumed[0] > 0.0, (resumed, full)
 
 
 THREE_PLANS = [  # pp2 x tp2 (vocab tp2), ZeRO-3 over 4 ranks, pp2 x Ulysses 2
@@ -133,14 +194,13 @@ VIT_PLANS = [*THREE_PLANS[:2], ["--tp", "4", "--vocab-tp", "4"]]
 ROUND_TRIP = {
     "llama": THREE_PLANS,
     "gpt2": THREE_PLANS,
-    "mistral": THREE_PLANS,
-    "qwen2": THREE_PLANS,
     "bert": THREE_PLANS,
     "t5": T5_PLANS,
     "vit": VIT_PLANS,
     "swin": THREE_PLANS,
 }
-SLOW_ROUND_TRIP = {"bert", "mistral", "qwen2", "swin", "vit"}  # 16-45 s each on a 2-core machine (t5: 12-20 s)
+SLOW_ROUND_TRIP = {"bert", "swin", "vit"}  # 16-45 s each on a 2-core machine (t5: 12-20 s)
+# mistral, qwen2 and every other family run from its tables: test_tables.py round-trips each of them
 
 
 def _tiny_hf(family: str, directory: Path) -> torch.nn.Module:
@@ -246,10 +306,10 @@ def test_loading_another_model_or_a_damaged_file_is_one_line(tmp_path):
     data = bytearray(layer.read_bytes())
     data[-4:] = b"\0\0\0\0"
     layer.write_bytes(bytes(data))
-    argv = ["--model", "tiny-llama", *COMMON, "--train-iters", "2", "--load", tmp_path / "s"]
+    argv = ["--model", "tiny-llama", *COMMON, "--train-iters", "1", "--load", tmp_path / "s"]  # the saved schedule
     message = run_distributed(_load_error, 2, [str(a) for a in argv], timeout=60)[0]
     assert message.count("\n") == 0 and "layers.1.safetensors: checksum mismatch" in message, message
-    bigger = ["--model", "tiny-llama", "--hidden-size", "128", *COMMON, "--train-iters", "2", "--load", tmp_path / "s"]
+    bigger = ["--model", "tiny-llama", "--hidden-size", "128", *COMMON, "--train-iters", "1", "--load", tmp_path / "s"]
     with pytest.raises(CheckpointError):
         resolve(tmp_path / "nowhere")
     message = run_distributed(_load_error, 2, [str(a) for a in bigger], timeout=60)[0]

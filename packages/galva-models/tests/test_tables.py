@@ -184,18 +184,19 @@ def test_a_form_a_family_cannot_take_is_refused_in_one_line_by_the_search_s_chec
 
 
 # ------------------------------------------------------------------------------------------- checkpoints, any family
-def _round_trip(rank: int, world_size: int, root: str, families: list[str]) -> None:
-    """Per family, on 4 ranks: galva-train --load (the h2g output) under pp2 x tp2 (vocab tp2) for 2 steps, save;
-    the caller compares its first loss with Hugging Face's and its save with the g2h export."""
+def _round_trip(rank: int, world_size: int, base: str) -> int:
+    """galva-train --load (the h2g output) under pp2 x tp2 (vocab tp2) for 2 steps, then save; the caller compares
+    its first loss with Hugging Face's and its save with the g2h export."""
     from galva_models.cli.config import parse_train_config
     from galva_models.cli.train import run
 
-    for family in families:
-        base = f"{root}/{family}"
-        argv = ["--load", f"{base}/g", "--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length", "16",
-                "--no-progress", "--pp", "2", "--tp", "2", "--vocab-tp", "2", "--train-iters", "2",
-                "--save", f"{base}/run", "--metrics-jsonl", f"{base}/m.jsonl"]  # fmt: skip
-        assert run(parse_train_config(argv, world_size=world_size)) == 0
+    argv = ["--load", f"{base}/g", *_ROUND_TRIP_ARGS, "--train-iters", "2", "--save", f"{base}/run",
+            "--metrics-jsonl", f"{base}/m.jsonl", "--no-progress"]  # fmt: skip
+    return run(parse_train_config(argv, world_size=world_size))
+
+
+_ROUND_TRIP_ARGS = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length", "16", "--pp", "2", "--tp",
+                    "2", "--vocab-tp", "2"]  # fmt: skip
 
 
 @pytest.mark.distributed
@@ -223,11 +224,10 @@ def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str])
         model.save_pretrained(base / "hf")
         hf_to_galva(base / "hf", base / "g", progress=False)
         models[family] = model
-    run_distributed(_round_trip, 4, str(tmp_path), families, timeout=900)
     for family, model in models.items():
         base = tmp_path / family
-        argv = ["--load", str(base / "g"), "--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length",
-                "16", "--pp", "2", "--tp", "2", "--vocab-tp", "2"]  # fmt: skip
+        assert run_distributed(_round_trip, 4, str(base), timeout=600) == [0] * 4, family
+        argv = ["--load", str(base / "g"), *_ROUND_TRIP_ARGS]
         batch = make_source(parse_train_config(argv, world_size=4)).batch(0)
         with torch.no_grad():
             logits = model.eval()(input_ids=batch.inputs).logits
