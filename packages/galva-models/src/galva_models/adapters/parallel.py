@@ -81,23 +81,6 @@ class ImageVocabForms:
         return module
 
 
-class HFRotary(nn.Module):
-    """A Hugging Face rotary-embedding module as galva-hp's ``Rotary``: ``(q, k) [b, s, h, d] -> rotated (q, k)``.
-
-    Positions are ``0 .. s-1`` of the whole sequence (galva-hp applies rotary after gathering the sequence).
-    """
-
-    def __init__(self, rotary: nn.Module, apply: Callable[..., tuple[Tensor, Tensor]]) -> None:
-        super().__init__()
-        self.rotary = copy.deepcopy(rotary)
-        self._apply_rotary = apply
-
-    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        pos = torch.arange(q.shape[1], device=q.device).unsqueeze(0)
-        cos, sin = self.rotary(q, pos)
-        return self._apply_rotary(q, k, cos, sin, unsqueeze_dim=2)
-
-
 StateRename = Callable[[dict[str, Tensor]], dict[str, Tensor]]
 """Turns a parallel layer's gathered state (``norm1.*``, ``attn.*``, ``norm2.*``, ``mlp.*``) into the
 single-process layer's parameter names and layouts."""
