@@ -114,3 +114,41 @@ def test_a_tied_alias_saved_anyway_is_dropped(tmp_path: Path, cli, tiny) -> None
     assert cli("g2h", tmp_path / "galva", tmp_path / "back").code == 0
     back = type(model).from_pretrained(tmp_path / "back", local_files_only=True)
     assert torch.equal(back.lm_head.weight, model.lm_head.weight)
+
+
+def test_g2h_and_info_take_a_save_directorys_newest_complete_save(tmp_path: Path, cli, tiny) -> None:
+    """A galva-train --save directory, as --load takes it: step-2 (complete) over step-1, step-3 (no manifest,
+    killed half-way) named in a warning and skipped; its tokenizer comes back with the weights."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path / "save"
+    models = {}
+    for step, seed in ((1, 0), (2, 1)):
+        models[step] = tiny.model("tiny-llama", seed=seed)
+        models[step].save_pretrained(tmp_path / f"hf{step}")
+        _tokenizer(tmp_path / f"hf{step}")
+        assert cli("h2g", tmp_path / f"hf{step}", root / f"step-{step:08d}").code == 0
+    (root / "step-00000003").mkdir()
+    (root / "step-00000003" / "model").mkdir()  # a save that died before its manifest
+
+    info = cli("info", root)
+    assert info.code == 0, info.err
+    assert f"checkpoint   {root / 'step-00000002'}" in info.out and "tokenizer.json" in info.out
+    assert "ignoring incomplete save" in info.err and "step-00000003" in info.err
+
+    run = cli("g2h", root, tmp_path / "back")
+    assert run.code == 0, run.err
+    assert f"(from {root / 'step-00000002'}, the newest complete save)" in run.out
+    back = type(models[2]).from_pretrained(tmp_path / "back", local_files_only=True)
+    assert all(torch.equal(t, back.state_dict()[k]) for k, t in models[2].state_dict().items())
+    assert not torch.equal(models[1].state_dict()["lm_head.weight"], back.state_dict()["lm_head.weight"])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "back", local_files_only=True)
+    assert tokenizer("hello world")["input_ids"] == [1, 2]
+
+    for step in (1, 2):
+        (root / f"step-{step:08d}" / "manifest.json").unlink()
+    for command in (("info", root), ("g2h", root, tmp_path / "back2")):
+        run = cli(*command)
+        assert run.code == 2 and run.err.splitlines()[-1] == (
+            f"galva-ckpt: error: {root}: no complete save (every step-* directory lacks its manifest.json)"
+        )

@@ -34,6 +34,19 @@ def test_tokenizer_round_trips_through_transformers(tmp_path: Path) -> None:
     assert tok.eos_token_id is not None and tok.pad_token_id is not None
 
 
+def test_model_config_directory_holds_the_tokenizer(tmp_path: Path) -> None:
+    """The model directory galva-train's --model-config reads carries the tokenizer into every save (and g2h)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    train_tokenizer(write_corpus(tmp_path / "c.jsonl", 200), tmp_path / "tok", vocab_size=400)
+    assert main(["model-config", "-o", str(tmp_path / "model"), "--tokenizer", str(tmp_path / "tok")]) == 0
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "model"), local_files_only=True)
+    config = AutoConfig.from_pretrained(str(tmp_path / "model"), local_files_only=True)
+    assert tok.eos_token_id == config.eos_token_id and len(tok) <= config.vocab_size
+    text = "The red fox watches the quiet river ."
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
 def test_bad_input_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model-config", "-o", str(tmp_path / "m"), "--hidden-size", "100", "--num-attention-heads", "3"]) == 2
     err = capsys.readouterr().err

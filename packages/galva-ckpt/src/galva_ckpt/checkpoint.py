@@ -1,6 +1,6 @@
 """The library API of the layerwise format: :class:`CheckpointWriter` and :class:`CheckpointReader`.
 
-Writing (h2g here; galva-train's saves later)::
+Writing (h2g here; galva-train's saves through :func:`galva_ckpt.sharded.save_sharded`)::
 
     with atomic_directory(out, force=False) as tmp:
         writer = CheckpointWriter(tmp)
@@ -25,7 +25,7 @@ import torch
 from galva_ckpt.errors import CheckpointError
 from galva_ckpt.format import HF_DIR, MANIFEST, RNG_FILE, module_file, optimizer_file
 from galva_ckpt.reading import iter_tensors, read_header, read_slice, verify_file
-from galva_ckpt.writing import copy_file, tensor_infos, write_safetensors
+from galva_ckpt.writing import copy_file, tensor_infos, write_bytes, write_safetensors
 from galva_schema import SchemaError
 from galva_schema.checkpoint import CheckpointManifest, FileInfo, ModuleEntry, OptimizerState, TensorInfo
 
@@ -75,6 +75,13 @@ class CheckpointWriter:
         relative = f"{HF_DIR}/{source.name}"
         self.files[relative] = copy_file(source, self.directory / relative)
         self.hf_files.append(source.name)
+
+    def write_hf_file(self, name: str, data: bytes) -> None:
+        """Keep a Hugging Face side file given by its bytes (a training run reads its tokenizer once, at the start:
+        the directory it came from may be pruned or edited before a later save)."""
+        relative = f"{HF_DIR}/{name}"
+        self.files[relative] = write_bytes(self.directory / relative, data)
+        self.hf_files.append(name)
 
     def finish(
         self,

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from galva_ckpt.errors import CheckpointError
 
@@ -27,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     h2g.add_argument("out_dir", help="Galva checkpoint directory to create.")
 
     g2h = commands.add_parser("g2h", help="Galva checkpoint directory -> Hugging Face directory.")
-    g2h.add_argument("galva_dir", help="Galva checkpoint directory (with manifest.json).")
+    g2h.add_argument("galva_dir", help="Galva checkpoint directory (with manifest.json), or a galva-train --save "
+                     "directory: its newest complete save, as --load takes it.")
     g2h.add_argument("out_dir", help="Hugging Face directory to create (from_pretrained loads it).")
     g2h.add_argument(
         "--max-shard-size", default="50GB", help="Largest output file, e.g. 5GB, 500MB, 2GiB (default: 50GB)."
@@ -37,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--no-progress", action="store_true", help="No progress bar on stderr.")
 
     info = commands.add_parser("info", help="Print what a Galva checkpoint holds and verify every checksum.")
-    info.add_argument("dir", help="Galva checkpoint directory.")
+    info.add_argument("dir", help="Galva checkpoint directory, or a galva-train --save directory (its newest "
+                      "complete save).")
     info.add_argument("--no-verify", action="store_true", help="Skip the sha256 check of every file.")
     return parser
 
@@ -66,6 +69,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from galva_ckpt.convert import galva_to_hf, hf_to_galva
     from galva_ckpt.hf import parse_size
     from galva_ckpt.info import describe
+    from galva_ckpt.sources import resolve_save
 
     if args.command == "h2g":
         manifest = hf_to_galva(args.hf_dir, args.out_dir, force=args.force, progress=not args.no_progress)
@@ -75,12 +79,14 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             max_shard = parse_size(args.max_shard_size)
         except ValueError as err:
             parser.error(f"--max-shard-size: {err}")
+        source = resolve_save(args.galva_dir)
         files = galva_to_hf(
-            args.galva_dir, args.out_dir, max_shard_size=max_shard, force=args.force, progress=not args.no_progress
+            source, args.out_dir, max_shard_size=max_shard, force=args.force, progress=not args.no_progress
         )
         weights = [f for f in files if f.endswith(".safetensors")]
         others = [f for f in files if f not in weights]
-        print(f"{args.out_dir}: {len(weights)} weight file(s), {', '.join(others)}")
+        taken = "" if source == Path(args.galva_dir) else f" (from {source}, the newest complete save)"
+        print(f"{args.out_dir}: {len(weights)} weight file(s), {', '.join(others)}{taken}")
     else:
         print(describe(args.dir, verify=not args.no_verify))
     return 0

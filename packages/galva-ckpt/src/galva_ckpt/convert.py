@@ -23,6 +23,7 @@ from galva_ckpt.hf import CONFIG, INDEX, SINGLE, HFWeights, plan_shards, read_hf
 from galva_ckpt.layout import ModelLayout, model_layout
 from galva_ckpt.progress import progress_bar
 from galva_ckpt.reading import open_safetensors
+from galva_ckpt.sources import resolve_save
 from galva_ckpt.writing import atomic_directory, copy_file, write_safetensors
 from galva_schema import SchemaError, write_json_atomic
 from galva_schema._base import load_json_object
@@ -65,8 +66,12 @@ def galva_to_hf(
     force: bool = False,
     progress: bool = True,
 ) -> list[str]:
-    """Convert a Galva checkpoint into a Hugging Face directory ``from_pretrained`` loads; returns its file names."""
-    source, target = Path(galva_dir), Path(out_dir)
+    """Convert a Galva checkpoint into a Hugging Face directory ``from_pretrained`` loads; returns its file names.
+
+    ``galva_dir`` is a checkpoint or a galva-train ``--save`` directory (its newest complete save, as ``--load``
+    takes it). The side files it keeps (the tokenizer of h2g's source or of the training run) are written back.
+    """
+    source, target = resolve_save(galva_dir), Path(out_dir)
     _check_distinct(source, target)
     reader = CheckpointReader(source)
     manifest = reader.manifest

@@ -24,6 +24,7 @@ __all__ = [
     "parse_size",
     "plan_shards",
     "read_hf_weights",
+    "read_side_files",
     "shard_name",
     "side_files",
 ]
@@ -95,6 +96,11 @@ def side_files(directory: Path) -> list[Path]:
         if path.is_file() and not skip:
             out.append(path)
     return out
+
+
+def read_side_files(directory: Path) -> dict[str, bytes]:
+    """The :func:`side_files` of ``directory`` by name, read (a training run keeps them for every save)."""
+    return {path.name: path.read_bytes() for path in side_files(directory)}
 
 
 def shard_name(index: int, count: int) -> str:

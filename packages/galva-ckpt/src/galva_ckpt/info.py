@@ -7,14 +7,16 @@ from pathlib import Path
 
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.reading import read_header
+from galva_ckpt.sources import resolve_save
 
 __all__ = ["describe"]
 
 
 def describe(directory: str | Path, verify: bool = True) -> str:
     """A human-readable summary; with ``verify`` every file is checked first (CheckpointError on a mismatch): its
-    checksum, and for model and optimizer modules the safetensors header against the manifest."""
-    reader = CheckpointReader(directory)
+    checksum, and for model and optimizer modules the safetensors header against the manifest. ``directory`` is a
+    checkpoint or a galva-train ``--save`` directory (its newest complete save, as ``--load`` takes it)."""
+    reader = CheckpointReader(resolve_save(directory))
     checked = reader.verify_all() if verify else []
     m = reader.manifest
     headers = 0

@@ -121,6 +121,7 @@ def save_sharded(
     pieces: Sequence[tuple[Piece, torch.Tensor]],
     rng: Mapping[str, torch.Tensor],
     finish: Mapping[str, Any],
+    hf_files: Mapping[str, bytes] | None = None,
 ) -> dict[str, float]:
     """Write the checkpoint ``target`` from every rank (collective). Returns this rank's ``bytes`` written (tensor
     data, plus headers, rng and manifest on rank 0) and ``seconds`` spent writing its pieces.
@@ -129,7 +130,8 @@ def save_sharded(
     ``pieces``: this rank's blocks (files named by :func:`~galva_ckpt.format.module_file` /
     :func:`~galva_ckpt.format.optimizer_file`); together the ranks' pieces must cover every tensor exactly
     (identical blocks on several ranks are written once). ``rng``: this rank's RNG states (saved as
-    ``rank<r>/<name>``). ``finish``: :meth:`CheckpointWriter.finish`'s keyword arguments.
+    ``rank<r>/<name>``). ``finish``: :meth:`CheckpointWriter.finish`'s keyword arguments. ``hf_files``: Hugging Face
+    side files (tokenizer, generation config) by name, kept under ``hf/`` (rank 0's are written; g2h writes them back).
     """
     target = Path(target)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -196,6 +198,8 @@ def save_sharded(
             (writer.optimizer_modules if is_optimizer else writer.modules).append(entry)
         try:
             writer.write_rng({f"rank{r}/{k}": v for r, part in enumerate(states) for k, v in part.items()})
+            for file_name, content in (hf_files or {}).items():
+                writer.write_hf_file(file_name, content)
             writer.finish(**finish)
             if target.exists():
                 shutil.rmtree(target)
@@ -206,6 +210,7 @@ def save_sharded(
     if rank == 0:
         written += sum(8 + len(layout.header) for layout in layouts.values())
         written += sum((target / f).stat().st_size for f in ("manifest.json", "rng.safetensors"))
+        written += sum(len(content) for content in (hf_files or {}).values())
     return {"bytes": float(written), "seconds": write_s}
 
 

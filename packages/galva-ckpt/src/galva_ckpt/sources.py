@@ -19,13 +19,13 @@ import torch
 
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.errors import CheckpointError
-from galva_ckpt.format import MANIFEST
-from galva_ckpt.hf import CONFIG, INDEX, SINGLE, read_hf_weights
+from galva_ckpt.format import HF_DIR, MANIFEST
+from galva_ckpt.hf import CONFIG, INDEX, SINGLE, read_hf_weights, read_side_files
 from galva_ckpt.reading import read_slice
 from galva_ckpt.saves import latest_checkpoint
 from galva_schema.checkpoint import CheckpointManifest, TensorInfo
 
-__all__ = ["GalvaWeights", "HFDirectory", "WeightSource", "open_weights", "resolve"]
+__all__ = ["GalvaWeights", "HFDirectory", "WeightSource", "open_weights", "resolve", "resolve_save"]
 
 
 class WeightSource(ABC):
@@ -59,6 +59,10 @@ class WeightSource(ABC):
 
     def read_rng(self) -> dict[str, torch.Tensor]:
         return {}
+
+    def read_side_files(self) -> dict[str, bytes]:
+        """The Hugging Face side files kept with the weights (tokenizer, generation config), by file name."""
+        return read_side_files(self.directory)
 
 
 class GalvaWeights(WeightSource):
@@ -123,6 +127,13 @@ class GalvaWeights(WeightSource):
     def read_rng(self) -> dict[str, torch.Tensor]:
         return self.reader.read_rng()
 
+    def read_side_files(self) -> dict[str, bytes]:
+        out = {}
+        for name in self.reader.manifest.hf_files:
+            self.reader.verify(f"{HF_DIR}/{name}")
+            out[name] = (self.directory / HF_DIR / name).read_bytes()
+        return out
+
 
 class HFDirectory(WeightSource):
     """A Hugging Face checkpoint: ``config.json`` and safetensors weights (one file or an index with shards)."""
@@ -165,6 +176,16 @@ def resolve(path: str | os.PathLike[str], warn: bool = True) -> Path:
             raise CheckpointError(f"{directory}: no complete save (every step-* directory lacks its {MANIFEST})")
         raise CheckpointError(f"{directory}: neither a Galva checkpoint ({MANIFEST}) nor a Hugging Face one ({CONFIG})")
     return latest
+
+
+def resolve_save(path: str | os.PathLike[str], warn: bool = True) -> Path:
+    """The Galva checkpoint ``path`` names: a galva-train ``--save`` directory's newest complete save (as ``--load``
+    takes it), else ``path`` itself (g2h and info then read or refuse it)."""
+    directory = Path(path)
+    saves = directory.is_dir() and not (directory / MANIFEST).is_file()
+    if saves and any(child.name.startswith("step-") for child in directory.iterdir()):
+        return resolve(directory, warn)
+    return directory
 
 
 def open_weights(path: str | os.PathLike[str], warn: bool = True) -> WeightSource:

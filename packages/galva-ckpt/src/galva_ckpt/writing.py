@@ -24,7 +24,7 @@ from galva_ckpt.errors import CheckpointError
 from galva_ckpt.format import SAFETENSORS_CODE, dtype_name
 from galva_schema.checkpoint import FileInfo, TensorInfo
 
-__all__ = ["atomic_directory", "copy_file", "tensor_infos", "write_safetensors", "write_tensors"]
+__all__ = ["atomic_directory", "copy_file", "tensor_infos", "write_bytes", "write_safetensors", "write_tensors"]
 
 _CHUNK = 1 << 23
 
@@ -123,6 +123,13 @@ def copy_file(source: Path, target: Path) -> FileInfo:
             digest.update(chunk)
             size += len(chunk)
     return FileInfo(size=size, sha256=digest.hexdigest())
+
+
+def write_bytes(target: Path, data: bytes) -> FileInfo:
+    """Write ``data`` to ``target``; returns its size and sha256."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return FileInfo(size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
 @contextmanager

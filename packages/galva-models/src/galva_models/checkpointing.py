@@ -66,8 +66,12 @@ class CheckpointIO:
         names: CheckpointNames,
         fresh: LayeredModel,
         config: dict[str, Any],
+        side_files: dict[str, bytes] | None = None,
     ) -> None:
         self.model, self.optimizer, self.names, self.config = model, optimizer, names, config
+        # Hugging Face side files (the tokenizer) kept in every save, g2h writes them next to the weights: those of
+        # the run's model directory, and over them those of the checkpoint it loads
+        self.side_files = dict(side_files or {})
         self.params = {r.name: r.param for r in model.param_records()}
         holder = {hf: m.name for m in names.modules for hf in m.shapes}
         to_hf = {g: hf for m in names.modules for g, hf in m.galva_names.items()}
@@ -136,7 +140,9 @@ class CheckpointIO:
             "data_position": {"step": step},
         }
         # save_sharded creates the directories (on rank 0; a failure there is every rank's one-line CheckpointError)
-        stats = save_sharded(step_dir(root, step), model_infos, optimizer_infos if opt else None, pieces, rng, finish)
+        stats = save_sharded(
+            step_dir(root, step), model_infos, optimizer_infos if opt else None, pieces, rng, finish, self.side_files
+        )
         if dist.get_rank() == 0:
             prune(root, keep_last)
         dist.barrier()
@@ -180,6 +186,7 @@ class CheckpointIO:
         """Load weights (and, unless ``weights_only`` or the source has none, the optimizer, scheduler and RNG)
         into this rank's shards; returns the step to continue from (0 for weights only)."""
         self._check_shapes(source)
+        self.side_files.update(source.read_side_files())
         with torch.no_grad():
             for p in self.placements:
                 param = self.params[p.record]

@@ -78,9 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json-key", default="text", help="key holding the text (default text)")
 
     mc = sub.add_parser("model-config", help="write a Llama-style Hugging Face config.json",
-                        description="A LlamaConfig directory sized by the flags, with the tokenizer's special tokens.")
+                        description="A LlamaConfig directory sized by the flags, with the tokenizer's special tokens "
+                        "and files (galva-train --model-config DIR keeps them in every save, g2h writes them back).")
     mc.add_argument("-o", "--output", required=True, help="directory to write config.json into")
-    mc.add_argument("--tokenizer", help="tokenizer directory: its bos/eos/pad ids go into the config")
+    mc.add_argument("--tokenizer", help="tokenizer directory: its bos/eos/pad ids go into the config, its files next "
+                    "to it")
     mc.add_argument("--num-layers", type=_positive, default=8)
     mc.add_argument("--hidden-size", type=_positive, default=128)
     mc.add_argument("--num-attention-heads", type=_positive, default=4)
@@ -122,6 +124,9 @@ def _model_config(args: argparse.Namespace) -> str:
         tie_word_embeddings=False, **special,
     )
     config.save_pretrained(args.output)
+    if args.tokenizer:  # a model directory with its tokenizer, as on a model hub: every save of the run keeps it
+        tok.save_pretrained(args.output)
+        return f"galva model-config: wrote {Path(args.output) / 'config.json'} and the tokenizer's files"
     return f"galva model-config: wrote {Path(args.output) / 'config.json'}"
 
 

@@ -235,7 +235,7 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
             {"metrics": metrics, "checkpoint": ckpt}, work=lambda: _metrics_note(metrics))
     saved = ckpt / f"step-{o.train_iters:08d}"
     r.stage("export", _python_command("galva_ckpt.cli", "g2h", str(saved), str(export), "--no-progress"),
-            {"hf export": export}, work=lambda: _copy_tokenizer(tokenizer, export))
+            {"hf export": export}, work=lambda: _exported_tokenizer(export))
     generation = out / "generation.json"
     r.stage("generate", _python_command("galva.cli", "generate", str(export), "--prompt", o.prompt,
                                         "--max-new-tokens", str(o.max_new_tokens), "--json", str(generation)),
@@ -260,16 +260,13 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     return r.results
 
 
-def _copy_tokenizer(tokenizer: Path, export: Path) -> str:
-    """The export holds what galva-train saved (config + weights); the tokenizer comes along for from_pretrained."""
+def _exported_tokenizer(export: Path) -> str:
+    """The export holds what galva-train saved: config, weights and the tokenizer of its --model-config directory."""
     if not (export / "config.json").is_file():
         raise ValueError(f"{export}: g2h wrote no config.json")
-    copied = []
-    for f in sorted(tokenizer.iterdir()):
-        if f.is_file() and not (export / f.name).exists():
-            shutil.copy2(f, export / f.name)
-            copied.append(f.name)
-    return f"tokenizer files copied: {', '.join(copied) or 'none'}"
+    if not (export / "tokenizer.json").is_file():
+        raise ValueError(f"{export}: g2h wrote no tokenizer.json (the checkpoint holds no tokenizer)")
+    return "with the run's tokenizer"
 
 
 def options_from_args(args: Any) -> PipelineOptions:

@@ -69,6 +69,7 @@ class TrainConfig:
     attention_backend: str = "sdpa"
     data_path: str | None = None
     hf_checkpoint: str | None = None
+    model_dir: str | None = None  # --model-config or --hf-checkpoint: its tokenizer files go into every save
     log_interval: int = 1
     metrics_jsonl: str | None = None
     report_html: str | None = None
@@ -134,6 +135,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         attention_backend=args.attention_backend,
         data_path=args.data_path,
         hf_checkpoint=args.hf_checkpoint,
+        model_dir=args.model_config or args.hf_checkpoint,
         log_interval=args.log_interval,
         metrics_jsonl=args.metrics_jsonl,
         report_html=args.report_html,

@@ -146,9 +146,11 @@ def checkpoint_io(cfg: TrainConfig, model: Any, optimizer: Any) -> Any:
     """Save/load for the built model: the same model decomposed again on the meta device finds every shard's
     place (:mod:`galva_models.checkpointing`)."""
     import json
+    from pathlib import Path
 
     import torch
 
+    from galva_ckpt.hf import read_side_files
     from galva_models.checkpoint_names import checkpoint_names
     from galva_models.checkpointing import CheckpointIO
 
@@ -156,7 +158,8 @@ def checkpoint_io(cfg: TrainConfig, model: Any, optimizer: Any) -> Any:
         fresh = cfg.adapter.build_model(cfg.model_config, attn_implementation="sdpa")
     layered = cfg.adapter.decompose(fresh, **_decompose_options(cfg))
     config = json.loads(cfg.model_config.to_json_string(use_diff=False))
-    return CheckpointIO(model, optimizer, checkpoint_names(cfg.model_config), layered, config)
+    side_files = read_side_files(Path(cfg.model_dir)) if cfg.model_dir else {}  # its tokenizer; --load adds its own
+    return CheckpointIO(model, optimizer, checkpoint_names(cfg.model_config), layered, config, side_files)
 
 
 def run(cfg: TrainConfig) -> int:
