@@ -82,10 +82,10 @@ def test_qwen2_has_qkv_bias_and_llama_gqa():
 
 def test_name_mapping_and_tied_weights():
     model, layered = build_layered(preset_config("tiny-gpt2"))
-    names = parameter_name_map(model, layered)
+    names = parameter_name_map(model, layered)  # in place: Hugging Face's names under each Galva module's prefix
     assert names["embedding.wte.weight"] == "transformer.wte.weight"
-    assert names["layers.3.block.attn.c_attn.weight"] == "transformer.h.3.attn.c_attn.weight"
-    assert names["head.norm.weight"] == "transformer.ln_f.weight"
+    assert names["layers.3.layer.attn.c_attn.weight"] == "transformer.h.3.attn.c_attn.weight"
+    assert names["head.ln_f.weight"] == "transformer.ln_f.weight"
     assert layered.tied_weights == [("embedding.wte.weight", "head.lm_head.weight")]
     assert len(set(names.values())) == sum(1 for _ in model.parameters())  # every HF parameter, once
     model, layered = build_layered(preset_config("tiny-llama"))
@@ -135,14 +135,15 @@ def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
 
 
 def test_unknown_model_type():
-    with pytest.raises(ValueError, match="model_type 'mamba' has no Galva adapter: supported are bert, gpt2"):
+    with pytest.raises(ValueError, match="model_type 'mamba' has no Galva adapter: supported are bert, swin, t5, vit"):
         adapter_for("mamba")
 
 
 def test_families_with_tables_need_no_adapter():
-    """llama, mistral and qwen2 are run from transformers' own tables, like every causal LM that has them."""
+    """llama, mistral and qwen2 are run from transformers' own tables, like every causal LM that has them; GPT-2 from
+    Galva's table for it."""
     from galva_models import tables
 
-    for family in ("llama", "mistral", "qwen2", "gemma2", "phi3"):
+    for family in ("gpt2", "llama", "mistral", "qwen2", "gemma2", "phi3"):
         assert adapter_for(family) is tables.ADAPTER
         assert adapter_for(preset_config(f"tiny-{family}")) is tables.ADAPTER

@@ -36,7 +36,7 @@ class ModuleNames:
     shapes: dict[str, tuple[int, ...]]
     """On-disk Hugging Face name -> full (unsharded) shape, in the model's order. Tied aliases are not listed."""
     galva_names: dict[str, str]
-    """Galva parameter name (``layers.3.block.attn.c_attn.weight``) -> on-disk Hugging Face name (possibly a name
+    """Galva parameter name (``layers.3.layer.attn.c_attn.weight``) -> on-disk Hugging Face name (possibly a name
     another module stores, for a tied weight)."""
 
 

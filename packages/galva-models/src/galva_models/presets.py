@@ -138,8 +138,9 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     if model_type not in CONFIG_MAPPING:
         raise UnknownPresetError(f"unknown model preset 'tiny-{model_type}': no transformers family {model_type!r}")
     config = CONFIG_MAPPING[model_type]()
-    for field, value in TINY_SIZES.items():
-        setattr(config, field, value)
+    for field, value in TINY_SIZES.items():  # the fields the family has (GPT-2: no key/value heads, no head size)
+        if hasattr(config, field):
+            setattr(config, field, value)
     for field, value in TINY_EXPERTS.items():
         if getattr(config, field, None) is not None:
             setattr(config, field, value)

@@ -85,12 +85,6 @@ class FamilyAdapter:
     sets the head size itself, like T5's ``d_kv``)."""
 
 
-def no_vocab_parallel(family: str) -> dict[ParallelForm, str]:
-    """``vocab_unsupported`` of a family whose embedding and head have no vocabulary-parallel form."""
-    reason = f"{family} has no vocabulary-parallel embedding and head; use vocab tp 1"
-    return {ParallelForm.VOCAB_TP: reason, ParallelForm.VOCAB_SP: reason}
-
-
 def image_vocab_unsupported(family: str) -> dict[ParallelForm, str]:
     """``vocab_unsupported`` of an image-classification family: vocab tp runs (classifier split over the labels,
     sequence-split patch embedding under Megatron-SP), vocab sp does not."""

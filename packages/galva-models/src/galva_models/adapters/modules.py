@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -26,11 +25,6 @@ def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         logits.reshape(flat.numel(), -1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"
     )
     return loss_sum, (flat != IGNORE_INDEX).sum()
-
-
-def positions(length: int, device: torch.device, offset: int = 0) -> Tensor:
-    """Position ids ``[1, length]`` starting at ``offset`` (a sequence-sharded rank passes its slice start)."""
-    return torch.arange(offset, offset + length, device=device).unsqueeze(0)
 
 
 class HFEmbeddings(nn.Module):

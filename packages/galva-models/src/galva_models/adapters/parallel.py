@@ -36,26 +36,6 @@ def tp_group(ctx: ParallelContext) -> ProcessGroup:
     return ctx.tp_group
 
 
-class LMHeadParallelizer:
-    """Base of the parallelizers of the causal-LM families (GPT-2, Llama), whose head is an
-    :class:`~galva_models.adapters.modules.LMHead`; they add the forms of their layers and embedding."""
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
-    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
-        """Vocab tp: galva-hp's ``VocabParallelHead`` (final norm + projection + loss); vocab sp and degree 1 keep the
-        module."""
-        if ctx.tp_size > 1:
-            from galva_hp.parallel.vocab import VocabParallelHead
-
-            lm_head = module.lm_head
-            return VocabParallelHead(
-                module.norm, lm_head.weight, ctx.tp_group, sequence_parallel=ctx.megatron_sp, bias=lm_head.bias
-            )
-        return copy.deepcopy(module) if ctx.vocab_sp else module
-
-
 class ImageVocabForms:
     """The vocabulary-layer forms of the image-classification families (ViT, Swin), whose embedding is a patch
     embedding (no vocabulary: replicated, and under Megatron-SP sequence-split so the first layer gets its slice) and
@@ -158,43 +138,6 @@ def linear_from(weight: Tensor, bias: Tensor | None) -> nn.Linear:
     return layer
 
 
-class SequenceOffsetEmbedding(nn.Module):
-    """Token embedding (any module) plus a learned position table, for a rank that may hold one sequence slice.
-
-    ``offset_group``: the group whose ranks hold consecutive slices of the sequence (None: the whole sequence), so
-    rank ``r`` adds positions ``[r*s_local, (r+1)*s_local)``. ``sum_position_grad``: sum the position table's
-    gradient over that group (Megatron-SP, where the runtime does not reduce over tp); leave it False for vocab sp,
-    whose slices the runtime already reduces like data parallelism.
-    """
-
-    def __init__(
-        self,
-        wte: nn.Module,
-        wpe: nn.Embedding,
-        drop: nn.Module,
-        offset_group: ProcessGroup | None = None,
-        sum_position_grad: bool = False,
-    ) -> None:
-        super().__init__()
-        self.wte = wte
-        self.wpe = copy.deepcopy(wpe)
-        self.drop = drop  # already in the module's layout (``dropout_form``)
-        self.offset_group = offset_group
-        self.sum_position_grad = sum_position_grad
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        from galva_hp.parallel.mappings import differentiable_copy_to_group, group_rank
-
-        hidden = self.wte(input_ids)
-        local = hidden.shape[1]
-        offset = group_rank(self.offset_group) * local if self.offset_group is not None else 0
-        pos = torch.arange(offset, offset + local, device=input_ids.device)
-        table = self.wpe.weight
-        if self.sum_position_grad and self.offset_group is not None:
-            table = differentiable_copy_to_group(table, self.offset_group)  # backward: sum the slices' gradients
-        return self.drop(hidden + nn.functional.embedding(pos, table).unsqueeze(0))
-
-
 def encoder_attention_form(
     weights: tuple[Tensor, Tensor, Tensor, Tensor],
     biases: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None],
@@ -284,11 +227,3 @@ def renamer(prefixes: dict[str, str], transforms: dict[str, Callable[[Tensor], T
         return out
 
     return rename
-
-
-def fuse_rows(parts: dict[str, Tensor], names: list[str], into: str, transpose: bool = False) -> dict[str, Tensor]:
-    """Concatenate ``parts[n]`` for ``n`` in ``names`` along dim 0 into ``into`` (transposed for Conv1D layouts)."""
-    out = {k: v for k, v in parts.items() if k not in names}
-    fused = torch.cat([parts[n] for n in names], dim=0)
-    out[into] = fused.t().contiguous() if transpose and fused.dim() == 2 else fused
-    return out

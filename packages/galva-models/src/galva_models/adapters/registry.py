@@ -9,7 +9,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("gpt2", "bert", "t5", "vit", "swin")
+_MODULES = ("bert", "t5", "vit", "swin")
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 

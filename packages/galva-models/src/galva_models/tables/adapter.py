@@ -68,7 +68,8 @@ def decompose(model: Any) -> LayeredModel:
     }
 
     def inputs() -> LayerInputs:
-        return LayerInputs(base, tables.layers, {n: materialized_copy(m, model) for n, m in context.items()})
+        copies = {n: materialized_copy(m, model) for n, m in context.items()}
+        return LayerInputs(base, tables.layers, copies, tables.before)
 
     layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(getattr(base, tables.layers))]
     family = config.model_type

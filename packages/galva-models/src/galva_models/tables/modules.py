@@ -67,6 +67,20 @@ class _StandIn(nn.Module):
         return hidden_states
 
 
+class _Zeros(nn.Module):
+    """Stands for an embedding-side module while a layer's arguments are recorded: zeros of the hidden width (a
+    learned position table added to the input changes no argument)."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.hidden, self.dtype = hidden, dtype
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if x.is_floating_point() and x.shape[-1] == self.hidden:
+            return torch.zeros_like(x)
+        return torch.zeros(*x.shape, self.hidden, dtype=self.dtype, device=x.device)
+
+
 def _view(module: nn.Module, overrides: dict[str, nn.Module]) -> nn.Module:
     """``module`` with some children replaced, for one call; ``module`` itself is untouched."""
     view = copy.copy(module)
@@ -92,11 +106,12 @@ class LayerInputs(nn.Module):
     embedding), so every Galva module can run it on its own stage. The base model itself is shared, not held.
     """
 
-    def __init__(self, base: nn.Module, layers: str, context: dict[str, nn.Module]) -> None:
+    def __init__(self, base: nn.Module, layers: str, context: dict[str, nn.Module], before: tuple[str, ...]) -> None:
         super().__init__()
         self.context = nn.ModuleDict(context)
         self._base = _Shared(base)
         self._layers = layers
+        self._before = before
         self._cache: dict[tuple[Any, ...], dict[int, Any]] = {}
 
     def run(self, stop: int, overrides: dict[str, nn.Module], **inputs: Any) -> dict[int, Any]:
@@ -118,7 +133,10 @@ class LayerInputs(nn.Module):
             hidden = self._base.value.config.hidden_size
             embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
             n = len(getattr(self._base.value, self._layers))
-            recorded = self.run(n - 1, {}, inputs_embeds=embeds)
+            # the embedding side may live on another stage (or the meta device): stand-ins of the right width
+            quiet: dict[str, nn.Module] = {name: _Zeros(hidden, dtype) for name in self._before}
+            with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
+                recorded = self.run(n - 1, quiet, inputs_embeds=embeds)
             self._cache = {key: {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}}
         return self._cache[key][index]
 
@@ -185,8 +203,9 @@ class TableEmbedding(_InPlace):
         self._begin()
         extra: dict[str, Any] = {}
         form = self.form
-        if form is not None and form.ulysses:  # vocabulary sp: this rank's slice of the positions
-            local = input_ids.shape[1]
+        if form is not None and form.seq_group is not None:  # its output is this rank's slice of the sequence
+            # vocabulary sp: the ids are that slice already; Megatron-SP: the token table's sum is scattered
+            local = input_ids.shape[1] if form.ulysses else input_ids.shape[1] // form.seq_shards
             start = group_rank(form.seq_group) * local
             extra["position_ids"] = torch.arange(start, start + local, device=input_ids.device).unsqueeze(0)
         overrides = {name: getattr(self, name) for name in self._names}
@@ -238,6 +257,31 @@ def _local_positions(kwargs: dict[str, Any], seq: int, start: int, local: int) -
     return {k: (v if k == "attention_mask" else cut(v)) for k, v in kwargs.items()}
 
 
+def _hidden_output() -> Any:
+    """A base-model output holding the hidden state; any other field a task model reads (router logits, cross
+    attentions) is None."""
+    global _HIDDEN_OUTPUT
+    if _HIDDEN_OUTPUT is None:
+        from dataclasses import dataclass as model_output
+
+        from transformers.utils import ModelOutput
+
+        @model_output
+        class HiddenOutput(ModelOutput):
+            last_hidden_state: Tensor | None = None
+
+            def __getattr__(self, name: str) -> Any:
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return None
+
+        _HIDDEN_OUTPUT = HiddenOutput
+    return _HIDDEN_OUTPUT
+
+
+_HIDDEN_OUTPUT: Any = None
+
+
 class _BaseOutput(nn.Module):
     """Stands for the base model in the task model's forward: the hidden state after the final modules."""
 
@@ -246,12 +290,10 @@ class _BaseOutput(nn.Module):
         self.after = after
 
     def forward(self, *args: Any, inputs_embeds: Tensor, **kwargs: Any) -> Any:
-        from transformers.modeling_outputs import MoeModelOutputWithPast
-
         hidden = inputs_embeds
         for module in self.after.values():
             hidden = module(hidden)
-        return MoeModelOutputWithPast(last_hidden_state=hidden)  # a mixture of experts' forward reads router_logits
+        return _hidden_output()(last_hidden_state=hidden)
 
 
 class TableHead(_InPlace):

@@ -94,7 +94,13 @@ class TableParallelizer:
                 continue
             is_kv = _is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
             keep = replicate_kv and is_kv and style == "colwise"
-            summed |= {prefix + n for n in shard_linear(sub, style, region, path, replicate=keep)}
+            blocks = self.tables.blocks.get(path, 2)
+            summed |= {prefix + n for n in shard_linear(sub, style, region, path, replicate=keep, blocks=blocks)}
+        for attribute in self.tables.per_rank:  # features counted per rank (a packed projection's split size)
+            owner_path, _, name = attribute.rpartition(".")
+            owner = _find(module.layer, owner_path) if owner_path else module.layer
+            if owner is not None:
+                setattr(owner, name, getattr(owner, name) // tp)
         for path in attention:
             first = (rank * (heads // tp)) // (heads // kv)
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
@@ -126,13 +132,16 @@ class TableParallelizer:
             _once(module)
             group = ctx.tp_group
             assert group is not None
+            tp = ctx.tp_size
             sequence_parallel = ctx.sequence_parallel_tp
             name = self.tables.before[0]
             split_embedding(getattr(module, name), group, sequence_parallel, name)
             split = _split_names(module)
             summed = [n for n, _ in module.named_parameters() if n not in split] if sequence_parallel else []
             module.form = ModuleForm(
-                grad_sums=[(n, group) for n in summed], seq_group=group if sequence_parallel else None
+                grad_sums=[(n, group) for n in summed],
+                seq_group=group if sequence_parallel else None,
+                seq_shards=tp if sequence_parallel else 1,  # learned positions: this rank's slice (GPT-2's wpe)
             )
         elif ctx.vocab_sp and ctx.sp_size > 1:
             _once(module)

@@ -27,10 +27,27 @@ STYLES: dict[str, str] = {
 }
 """The tensor-parallel forms Galva runs in place, by transformers' style name."""
 
-GALVA_TABLES: dict[str, dict[str, Any]] = {}
-"""Galva's tables for families whose configs carry none: ``model_type -> {"tp": {...}, "pp": [...]}`` in
-transformers' format (``tp`` keys relative to one layer). Empty until the families without tables move to the
-in-place path; their adapters live in :mod:`galva_models.adapters` until then."""
+GALVA_TABLES: dict[str, dict[str, Any]] = {
+    # GPT-2: Conv1D projections (weights stored [in, out]); q, k and v packed in one c_attn, which the attention
+    # splits at ``split_size`` (the hidden size): a tp rank's c_attn holds a third of each, so split_size / tp
+    "gpt2": {
+        "tp": {
+            "h.*.attn.c_attn": "packed_colwise",
+            "h.*.attn.c_proj": "rowwise",
+            "h.*.mlp.c_fc": "colwise",
+            "h.*.mlp.c_proj": "rowwise",
+        },
+        "pp": {"wte": None, "wpe": None, "drop": None, "h": None, "ln_f": None},
+        "layers": "h",
+        "blocks": {"attn.c_attn": 3},
+        "per_rank": ["attn.split_size"],
+    },
+}
+"""Galva's tables for families whose configs carry none, in transformers' format (``tp``: ``"<layers>.*.<path>"`` ->
+style; ``pp``: the base model's modules in order), plus what transformers' format cannot say: ``layers`` (the layer
+list's name), ``blocks`` (how many packed blocks a ``packed_*`` module holds, 2 by default), ``per_rank`` (layer
+attributes that count features and are divided by the tp degree, e.g. a split size). BERT, T5, ViT and Swin keep
+their adapters (:mod:`galva_models.adapters`) until they move here."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,10 @@ class ModelTables:
     """Base-model modules after the layers (final norm)."""
     experts: bool
     """The config also has an expert-parallel table (a mixture of experts)."""
+    blocks: dict[str, int]
+    """Module path inside one layer -> packed blocks (a ``packed_*`` style; 2 where not given)."""
+    per_rank: tuple[str, ...]
+    """Layer attributes (``attn.split_size``) that count features: divided by the tp degree."""
 
 
 def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | None:
@@ -60,11 +81,10 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
     if not tp_plan or not pp_plan:
         return None
     names = list(pp_plan)
+    layers = (own or {}).get("layers", "layers")
     if base is not None:
         lists = [n for n in names if isinstance(getattr(base, n, None), nn.ModuleList)]
-        layers = lists[0] if len(lists) == 1 else "layers"
-    else:
-        layers = "layers"
+        layers = lists[0] if len(lists) == 1 else layers
     if layers not in names:
         return None
     at = names.index(layers)
@@ -77,6 +97,8 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         layers=layers,
         after=tuple(names[at + 1 :]),
         experts=bool(getattr(config, "base_model_ep_plan", None)),
+        blocks=dict((own or {}).get("blocks", {})),
+        per_rank=tuple((own or {}).get("per_rank", ())),
     )
 
 

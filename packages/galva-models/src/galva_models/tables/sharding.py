@@ -124,42 +124,60 @@ def enter_region_at(module: nn.Module, region: TpRegion) -> None:
     module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def shard_linear(linear: nn.Module, style: str, region: TpRegion, path: str, replicate: bool = False) -> list[str]:
-    """Put ``linear`` (an ``nn.Linear``) into ``style`` in place for ``region``'s group. ``replicate``: keep the
-    weights whole although the style is column-parallel (key/value heads fewer than tp ranks: each rank picks the
-    heads it needs in attention). Returns the names of its parameters that stay replicated and whose gradient the
-    runtime must sum over tp (a replicated column-parallel input's weights)."""
-    if not isinstance(linear, nn.Linear):
+def _transposed(module: nn.Module) -> bool:
+    """A projection storing its weight ``[in, out]`` (transformers' ``Conv1D``: GPT-2, GPT-1)."""
+    return type(module).__name__ == "Conv1D"
+
+
+def shard_linear(
+    linear: nn.Module, style: str, region: TpRegion, path: str, replicate: bool = False, blocks: int = 2
+) -> list[str]:
+    """Put ``linear`` (an ``nn.Linear``, or a ``Conv1D`` storing its weight transposed) into ``style`` in place for
+    ``region``'s group. ``replicate``: keep the weights whole although the style is column-parallel (key/value heads
+    fewer than tp ranks: each rank picks the heads it needs in attention). ``blocks``: packed blocks of a
+    ``packed_*`` style. Returns the names of its parameters that stay replicated and whose gradient the runtime
+    must sum over tp (a replicated column-parallel input's weights)."""
+    transposed = _transposed(linear)
+    if not (isinstance(linear, nn.Linear) or transposed):
         raise ValueError(f"{path}: tensor-parallel style {style!r} needs an nn.Linear, found {type(linear).__name__}")
+    out_dim, in_dim = (1, 0) if transposed else (0, 1)
     group = region.group
     tp = group_size(group)
-    blocks = 2 if style.startswith("packed_") else 1
+    blocks = blocks if style.startswith("packed_") else 1
+    weight: Tensor = linear.weight  # type: ignore[assignment]
     if style in ("colwise", "colwise_gather_output", "packed_colwise"):  # the input enters at its block
         if replicate:
             return [n for n, _ in linear.named_parameters()]
-        _check_divisible(f"{path} output features", linear.out_features, tp * blocks)
-        split = Split(0, group, linear.out_features, blocks)
-        _replace(linear, "weight", _part(linear.weight, 0, group, blocks), split)
+        out_features = weight.shape[out_dim]
+        _check_divisible(f"{path} output features", out_features, tp * blocks)
+        _replace(linear, "weight", _part(weight, out_dim, group, blocks), Split(out_dim, group, out_features, blocks))
         if linear.bias is not None:
-            _replace(linear, "bias", _part(linear.bias, 0, group, blocks), split)
+            bias: Tensor = linear.bias  # type: ignore[assignment]
+            _replace(linear, "bias", _part(bias, 0, group, blocks), Split(0, group, out_features, blocks))
+        if transposed:
+            setattr(linear, "nf", out_features // tp)  # noqa: B010 - Conv1D shapes its output from nf
         if style == "colwise_gather_output":
             linear.register_forward_hook(lambda m, a, out: differentiable_gather_replicated(out, -1, group))
         return []
     if style in ("rowwise", "rowwise_split_input", "packed_rowwise"):
-        _check_divisible(f"{path} input features", linear.in_features, tp * blocks)
-        _replace(linear, "weight", _part(linear.weight, 1, group, blocks), Split(1, group, linear.in_features, blocks))
+        in_features = weight.shape[in_dim]
+        _check_divisible(f"{path} input features", in_features, tp * blocks)
+        _replace(linear, "weight", _part(weight, in_dim, group, blocks), Split(in_dim, group, in_features, blocks))
         split_input = style == "rowwise_split_input"
-        linear.forward = types.MethodType(_rowwise_forward(region, split_input), linear)  # type: ignore[method-assign]
+        forward = _rowwise_forward(region, split_input, transposed)
+        linear.forward = types.MethodType(forward, linear)
         return []
     raise ValueError(f"{path}: tensor-parallel style {style!r} is not one Galva runs")
 
 
-def _rowwise_forward(region: TpRegion, split_input: bool) -> Any:
-    def forward(self: nn.Linear, x: Tensor) -> Tensor:
+def _rowwise_forward(region: TpRegion, split_input: bool, transposed: bool) -> Any:
+    def forward(self: nn.Module, x: Tensor) -> Tensor:
         if split_input:
             x = differentiable_split(x, -1, region.group)
-        out = region.leave(F.linear(x, self.weight))
-        return out if self.bias is None else out + self.bias  # the bias once, after the sum
+        weight: Tensor = self.weight  # type: ignore[assignment]
+        bias: Tensor | None = self.bias  # type: ignore[assignment]
+        out = region.leave(x @ weight if transposed else F.linear(x, weight))
+        return out if bias is None else out + bias  # the bias once, after the sum
 
     return forward
 
