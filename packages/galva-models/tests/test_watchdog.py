@@ -123,5 +123,5 @@ def test_ctrl_c_ends_every_rank_with_one_line(tmp_path):
     assert not alive and elapsed < 10, (alive, elapsed, lines)
     assert [p.returncode for p in procs] == [130] * 4
     interrupted = [line for line in lines if "interrupted" in line]
-    assert len(interrupted) == 1 and interrupted[0].startswith("galva-train: interrupted (Ctrl-C) at step "), lines
+    assert len(interrupted) == 1 and interrupted[0].startswith("galva-train: interrupted (SIGINT) at step "), lines
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines

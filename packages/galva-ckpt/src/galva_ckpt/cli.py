@@ -46,7 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code (2 for a user error, printed as one line)."""
+    """Run the command; returns the exit code (2 for a user error, printed as one line; Ctrl-C or SIGTERM: one line,
+    130 / 143, the output directory left as it was, see :mod:`galva_schema.interrupt`)."""
+    from galva_schema.interrupt import run_command
+
+    return run_command(PROG, lambda: _main(argv), end_process=argv is None)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config warnings are noise for a file conversion

@@ -80,6 +80,9 @@ def _child(
             queue.put((rank, "error", f"result could not be sent to the parent (not picklable?):\n{detail}"))
 
     try:
+        from galva_schema.interrupt import forked_worker
+
+        forked_worker()  # Ctrl-C and SIGTERM are the parent's: it stops every rank (terminate) and says it once
         import torch
         import torch.distributed as dist
 
@@ -149,8 +152,11 @@ def run_distributed(
         )
         for rank in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
+    from galva_schema.interrupt import forking
+
+    with forking():  # no rank runs this process's signal handlers (see _child)
+        for proc in procs:
+            proc.start()
     # The rendezvous store lives in this process, on a port the OS picked (no race for a port chosen earlier), and
     # outlives every rank (a rank-0-hosted store vanished under ranks still creating groups when rank 0 finished
     # first). It starts after the forks: its server thread must not be copied mid-operation into the children.

@@ -20,8 +20,10 @@ SIGTERM, which a stopped process never handles); then every rank exits with :dat
 fails in the main thread first (gloo's own timeout is the same number) goes through :meth:`Watchdog.fail`, which asks
 the heartbeats the same question, so the line is the same whichever side notices first.
 
-Ctrl-C (SIGINT to every rank) is read by the thread through :func:`signal.set_wakeup_fd`, so it is seen even while the
-main thread waits in C++; rank 0 prints one line and every rank exits with :data:`EXIT_INTERRUPTED`, no traceback.
+Ctrl-C (SIGINT to every rank) and SIGTERM (what torchrun and galva-comm's launcher pass on) are read by the thread
+through :func:`signal.set_wakeup_fd`, so they are seen even while the main thread waits in C++; one rank prints one line
+(:func:`galva_schema.interrupt.say_interrupted`, with the step) and every rank exits with 128 + the signal (130 for
+SIGINT, :data:`EXIT_INTERRUPTED`; 143 for SIGTERM), no traceback.
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ class Watchdog:
         self._wake_w: socket.socket | None = None
         self._old_wakeup_fd = -1
         self._old_sigint: Any = None
+        self._old_sigterm: Any = None
         self._originals: dict[str, Callable[..., Any]] = {}
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -181,8 +184,9 @@ class Watchdog:
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
             self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
-            # the main thread ignores Ctrl-C (no KeyboardInterrupt from some random frame); the thread ends the run
+            # the main thread ignores Ctrl-C and SIGTERM (no exception from some random frame); the thread ends the run
             self._old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: None)
+            self._old_sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: None)
         self._publish()
         self._thread = threading.Thread(target=self._run, name="galva-watchdog", daemon=True)
         self._thread.start()
@@ -196,6 +200,7 @@ class Watchdog:
         if self._wake_w is not None and threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(self._old_wakeup_fd)
             signal.signal(signal.SIGINT, self._old_sigint)
+            signal.signal(signal.SIGTERM, self._old_sigterm)
             self._wake_w.close()
             assert self._wake_r is not None
             self._wake_r.close()
@@ -239,8 +244,9 @@ class Watchdog:
                 if ready:
                     with contextlib.suppress(OSError):
                         data = self._wake_r.recv(64)
-                        if signal.SIGINT in data:
-                            self._interrupted()
+                        signals = [s for s in data if s in (signal.SIGINT, signal.SIGTERM)]
+                        if signals:
+                            self._interrupted(signals[0])
             else:
                 self._stop.wait(self.interval_s)
             if self._stop.is_set():
@@ -320,12 +326,13 @@ class Watchdog:
             print(line, file=sys.stderr, flush=True)
         _exit(code)
 
-    def _interrupted(self) -> None:
+    def _interrupted(self, signum: int) -> None:
+        from galva_schema.interrupt import exit_status, say_interrupted
+
         if not self._exiting.acquire(blocking=False):
             return
-        if self.rank == 0:
-            print(f"{self.prog}: interrupted (Ctrl-C) at step {self._step}; every rank stopped", file=sys.stderr)
-        _exit(EXIT_INTERRUPTED)
+        say_interrupted(self.prog, signum, f" at step {self._step}")  # one rank of the job says it
+        _exit(exit_status(signum))
 
     # ------------------------------------------------------------------------------------- collective tracking
     def _wrap_collectives(self) -> None:

@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``galva-profile``; Ctrl-C or SIGTERM end it with one line from the whole job
+    (:mod:`galva_schema.interrupt`)."""
+    from galva_schema.interrupt import run_command
+
+    return run_command(PROG, lambda: _main(argv), end_process=argv is None)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "hardware":

@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``galva-search``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`)."""
     from galva_schema.interrupt import run_command
 
-    return run_command("galva-search", lambda: _main(argv))
+    return run_command("galva-search", lambda: _main(argv), end_process=argv is None)
 
 
 def _main(argv: Sequence[str] | None) -> int:

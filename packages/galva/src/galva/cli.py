@@ -138,6 +138,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``galva``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`); ``galva run``
+    passes the signal on to the stage running and waits for it to end the same way."""
+    from galva_schema.interrupt import run_command
+
+    return run_command("galva", lambda: _main(argv), end_process=argv is None)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "run":

@@ -7,6 +7,8 @@ Every stage runs as a subprocess of the same Python (the commands of the other d
 its output goes to ``OUT/logs/<stage>.log``, and ``galva run`` prints one line per stage with the time it took and
 the command, so any stage can be re-run on its own. At the end it prints where every artefact went and writes the
 same list as ``OUT/run.json``. A failing stage stops the run: its last log lines are printed and the exit status is 1.
+Ctrl-C or SIGTERM is passed on to the stage running, which ends the same way (its line in its log, no temporary file
+left); ``galva run`` then prints one line and exits with 130 / 143.
 
 Resources: the local GPUs when there are some (NCCL, bf16), otherwise ``--nproc`` CPU ranks with gloo (fp32).
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from galva_schema import write_text_atomic
+from galva_schema.interrupt import wait_child
 
 __all__ = ["PipelineOptions", "StageResult", "detect_devices", "run_pipeline"]
 
@@ -120,7 +123,11 @@ class _Runner:
             with log.open("w", encoding="utf-8") as f:
                 f.write("$ " + _display(cmd) + "\n")
                 f.flush()
-                code = subprocess.call(list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=self.out)
+                # its own session: Ctrl-C reaches `galva run` only, which passes it on once and waits for the stage
+                # to end the same way (its temporary files removed), see galva_schema.interrupt.wait_child
+                proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=self.out,
+                                        start_new_session=True)
+                code = wait_child(proc)
             if code != 0:
                 self._fail(index, name, log, f"exit status {code}")
         if work is not None:

@@ -25,6 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``galva-data``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`)."""
+    from galva_schema.interrupt import run_command
+
+    return run_command("galva-data", lambda: _main(argv), end_process=argv is None)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.workers < 1:
         print(f"galva-data: error: --workers must be >= 1, got {args.workers}", file=sys.stderr)

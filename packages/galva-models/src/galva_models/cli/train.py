@@ -377,6 +377,14 @@ def _own_save_dir(cfg: TrainConfig, launching: bool) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``galva-train``; Ctrl-C or SIGTERM end it with one line from the whole job: before the first
+    step :mod:`galva_schema.interrupt`, then the watchdog (:mod:`galva_hp.watchdog`)."""
+    from galva_schema.interrupt import run_command
+
+    return run_command("galva-train", lambda: _main(argv), end_process=argv is None)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         cfg = parse_train_config(argv)
     except ConfigError as err:

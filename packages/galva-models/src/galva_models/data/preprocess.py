@@ -40,6 +40,9 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Any:
 
 
 def _init_worker(directory: str) -> None:
+    from galva_schema.interrupt import forked_worker
+
+    forked_worker()  # Ctrl-C is the parent's to handle (one line, its temporary files removed); SIGTERM ends a worker
     global _tokenizer
     _tokenizer = load_tokenizer(directory)
 
@@ -114,7 +117,11 @@ def preprocess(
         with bar:
             if workers > 1:
                 ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
-                with ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
+                from galva_schema.interrupt import forking
+
+                with forking():  # no worker runs this process's signal handlers (see _init_worker)
+                    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_dir),))
+                with pool:
                     encoded = pool.imap(_encode, items, chunksize=_CHUNK)  # ordered: output is deterministic
                     documents, tokens = _write(builder, encoded, bar, torch, np)
             else:

@@ -1,0 +1,264 @@
+"""Ctrl-C and SIGTERM end every Galva command the same way: one line ``PROG: interrupted (SIGINT)``, exit status
+128 + the signal (130, 143: what a shell reports for a process the signal ended), no traceback, nothing half-written.
+
+:func:`run_command` wraps a command's body. The first SIGINT or SIGTERM raises :class:`Interrupted` in the main thread:
+a ``BaseException``, so ``except Exception`` blocks let it pass while ``finally`` blocks and the atomic writers remove
+their temporary files on the way out; the wrapper then prints the line and returns the status.
+
+A main thread blocked in native code (a collective whose peer has gone, a store lookup) runs no Python signal handler
+until that call returns, which may be minutes. A helper thread, woken by the signal through
+:func:`signal.set_wakeup_fd`, therefore ends the process itself (the same line and status) when the handler has not
+run :data:`GRACE_S` seconds after the signal. Code that installs its own handler for the signal meanwhile (torch's
+elastic agent in :func:`galva_comm.launch.launch_local`, galva-hp's training watchdog) owns it and is left alone.
+
+In a job of several ranks one process says it (:func:`say_interrupted`): Ctrl-C reaches every rank, the job prints one
+line. A command's process, once unwound, ends without interpreter finalization (``end_process``). Forked
+workers are started inside :func:`forking` and call :func:`forked_worker` first: the parent alone decides how the job
+ends (it stops them), and no worker prints a traceback of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "GRACE_S",
+    "NOTE_ENV",
+    "SIGNALS",
+    "Interrupted",
+    "exit_status",
+    "forked_worker",
+    "forking",
+    "interrupted_line",
+    "run_command",
+    "say_interrupted",
+    "wait_child",
+]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that interrupt a command."""
+GRACE_S = 3.0
+"""Seconds the main thread gets to run the signal handler before the helper thread ends the process."""
+UNWIND_S = 30.0
+"""Seconds the main thread gets to unwind (remove temporary files, stop children) once the handler ran."""
+CHILD_GRACE_S = 15.0
+"""Seconds :func:`wait_child` gives a child to end after the signal was passed on to it, before killing it."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; raised in the main thread by :func:`run_command`'s handler."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(f"interrupted ({signal.Signals(self.signum).name})")
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.signum)
+
+
+def exit_status(signum: int) -> int:
+    """The status a shell reports for a process that ``signum`` ended: 128 + the signal number."""
+    return 128 + int(signum)
+
+
+def interrupted_line(prog: str, signum: int) -> str:
+    """The one line an interrupted command prints: ``PROG: interrupted (SIGINT)``."""
+    return f"{prog}: interrupted ({signal.Signals(signum).name})"
+
+
+NOTE_ENV = "GALVA_INTERRUPT_NOTE"
+"""Set by a launcher (:func:`galva_comm.launch.launch_local`) for its ranks: a file path that the first process of the
+job to say that it was interrupted creates, so that no other says it again and the launcher knows it was said."""
+
+
+def say_interrupted(prog: str, signum: int, detail: str = "") -> bool:
+    """Print ``PROG: interrupted (SIGNAL)`` + ``detail`` unless another process of the job says it; True if printed.
+
+    Under a launcher that names a note file (:data:`NOTE_ENV`) the first process to create it says it; otherwise a
+    lone process or rank 0 of a job of several (``$RANK`` unset or 0) does.
+    """
+    note = os.environ.get(NOTE_ENV)
+    first = os.environ.get("RANK", "0") == "0"
+    if note:
+        try:
+            os.close(os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            first = True
+        except FileExistsError:
+            first = False
+        except OSError:
+            pass  # an unwritable note: rank 0 says it
+    if first:
+        print(interrupted_line(prog, signum) + detail, file=sys.stderr, flush=True)
+    return first
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    """Around forking workers that call :func:`forked_worker`: SIGINT and SIGTERM are held back (blocked) in this
+    thread, so a worker inherits them blocked and none runs this process's handler before it has its own; a signal
+    that arrived meanwhile is delivered here when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks (and no fork)
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def forked_worker() -> None:
+    """First thing in a forked worker (a pool worker, a forked rank; see :func:`forking`): Ctrl-C is left to the
+    parent (ignored here), SIGTERM, the parent's way to stop it, ends it at once, and the parent's wakeup socket is
+    let go."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+class _Guard:
+    """The state of one :func:`run_command` call: its handlers, its wakeup socket and the thread reading it."""
+
+    def __init__(self, prog: str) -> None:
+        self.prog = prog
+        self.handled = threading.Event()  # the main thread ran the handler: it is unwinding in Python
+        self.done = threading.Event()  # the body returned or raised
+        self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
+        self.reader, self.writer = socket.socketpair()
+        self.reader.setblocking(False)
+        self.writer.setblocking(False)
+        self.old_handlers: dict[int, Any] = {}
+        self.old_wakeup_fd = -1
+        self.thread = threading.Thread(target=self._watch, name="galva-interrupt", daemon=True)
+
+    def install(self) -> None:
+        for signum in SIGNALS:
+            self.old_handlers[signum] = signal.signal(signum, self._handler)
+        self.old_wakeup_fd = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
+        self.thread.start()
+
+    def uninstall(self) -> None:
+        self.done.set()
+        with contextlib.suppress(OSError):
+            self.writer.send(b"\0")  # wakes the thread; signal numbers are never 0
+        self.thread.join(timeout=1.0)
+        signal.set_wakeup_fd(self.old_wakeup_fd)
+        for signum, handler in self.old_handlers.items():
+            signal.signal(signum, handler)
+        self.reader.close()
+        self.writer.close()
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.handled.is_set():
+            return  # a second signal while the first unwinds: the thread holds the deadline
+        self.handled.set()
+        raise Interrupted(signum)
+
+    def say(self, signum: int) -> None:
+        if self.said.acquire(blocking=False):
+            say_interrupted(self.prog, signum)
+
+    def _watch(self) -> None:
+        signum = self._first_signal()
+        if signum is None:
+            return
+        if signal.getsignal(signum) != self._handler:
+            return  # another handler owns the signal now (torch's elastic agent, the training watchdog)
+        if not self.handled.wait(GRACE_S) and not self.done.is_set():
+            self._force(signum)  # the main thread is stuck in native code
+        elif not self.done.wait(UNWIND_S):
+            self._force(signum)
+
+    def _first_signal(self) -> int | None:
+        while not self.done.is_set():
+            ready, _, _ = select.select([self.reader], [], [])
+            if not ready:
+                continue
+            try:
+                data = self.reader.recv(64)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return None
+            for byte in data:
+                if byte in SIGNALS:
+                    return int(byte)
+        return None
+
+    def _force(self, signum: int) -> None:
+        if self.done.is_set():
+            return
+        self.say(signum)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(exit_status(signum))
+
+
+def run_command(prog: str, body: Callable[[], int], *, end_process: bool = False) -> int:
+    """Run a command's ``body`` and return its exit status; SIGINT or SIGTERM end it with one line and 128 + signal.
+
+    ``end_process``: this is the command's process (its console script, ``argv`` from the command line, not a test
+    calling ``main``). Once interrupted and unwound it then ends at once, without interpreter finalization: with torch
+    loaded that takes seconds, and in a rank, collectives in flight and the native threads serving them must neither
+    hold up nor abort its exit (``terminate called ...``). Outside the main thread ``body`` simply runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return body()
+    guard = _Guard(prog)
+    guard.install()
+    try:
+        return body()
+    except Interrupted as err:
+        return _ended(guard, err.signum, end_process)
+    except KeyboardInterrupt:  # raised by a library's own SIGINT handler, or before ours was installed
+        return _ended(guard, signal.SIGINT, end_process)
+    finally:
+        guard.uninstall()
+
+
+def _ended(guard: _Guard, signum: int, end_process: bool) -> int:
+    guard.say(signum)
+    if end_process:
+        guard.done.set()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exit_status(signum))
+    return exit_status(signum)
+
+
+def wait_child(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> int:
+    """Wait for a child command; when this process is interrupted meanwhile, pass the signal on to the child, give it
+    :data:`CHILD_GRACE_S` seconds to end the same way (removing its temporary files), then kill it, and re-raise.
+
+    Start the child with ``start_new_session=True``: Ctrl-C at a terminal then reaches this process only, and the
+    child gets the signal exactly once, from here.
+    """
+    try:
+        return proc.wait()
+    except BaseException as err:
+        if isinstance(err, Interrupted):
+            signum = err.signum
+        else:
+            signum = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+        try:
+            proc.wait(timeout=CHILD_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
