@@ -221,7 +221,7 @@ def test_galva_train_one_process_sigterm(tmp_path):
     ended = _interrupt(cmd, _metrics_lines(metrics), signum=signal.SIGTERM)
     line = _check(ended, "galva-train", signal.SIGTERM, noise=("step ",))
     assert line.startswith("galva-train: interrupted (SIGTERM) at step ")
-    assert [json.loads(text)["step"] for text in metrics.read_text().splitlines()][:1] == [0]  # whole lines only
+    assert [json.loads(text)["step"] for text in metrics.read_text().splitlines()][:1] == [1]  # whole lines only
     assert _temporaries(tmp_path / "out") == []
 
 

@@ -57,7 +57,7 @@ def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     result = search(cost, SearchOptions(memory_budget_mib=20000.0, batch_sizes=(64,)))
     assert isinstance(result.strategy, Strategy)
     records = [{"step": t, "loss": 10.0 / (1 + 0.2 * t), "tokens_per_s": 9000.0 + 50 * t,
-                "step_time_s": 14.0 - 0.01 * t, "peak_memory_mib": 30000.0 + t} for t in range(30)]
+                "step_time_s": 14.0 - 0.01 * t, "peak_memory_mib": 30000.0 + t} for t in range(1, 31)]
     page = tmp_path / "report.html"
     page.write_text(render_page(PlanFacts.from_result(result), records, {"model": "llama-7b"}), encoding="utf-8")
 

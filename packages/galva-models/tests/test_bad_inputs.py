@@ -157,7 +157,8 @@ def test_data_bad_flags_and_outputs(tmp_path, capsys):
 
 
 def _metrics(path: Path, losses: list[object], tail: str = "") -> Path:
-    lines = [json.dumps({"step": i, "loss": loss, "lr": 1e-3, "tokens_per_s": 10.0}) for i, loss in enumerate(losses)]
+    lines = [json.dumps({"step": i, "loss": loss, "lr": 1e-3, "tokens_per_s": 10.0})
+             for i, loss in enumerate(losses, start=1)]  # fmt: skip
     path.write_text("\n".join(lines) + "\n" + tail)
     return path
 
@@ -166,7 +167,7 @@ def test_report_bad_inputs(tmp_path, capsys):
     missing = tmp_path / "none.jsonl"
     one_line(capsys, report_main([str(missing)]), 2, str(missing))
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "lo\n{"step": 2, "loss": 1.0}\n')
+    bad.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n{"step": 3, "loss": 1.0}\n')
     one_line(capsys, report_main([str(bad)]), 2, f"{bad}:2")
     good = _metrics(tmp_path / "m.jsonl", [2.0, 1.0])
     one_line(capsys, report_main([str(good), "-o", "/proc/galva.html"]), 2, "--output /proc/galva.html")
@@ -178,7 +179,7 @@ def test_report_bad_inputs(tmp_path, capsys):
 
 
 def test_report_reads_a_truncated_last_line_with_a_warning(tmp_path, capsys):
-    cut = _metrics(tmp_path / "cut.jsonl", [2.0, 1.5, 1.0], tail='{"step": 3, "loss": 0.')
+    cut = _metrics(tmp_path / "cut.jsonl", [2.0, 1.5, 1.0], tail='{"step": 4, "loss": 0.')
     code = report_main([str(cut), "-o", str(tmp_path / "r.html")])
     line = one_line(capsys, code, 0, f"{cut}:4", "incomplete last line")
     assert line.startswith("galva-report: warning: ")
@@ -189,7 +190,7 @@ def test_report_after_a_nan_loss_has_a_divergence_banner_and_no_finite_last_loss
     from galva_models.metrics import json_line
 
     path = tmp_path / "nan.jsonl"
-    records = [{"step": i, "loss": loss, "lr": 1e-3} for i, loss in enumerate([2.0, 1.5, float("nan")])]
+    records = [{"step": i, "loss": loss, "lr": 1e-3} for i, loss in enumerate([2.0, 1.5, float("nan")], start=1)]
     path.write_text("".join(json_line(r) for r in records))
 
     def bare(constant: str) -> None:
@@ -207,7 +208,7 @@ def test_metrics_on_a_full_disk_warn_once_and_training_goes_on(capsys):
     from galva_models.metrics import MetricsLogger
 
     logger = MetricsLogger(total_steps=3, jsonl_path="/dev/full", progress=False, log_interval=100)
-    for step in range(3):  # /dev/full: every write fails with ENOSPC, as on a full disk
+    for step in range(1, 4):  # /dev/full: every write fails with ENOSPC, as on a full disk
         logger.log({"step": step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
     logger.close()
     one_line(capsys, 0, 0, "--metrics-jsonl /dev/full", "No space left on device", "training goes on")

@@ -94,7 +94,8 @@ def test_the_runs_tokenizer_is_saved_and_exported(tmp_path):
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(tmp_path / "model")
     galva_train(["--model-config", tmp_path / "model", *COMMON, "--train-iters", "1", "--save", tmp_path / "s"], 1)
-    galva_train(["--load", tmp_path / "s", *COMMON, "--train-iters", "2", "--save", tmp_path / "r"], 1)
+    longer = ["--train-iters", "2", "--override-lr-schedule"]  # the saved run's schedule ended at step 1
+    galva_train(["--load", tmp_path / "s", *COMMON, *longer, "--save", tmp_path / "r"], 1)
     for root, step in ((tmp_path / "s", 1), (tmp_path / "r", 2)):
         manifest = CheckpointReader(root / f"step-{step:08d}").manifest
         assert {"tokenizer.json", "tokenizer_config.json"} <= set(manifest.hf_files), manifest.hf_files

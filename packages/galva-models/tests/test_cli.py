@@ -268,7 +268,7 @@ def test_end_to_end_preprocess_then_torchrun(tmp_path, corpus_and_tokenizer):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(30))
+    assert [r["step"] for r in records] == list(range(1, 31))  # from 1, as the console and the checkpoints
     for key in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops", "peak_memory_mib"):
         assert all(isinstance(r[key], float) for r in records), key
     first = sum(r["loss"] for r in records[:5]) / 5

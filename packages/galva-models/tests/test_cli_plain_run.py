@@ -26,7 +26,7 @@ def test_without_a_launcher_it_trains_on_one_rank(tmp_path):
     assert "Traceback" not in done.stderr
     assert "tiny-llama on 1 rank:" in done.stderr.splitlines()[0]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]
     assert all(r["loss"] == r["loss"] for r in records)  # finite numbers, not NaN
 
 

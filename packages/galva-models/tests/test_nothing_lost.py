@@ -77,7 +77,7 @@ def test_a_second_run_on_a_save_dir_in_use_is_refused_and_a_resume_continues_the
             time.sleep(0.05)
         before = sorted(p.name for p in root.iterdir())
         logged = metrics.read_text()
-        assert [r["step"] for r in records(metrics)] == [0, 1]
+        assert [r["step"] for r in records(metrics)] == [1, 2]
 
         monkeypatch.delenv("RANK", raising=False)
         capsys.readouterr()
@@ -102,24 +102,24 @@ def test_a_second_run_on_a_save_dir_in_use_is_refused_and_a_resume_continues_the
     [(code, _)] = galva_train([*RUN, "--train-iters", "3", "--metrics-jsonl", tmp_path / "full.jsonl"])
     assert code == 0
     resumed, full = records(metrics), records(tmp_path / "full.jsonl")
-    assert [r["step"] for r in resumed] == [0, 1, 2]  # step 2 (index 1) once: run 1's record of it was dropped
+    assert [r["step"] for r in resumed] == [1, 2, 3]  # step 2 once: run 1's record of it was dropped
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full]  # the same plan: bit-identical
 
     # --finetune (weights only) and a fresh run start the file anew
     [(code, _)] = galva_train([*RUN, "--train-iters", "1", "--load", root, "--finetune", "--metrics-jsonl", metrics])
-    assert code == 0 and [r["step"] for r in records(metrics)] == [0]
+    assert code == 0 and [r["step"] for r in records(metrics)] == [1]
     [(code, _)] = galva_train([*RUN, "--train-iters", "2", "--metrics-jsonl", metrics])
-    assert code == 0 and [r["step"] for r in records(metrics)] == [0, 1]
+    assert code == 0 and [r["step"] for r in records(metrics)] == [1, 2]
 
 
 def test_resumed_metrics_drop_redone_steps_and_a_line_cut_by_a_crash(tmp_path):
     path = tmp_path / "m.jsonl"
-    lines = [json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(4)]
-    path.write_text("".join(lines) + '{"step": 4, "lo')  # the last write of a killed run
+    lines = [json.dumps({"step": s, "loss": float(s)}) + "\n" for s in range(1, 5)]
+    path.write_text("".join(lines) + '{"step": 5, "lo')  # the last write of a killed run
     logger = MetricsLogger(total_steps=5, jsonl_path=path, progress=False, log_interval=100, resume_step=2)
-    logger.log({"step": 2, "loss": 9.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
+    logger.log({"step": 3, "loss": 9.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
     logger.close()
-    assert [(r["step"], r["loss"]) for r in records(path)] == [(0, 0.0), (1, 1.0), (2, 9.0)]
+    assert [(r["step"], r["loss"]) for r in records(path)] == [(1, 1.0), (2, 2.0), (3, 9.0)]  # after step 2's save
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def _records(n: int) -> list[dict[str, object]]:
     """Step records shaped like galva-train's, with values that differ per step."""
     return [
         {
-            "step": t,
+            "step": t + 1,
             "loss": 10.0 * math.exp(-t / 15) + 0.1 * math.sin(t),
             "lr": 3e-3 * min(1.0, (t + 1) / 5),
             "grad_norm": 1.0 + 0.5 * math.cos(t),

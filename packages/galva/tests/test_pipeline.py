@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,8 +81,11 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     for key, path in run["artefacts"].items():
         assert Path(path).exists(), key
         assert path in proc.stdout, key  # the final listing says where it went
+    for log in (out / "logs").iterdir():  # each stage's stderr is its log: plain lines, no redrawn bar frames
+        assert "\r" not in log.read_text(), log
+    assert "train: 8/8 step" in (out / "logs" / "train.log").read_text()  # its own progress, as plain lines
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(8))
+    assert [m["step"] for m in metrics] == list(range(1, 9))  # as the checkpoint: step-00000008 after step 8
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # the model learns the corpus
     assert (out / "checkpoints" / "step-00000008" / "manifest.json").is_file()
     generation = json.loads((out / "generation.json").read_text())
@@ -88,3 +94,37 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     report = (out / "report.html").read_text()
     for section in ('id="plan"', 'id="memory"', 'id="time"', 'id="training"', 'id="measured"', 'id="chart-loss"'):
         assert section in report, section
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition`` (a guard against a hang, not a timing)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_running_stage_shows_its_own_last_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a long stage: redirected, an indented line (not a stage line) with the last line of the stage's log
+    (tqdm frames split at their carriage returns); on a terminal, that line redrawn in place and cleared at the end."""
+    from galva.pipeline import _StageWatch
+
+    monkeypatch.setattr(_StageWatch, "interval_s", 0.05)
+    monkeypatch.setattr(_StageWatch, "redraw_s", 0.05)
+    log = tmp_path / "train.log"
+    log.write_text("$ galva-train ...\ntrain: 3/40 step, 9 s\rstep     10 | loss 5.1234 | lr 1.0e-03\n")
+    plain = io.StringIO()
+    with _StageWatch(log, "[ 8/11] train            ", plain):
+        _until(lambda: "\n" in plain.getvalue())
+    first = plain.getvalue().splitlines()[0]
+    assert first.startswith("    train ") and first.endswith(" s: step     10 | loss 5.1234 | lr 1.0e-03"), first
+    assert "\r" not in plain.getvalue()
+    tty = _Terminal()
+    with _StageWatch(log, "[ 8/11] train            ", tty):
+        _until(lambda: "loss 5.1234" in tty.getvalue())
+    assert tty.getvalue().startswith("\r[ 8/11] train") and tty.getvalue().endswith("\r\033[K")

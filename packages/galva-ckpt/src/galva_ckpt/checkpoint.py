@@ -94,8 +94,10 @@ class CheckpointWriter:
         optimizer: Mapping[str, Any] | None = None,
         scheduler: Mapping[str, Any] | None = None,
         data_position: Mapping[str, Any] | None = None,
+        mixed_precision: str | None = None,
     ) -> CheckpointManifest:
-        """Write ``manifest.json`` (validated) and return it. ``optimizer``: OptimizerState fields but modules."""
+        """Write ``manifest.json`` (validated) and return it. ``optimizer``: OptimizerState fields but modules;
+        ``mixed_precision``: the training run's compute precision."""
         optimizer_state = None
         if optimizer is not None:
             optimizer_state = OptimizerState(**dict(optimizer), modules=tuple(self.optimizer_modules))
@@ -112,6 +114,7 @@ class CheckpointWriter:
             optimizer=optimizer_state,
             scheduler=None if scheduler is None else dict(scheduler),
             data_position=None if data_position is None else dict(data_position),
+            mixed_precision=mixed_precision,
             rng_file=self.rng_file,
         )
         manifest.save(self.directory / MANIFEST)

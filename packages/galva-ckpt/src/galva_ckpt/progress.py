@@ -1,12 +1,11 @@
-"""The progress bar of h2g and g2h: bytes converted, on stderr."""
+"""The progress of h2g and g2h: bytes converted, on stderr (a bar on a terminal, plain lines in a log)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from tqdm import tqdm
+from galva_schema.progress import progress_bar as _progress
 
 __all__ = ["progress_bar"]
 
@@ -14,8 +13,5 @@ __all__ = ["progress_bar"]
 @contextmanager
 def progress_bar(total_bytes: int, label: str, enabled: bool = True) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(nbytes)``; the bar shows bytes done, throughput and time left."""
-    with tqdm(
-        total=total_bytes, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-        disable=not enabled, mininterval=0.2,
-    ) as bar:  # fmt: skip
+    with _progress(total_bytes, label, unit="B", enabled=enabled) as bar:
         yield bar.update

@@ -138,6 +138,7 @@ class CheckpointIO:
             "optimizer": opt,
             "scheduler": scheduler,
             "data_position": {"step": step},
+            "mixed_precision": self.model.strategy.mixed_precision.value,  # a resume keeps it
         }
         # save_sharded creates the directories (on rank 0; a failure there is every rank's one-line CheckpointError)
         stats = save_sharded(
@@ -253,11 +254,17 @@ def _piece(file: str, tensor: str, box: ShardBox) -> Piece:
 
 
 def _load_scheduler(optimizer: GalvaOptimizer, state: dict[str, Any]) -> None:
+    """Put the schedule at the saved step. Only the position comes from the checkpoint: the learning rates are the
+    run's own schedule's at that step (the saved one, unless galva-train was told to override it; the saved last
+    learning rate is the old schedule's, 0 at the end of a linear decay)."""
     scheduler = optimizer.scheduler
-    saved = dict(state)
-    scheduler.load_state_dict({**scheduler.state_dict(), **saved})
-    for group, lr in zip(optimizer.optimizer.param_groups, saved.get("_last_lr", [])):
+    step = int(state["last_epoch"])
+    scheduler.last_epoch = step
+    scheduler._step_count = int(state.get("_step_count", step + 1))
+    lrs = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.optimizer.param_groups, lrs):
         group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 def scheduler_state(optimizer: GalvaOptimizer) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Only the rank that owns the logger writes (galva-train gives one to global rank 0). Each record holds at least
 ``step, loss, lr, grad_norm, step_time_s, tokens_per_s``, plus ``tflops`` (model FLOP/s estimate per rank, see
-:func:`train_flops_per_token`) and ``peak_memory_mib``.
+:func:`train_flops_per_token`) and ``peak_memory_mib``. ``step`` counts from 1, as the console and the checkpoints
+do: the record of step 1 is that of the first step, after which a save is ``step-00000001``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class MetricsLogger:
         resume_step: int | None = None,
     ) -> None:
         """``resume_step``: the run continues a checkpoint after that many steps; the JSONL file keeps the earlier
-        run's records of steps before it and is appended to (None: a fresh run, the file starts anew)."""
+        run's records of steps up to it and is appended to (None: a fresh run, the file starts anew)."""
         self.log_interval = max(1, log_interval)
         self._jsonl = None
         self._jsonl_path = jsonl_path
@@ -53,7 +54,7 @@ class MetricsLogger:
             path.parent.mkdir(parents=True, exist_ok=True)
             mode = "w"
             if resume_step is not None and path.is_file():
-                keep_steps_before(path, resume_step)
+                keep_steps_up_to(path, resume_step)
                 mode = "a"
             self._jsonl = path.open(mode, buffering=1)  # line-buffered: a crash keeps every finished step
         self._tb = None
@@ -65,10 +66,10 @@ class MetricsLogger:
             else:
                 self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
         self._bar = None
-        if progress:
-            from tqdm import tqdm
+        if progress:  # a bar on a terminal; redirected, a plain line every few seconds (galva_schema.progress)
+            from galva_schema.progress import progress_bar
 
-            self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+            self._bar = progress_bar(total_steps, "train", unit="step")
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
@@ -78,7 +79,7 @@ class MetricsLogger:
                 self._jsonl.flush()
             except OSError as err:  # a full disk: metrics are not worth a dead run
                 print(
-                    f"galva-train: warning: --metrics-jsonl {self._jsonl_path}: cannot write step {step + 1} "
+                    f"galva-train: warning: --metrics-jsonl {self._jsonl_path}: cannot write step {step} "
                     f"({err.strerror or err}); no more metrics are written, training goes on",
                     file=sys.stderr,
                 )
@@ -90,13 +91,13 @@ class MetricsLogger:
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(f"train/{key}", value, step)
         if self._bar is not None:
-            self._bar.update(1)
             self._bar.set_postfix(
                 loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}"
             )
-            if (step + 1) % self.log_interval == 0:
+            self._bar.update(1)
+            if step % self.log_interval == 0:
                 self._bar.write(_console_line(record))
-        elif (step + 1) % self.log_interval == 0:
+        elif step % self.log_interval == 0:
             print(_console_line(record), file=sys.stderr)
 
     def close(self) -> None:
@@ -109,11 +110,11 @@ class MetricsLogger:
             self._tb.close()
 
 
-def keep_steps_before(path: Path, step: int) -> None:
-    """Drop the records of ``path`` for steps ``>= step`` (0-based: steps a resumed run does again) and any line that
-    is not a whole record (cut short by a crash); the file is rewritten atomically, and only if something goes."""
+def keep_steps_up_to(path: Path, step: int) -> None:
+    """Drop the records of ``path`` for steps ``> step`` (the steps a resumed run does again) and any line that is
+    not a whole record (cut short by a crash); the file is rewritten atomically, and only if something goes."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    kept = [line for line in lines if _step_of(line) < step]
+    kept = [line for line in lines if _step_of(line) <= step]
     if kept != lines:
         from galva_schema import write_text_atomic
 
@@ -149,7 +150,7 @@ def _console_line(r: dict[str, Any]) -> str:
     norm = r.get("grad_norm")
     mem = r.get("peak_memory_mib")
     return (
-        f"step {r['step'] + 1:>6} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | grad_norm "
+        f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | grad_norm "
         f"{'-' if norm is None else f'{norm:.3f}'} | {r['step_time_s'] * 1e3:.0f} ms | "
         f"{r['tokens_per_s']:.0f} tok/s | {r.get('tflops', 0.0):.3g} TFLOP/s | mem "
         f"{'-' if mem is None else f'{mem:.0f} MiB'}"

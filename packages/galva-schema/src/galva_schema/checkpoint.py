@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, NonNegativeInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
+from galva_schema.vocabulary import Precision
 
 
 class TensorInfo(GalvaModel):
@@ -79,7 +80,16 @@ class CheckpointManifest(GalvaFile):
         (), description="Hugging Face side files kept verbatim under 'hf/' (tokenizer, generation config, ...)."
     )
     optimizer: OptimizerState | None = None
-    scheduler: dict[str, Any] | None = Field(None, description="Learning-rate scheduler state (JSON values).")
+    scheduler: dict[str, Any] | None = Field(
+        None,
+        description="Learning-rate scheduler state (JSON values); galva-train adds the schedule it ran under "
+        "('schedule': train_iters, lr, min_lr, warmup_iters, decay_style), which a resume must repeat.",
+    )
+    mixed_precision: Precision | None = Field(
+        None,
+        description="Compute precision of the training run that saved it (the tensors are its fp32 masters either "
+        "way): a resume keeps it unless given another.",
+    )
     data_position: dict[str, Any] | None = Field(
         None, description="Where the data stream resumes, e.g. {'consumed_samples': 4096}."
     )

@@ -581,7 +581,7 @@ def training_facts(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     facts: dict[str, str] = {}
     diverged = next((r for r in records if _non_finite(r.get("loss"))), None)
     if diverged is not None:  # first in the header: the curves and the numbers below end in a divergence
-        facts["DIVERGED"] = f"loss is {diverged.get('loss')} at step {int(diverged['step']) + 1}; the run diverged"
+        facts["DIVERGED"] = f"loss is {diverged.get('loss')} at step {int(diverged['step'])}; the run diverged"
     facts["steps"] = str(len(records))
     loss = [v for _, v in _series(records, "loss")]
     if loss:

@@ -5,8 +5,10 @@
 
 Every stage runs as a subprocess of the same Python (the commands of the other distributions, exactly as installed),
 its output goes to ``OUT/logs/<stage>.log``, and ``galva run`` prints one line per stage with the time it took and
-the command, so any stage can be re-run on its own. At the end it prints where every artefact went and writes the
-same list as ``OUT/run.json``. A failing stage stops the run: its last log lines are printed and the exit status is 1.
+the command, so any stage can be re-run on its own. While a stage runs, the last line of its log (its step or
+progress line) is shown: redrawn in place on a terminal, an indented line every 10 s otherwise. At the end it prints
+where every artefact went and writes the same list as ``OUT/run.json``. A failing stage stops the run: its last log
+lines are printed and the exit status is 1.
 Ctrl-C or SIGTERM is passed on to the stage running, which ends the same way (its line in its log, no temporary file
 left); ``galva run`` then prints one line and exits with 130 / 143.
 
@@ -21,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -99,6 +102,60 @@ def _display(cmd: Sequence[str]) -> str:
     return " ".join(w if w.startswith(("python -m ", "galva", "torchrun")) else shlex.quote(w) for w in words)
 
 
+class _StageWatch:
+    """While a stage runs, its own progress on the console: the last line of its log (a step line, a profiling step,
+    a progress line), redrawn in place on a terminal, else one indented line every ``interval_s`` seconds (lines
+    that are not stage lines: those start with ``[``)."""
+
+    interval_s = 10.0
+    redraw_s = 0.5
+
+    def __init__(self, log: Path, head: str, stream: TextIO) -> None:
+        self.log, self.head, self.stream = log, head, stream
+        try:
+            self.tty = stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="galva-run-stage-watch", daemon=True)
+        self._start = time.perf_counter()
+
+    def __enter__(self) -> _StageWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.tty:
+            self.stream.write("\r\033[K")  # the stage line takes its place
+            self.stream.flush()
+
+    def _watch(self) -> None:
+        period = self.redraw_s if self.tty else self.interval_s
+        while not self._stop.wait(period):
+            last = _last_line(self.log)
+            elapsed = time.perf_counter() - self._start
+            if self.tty:
+                width = shutil.get_terminal_size().columns - 1
+                self.stream.write(f"\r{self.head} {elapsed:7.1f} s  {last}"[:width] + "\033[K")
+            else:
+                self.stream.write(f"    {self.head.split('] ', 1)[-1].strip()} {elapsed:.0f} s: {last}\n")
+            self.stream.flush()
+
+
+def _last_line(log: Path) -> str:
+    """The last non-empty line of ``log`` (a progress bar's frames split on carriage returns), from its tail."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [part.strip() for part in tail.replace("\r", "\n").split("\n") if part.strip()]
+    return lines[-1] if lines and not lines[-1].startswith("$ ") else "started"  # the log's first line: the command
+
+
 class _Runner:
     def __init__(self, out: Path, total: int, stream: TextIO) -> None:
         self.out, self.total, self.stream = out, total, stream
@@ -127,7 +184,8 @@ class _Runner:
                 # to end the same way (its temporary files removed), see galva_schema.interrupt.wait_child
                 proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=self.out,
                                         start_new_session=True)
-                code = wait_child(proc)
+                with _StageWatch(log, f"[{index:2d}/{self.total}] {name:<17}", self.stream):
+                    code = wait_child(proc)
             if code != 0:
                 self._fail(index, name, log, f"exit status {code}")
         if work is not None:
@@ -223,11 +281,11 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--seq-length", str(o.seq_length)), {"model config": model_dir / "config.json"})
     r.stage("profile-hardware", _python_command(
         "galva_profiler.cli", "hardware", "--nproc-per-node", str(nproc), "--quick", "-o", str(hw),
-        "--report", str(prof / "hardware-report.json"), "--quiet"), {"hardware profile": hw})
+        "--report", str(prof / "hardware-report.json")), {"hardware profile": hw})
     r.stage("profile-model", _python_command(
         "galva_profiler.cli", "model", "--model-config", str(model_dir), "--seq-lengths", str(o.seq_length),
         "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick", "-o", str(model_profile),
-        "--report", str(prof / "model-report.json"), "--quiet"), {"model profile": model_profile})
+        "--report", str(prof / "model-report.json")), {"model profile": model_profile})
     r.stage("search", _python_command(
         "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,
         "--context-memory", o.context_memory, "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",
@@ -238,7 +296,7 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
                       "--model-config", str(model_dir),
                       "--strategy", str(strategy), "--seq-length", str(o.seq_length), "--data-path", str(prefix),
                       "--train-iters", str(o.train_iters), "--lr", str(o.lr), "--lr-warmup-iters", "5",
-                      "--save", str(ckpt), "--metrics-jsonl", str(metrics), "--log-interval", "10", "--no-progress"],
+                      "--save", str(ckpt), "--metrics-jsonl", str(metrics), "--log-interval", "10"],
             {"metrics": metrics, "checkpoint": ckpt}, work=lambda: _metrics_note(metrics))
     saved = ckpt / f"step-{o.train_iters:08d}"
     r.stage("export", _python_command("galva_ckpt.cli", "g2h", str(saved), str(export), "--no-progress"),

@@ -225,6 +225,14 @@ def _optimizer_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--adam-beta2", type=float, default=0.95)
     o.add_argument("--adam-eps", type=float, default=1e-8)
     o.add_argument("--train-iters", type=int, default=10)
+    o.add_argument(
+        "--override-lr-schedule",
+        "--override-opt_param-scheduler",
+        dest="override_lr_schedule",
+        action="store_true",
+        help="With --load: run the schedule these flags give (--train-iters, --lr, --min-lr, --lr-warmup-iters, "
+        "--lr-decay-style) from the saved step on, where they differ from the checkpoint's (else refused).",
+    )
     o.add_argument("--seed", type=int, default=1234)
 
 

@@ -94,6 +94,29 @@ class TrainConfig:
     def global_batch_size(self) -> int:
         return self.strategy.global_batch_size
 
+    @property
+    def lr_schedule(self) -> dict[str, Any]:
+        """The learning-rate schedule's settings, saved with every checkpoint (a resume must repeat them)."""
+        return lr_schedule(self.train_iters, self.optim)
+
+
+SCHEDULE_FLAGS = {
+    "train_iters": "train_iters", "lr": "lr", "min_lr": "min_lr", "warmup_iters": "lr_warmup_iters",
+    "decay_style": "lr_decay_style",
+}  # fmt: skip
+"""The learning-rate schedule's settings (:func:`lr_schedule`) and the flags (argparse dests) that give them."""
+
+
+def lr_schedule(train_iters: int, optim: OptimArgs) -> dict[str, Any]:
+    """What the learning rate of every step follows from (galva-hp's ``lr_factor``), as JSON values."""
+    return {
+        "train_iters": train_iters,
+        "lr": optim.lr,
+        "min_lr": optim.min_lr,
+        "warmup_iters": optim.warmup_iters,
+        "decay_style": optim.decay_style,
+    }
+
 
 def parse_train_config(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
     """Parse and validate galva-train's arguments. Raises :class:`ConfigError` (one line) on any problem."""
@@ -103,6 +126,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     if world_size is None:
         world_size = args.world_size or args.nproc_per_node or int(os.environ.get("WORLD_SIZE", "1"))
     _check_checkpoint_flags(args)
+    resumed = _resumed_run(args)
     config, name = model_source.model_config(args)
     from galva_models.adapters.registry import adapter_for
 
@@ -114,13 +138,16 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     seq, decoder_seq = model_source.seq_lengths(config, adapter, args)
     specs = model_source.layer_specs(config, adapter, seq, decoder_seq)
     constraints = adapter.constraints(config, seq or None, decoder_seq).model_copy(update={"model_name": name})
-    strategy, overrides = plan_source.strategy_and_overrides(args, world_size, constraints.num_layers)
+    precision = resumed.mixed_precision.value if resumed is not None and resumed.mixed_precision else None
+    strategy, overrides = plan_source.strategy_and_overrides(args, world_size, constraints.num_layers, precision)
     # the one check of a plan against a model: galva-hp's build asks the same function
     problems = plan_problems(strategy, constraints, world_size=world_size, seq_len=seq or None)
     if problems:
         raise ConfigError(f"{plan_source.plan_label(args, name)}: " + "; ".join(problems))
     _check_run_options(args, adapter, config, name)
     _check_load_family(args, config, name)
+    optim = _optim(args)
+    _check_resumed_schedule(args, optim, resumed)
     return TrainConfig(
         model_name=name,
         model_config=config,
@@ -130,7 +157,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
         seq_length=seq,
         decoder_seq_length=decoder_seq,
         train_iters=args.train_iters,
-        optim=_optim(args),
+        optim=optim,
         seed=args.seed,
         attention_backend=args.attention_backend,
         data_path=args.data_path,
@@ -180,6 +207,46 @@ def _check_checkpoint_flags(args: argparse.Namespace) -> None:
             resolve(args.load, warn=False)
         except CheckpointError as err:
             raise ConfigError(f"--load: {err}") from None
+
+
+def _resumed_run(args: argparse.Namespace) -> Any:
+    """The manifest of the checkpoint a ``--load`` run continues (optimizer, schedule and step); None for a fresh
+    run, ``--finetune`` (weights only) and a checkpoint of weights only (Hugging Face, h2g)."""
+    if args.override_lr_schedule and (args.load is None or args.finetune):
+        why = "a --finetune run starts a fresh schedule" if args.finetune else "give --load DIR"
+        raise ConfigError(f"--override-lr-schedule changes the schedule of a run resumed with --load; {why}")
+    if args.load is None or args.finetune:
+        return None
+    from galva_ckpt.errors import CheckpointError
+    from galva_ckpt.sources import open_weights
+
+    try:
+        manifest = open_weights(args.load, warn=False).manifest
+    except (CheckpointError, ValueError):
+        return None  # reported by the --load checks themselves
+    return manifest if manifest is not None and manifest.optimizer is not None else None
+
+
+def _check_resumed_schedule(args: argparse.Namespace, optim: OptimArgs, resumed: Any) -> None:
+    """A resumed run follows the schedule it was saved under (as Megatron-LM checks): a schedule flag that differs
+    from the checkpoint's is refused, unless ``--override-lr-schedule`` runs the new schedule from the saved step."""
+    from galva_models.cli.arguments import spelled
+
+    if resumed is None or args.override_lr_schedule:
+        return
+    saved = (resumed.scheduler or {}).get("schedule")
+    if not isinstance(saved, dict):
+        return  # saved before galva-train recorded its schedule
+    given = lr_schedule(args.train_iters, optim)
+    for key, dest in SCHEDULE_FLAGS.items():
+        if key in saved and saved[key] != given[key]:
+            flag = spelled(args, dest)
+            default = "" if dest in getattr(args, "_spelled", {}) else " (the default)"
+            raise ConfigError(
+                f"{flag} {given[key]}{default} differs from the {saved[key]} the checkpoint --load {args.load} was "
+                f"saved with: resume with {flag} {saved[key]}, or add --override-lr-schedule to run the new schedule "
+                f"from step {resumed.step}"
+            )
 
 
 def _check_run_options(args: argparse.Namespace, adapter: FamilyAdapter, config: Any, name: str) -> None:

@@ -30,14 +30,20 @@ def strategy(args: argparse.Namespace, world_size: int, num_layers: int) -> Stra
     return strategy_and_overrides(args, world_size, num_layers)[0]
 
 
-def strategy_and_overrides(args: argparse.Namespace, world_size: int, num_layers: int) -> tuple[Strategy, list[str]]:
+def strategy_and_overrides(
+    args: argparse.Namespace, world_size: int, num_layers: int, resumed_precision: str | None = None
+) -> tuple[Strategy, list[str]]:
     """:func:`strategy`, and what the flags changed in a plan file (``--fp32 overrides plan.json's bf16``), which
-    the start-of-run banner prints."""
+    the start-of-run banner prints. ``resumed_precision``: that of the run a ``--load`` continues, the precision
+    of a plan given by flags unless one is given (a resume never switches it silently)."""
     precision = _precision(args)
     if precision == "fp16":
         raise ConfigError("--fp16: fp16 needs loss scaling, which Galva does not do; use --bf16 or --fp32")
+    default, kept = "bf16", []
+    if resumed_precision is not None and precision is None:
+        default, kept = resumed_precision, [f"{resumed_precision} kept from --load {args.load}"]
     if args.galvatron_config is not None:
-        return _galvatron_strategy(args, world_size, num_layers, precision or "bf16"), []
+        return _galvatron_strategy(args, world_size, num_layers, precision or default), kept
     if args.strategy is not None:
         plan = _file_strategy(args, None)
         overrides: list[str] = []
@@ -46,7 +52,7 @@ def strategy_and_overrides(args: argparse.Namespace, world_size: int, num_layers
             overrides.append(f"{flag} overrides {args.strategy}'s {plan.mixed_precision.value}")
             plan = Strategy.model_validate({**plan.model_dump(), "mixed_precision": precision})
         return plan, overrides
-    return _global_strategy(args, world_size, num_layers, precision or "bf16"), []
+    return _global_strategy(args, world_size, num_layers, precision or default), kept
 
 
 def describe(plan: Strategy) -> str:

@@ -266,7 +266,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
             tokens = _tokens(cfg, batch)
             if logger is not None:
                 record = {
-                    "step": step,
+                    "step": step + 1,  # from 1, as the console and the checkpoint names (step-00000001)
                     "loss": metrics.loss,
                     "lr": metrics.lr,
                     "grad_norm": metrics.grad_norm,
@@ -315,8 +315,9 @@ def _save(io: Any, cfg: TrainConfig, optimizer: Any, step: int, rank: int) -> bo
     from galva_ckpt.errors import CheckpointError
     from galva_models.checkpointing import scheduler_state
 
+    scheduler = {**scheduler_state(optimizer), "schedule": cfg.lr_schedule}  # a resume must repeat the schedule
     try:
-        io.save(cfg.checkpoint.save, step, scheduler_state(optimizer), keep_last=cfg.checkpoint.keep_last)
+        io.save(cfg.checkpoint.save, step, scheduler, keep_last=cfg.checkpoint.keep_last)
     except CheckpointError as err:
         if rank == 0:
             print(f"galva-train: error: {err}", file=sys.stderr)

@@ -95,7 +95,8 @@ def preprocess(
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-    from tqdm import tqdm
+
+    from galva_schema.progress import progress_bar
 
     source = Path(input_path)
     if not source.is_file():
@@ -113,7 +114,7 @@ def preprocess(
     try:
         builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
         items = _documents(source, json_key, append_eod)
-        bar = tqdm(desc=f"tokenising {source.name}", unit="doc", disable=not progress, file=sys.stderr)
+        bar = progress_bar(None, f"tokenising {source.name}", unit="doc", enabled=progress)
         with bar:
             if workers > 1:
                 ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
@@ -150,6 +151,6 @@ def _write(builder: Any, encoded: Any, bar: Any, torch: Any, np: Any) -> tuple[i
         builder.add_document(torch.from_numpy(np.asarray(ids, dtype=np.int64)), [len(ids)])
         documents += 1
         tokens += len(ids)
+        bar.set_postfix(tokens=tokens)
         bar.update(1)
-        bar.set_postfix(tokens=tokens, refresh=False)
     return documents, tokens

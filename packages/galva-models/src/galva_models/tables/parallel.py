@@ -79,6 +79,7 @@ class TableParallelizer:
         heads, kv, head_dim = head_counts(self.config)
         replicate_kv = kv < heads and tp > kv
         summed: set[str] = set()
+        replicated_kv = False  # key/value projections kept whole: each rank reads its heads in attention
         entries = {p.rsplit(".", 1)[0] for p, st in self.tables.tp.items() if "colwise" in st and "." in p}
         for path in sorted(entries):
             block = _find(module.layer, path)
@@ -94,6 +95,7 @@ class TableParallelizer:
                 continue
             is_kv = _is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
             keep = replicate_kv and is_kv and style == "colwise"
+            replicated_kv |= keep
             blocks = self.tables.blocks.get(path, 2)
             summed |= {prefix + n for n in shard_linear(sub, style, region, path, replicate=keep, blocks=blocks)}
         for attribute in self.tables.per_rank:  # features counted per rank (a packed projection's split size)
@@ -102,9 +104,13 @@ class TableParallelizer:
             if owner is not None:
                 setattr(owner, name, getattr(owner, name) // tp)
         for path in attention:
+            # heads are this rank's only where the block's projections stay split (not gathered back: Phi-3, Olmo 2)
+            styles = [st for p, st in self.tables.tp.items() if p.startswith(path + ".")]
+            if not any(st in ("colwise", "packed_colwise") for st in styles):
+                continue
             first = (rank * (heads // tp)) // (heads // kv)
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                kv_heads=(first, 1) if replicate_kv else None, heads_group=group
+                kv_heads=(first, 1) if replicated_kv else None, heads_group=group
             )
         for path in sorted(entries):
             block = _find(module.layer, path)
