@@ -35,7 +35,7 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for world in (2, 4):
         hw = _run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW_FLAGS, "-o", f"hw{world}.json"], root)
         assert hw.returncode == 0, hw.stderr[-2000:]
-    model_args = ["--preset", "tiny-llama", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
+    model_args = ["--model", "tiny-llama", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
     model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--quiet", "-o", "m.json"], root)
     assert model.returncode == 0, model.stderr[-2000:]
     return root

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware-profile", required=True, metavar="PATH", help="galva HardwareProfile JSON")
     p.add_argument("--model-profile", required=True, metavar="PATH", help="galva ModelProfile JSON")
-    p.add_argument("--preset", help="galva-models preset of the profiled model")
+    p.add_argument("--model", "--preset", dest="preset", metavar="PRESET", help="galva-models preset of the profiled model")
     p.add_argument("--model-config", metavar="DIR", help="Hugging Face config or checkpoint directory instead")
     p.add_argument("--strategy", action="append", default=[], metavar="PATH",
                    help="a Strategy JSON file or a directory of them (repeatable)")
@@ -137,7 +137,7 @@ def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfi
     same = len(built) == len(profiled) and all(
         b[1:3] == p[1:3] and abs(b[3] - p[3]) <= 1e-3 * max(b[3], p[3]) for b, p in zip(built, profiled)
     )
-    flag = f"--preset {args.preset}" if args.preset else f"--model-config {args.model_config}"
+    flag = f"--model {args.preset}" if args.preset else f"--model-config {args.model_config}"
     if not same:
         raise ProfileError(
             f"--model-profile {args.model_profile}: profiles {profile.model_name!r} with {_layers(profiled)}, but "
