@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware-profile", required=True, metavar="PATH", help="galva HardwareProfile JSON")
     p.add_argument("--model-profile", required=True, metavar="PATH", help="galva ModelProfile JSON")
-    p.add_argument("--model", "--preset", dest="preset", metavar="PRESET", help="galva-models preset of the profiled model")
+    p.add_argument("--model", "--preset", dest="preset", metavar="PRESET", help="galva-models preset of the model")
     p.add_argument("--model-config", metavar="DIR", help="Hugging Face config or checkpoint directory instead")
     p.add_argument("--strategy", action="append", default=[], metavar="PATH",
                    help="a Strategy JSON file or a directory of them (repeatable)")

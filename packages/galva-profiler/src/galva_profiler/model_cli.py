@@ -19,7 +19,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("model")
     src.add_argument(
         "--model", "--preset", dest="preset", metavar="PRESET",
-        help="a galva-models preset, as galva-train --model takes it: tiny-llama, gpt2-small, llama2-7b, tiny-<model_type>",
+        help="a galva-models preset, as galva-train --model takes it (tiny-llama, llama2-7b, tiny-<model_type>)",
     )  # fmt: skip
     src.add_argument("--model-config", metavar="DIR", help="a Hugging Face config or checkpoint directory")
     src.add_argument("--seq-lengths", type=_int_list, required=True, help="comma-separated, e.g. 128 or 128,256,512")

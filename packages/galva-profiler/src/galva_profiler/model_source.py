@@ -22,7 +22,7 @@ from galva_profiler.errors import ProfileError
 def load_config(preset: str | None, config_dir: str | None) -> tuple[Any, str]:
     """The transformers config of a galva-models preset or of a config / checkpoint directory, and a model name."""
     if (preset is None) == (config_dir is None):
-        raise ProfileError("give exactly one of --model PRESET or --model-config DIR (a config or checkpoint directory)")
+        raise ProfileError("give exactly one of --model PRESET or --model-config DIR (a config or checkpoint dir)")
     if preset is not None:
         from galva_models.presets import UnknownPresetError, preset_config
 
