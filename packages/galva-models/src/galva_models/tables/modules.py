@@ -75,7 +75,8 @@ class _Zeros(nn.Module):
         super().__init__()
         self.hidden, self.dtype = hidden, dtype
 
-    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        x = next(v for v in (*args, *kwargs.values()) if isinstance(v, Tensor))  # called either way
         if x.is_floating_point() and x.shape[-1] == self.hidden:
             return torch.zeros_like(x)
         return torch.zeros(*x.shape, self.hidden, dtype=self.dtype, device=x.device)
