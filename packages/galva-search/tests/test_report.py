@@ -227,3 +227,25 @@ def test_a_run_page_has_plan_training_and_measured_sections(make_hw, make_model)
         render_page()
     with pytest.raises(ReportError, match="not a galva-search summary"):
         PlanFacts.from_summary(result.strategy, {"kind": "galva.strategy"})
+
+
+def test_usable_and_budget_labels_never_overlap(make_hw, make_model):
+    """However close the two lines (the reserve from 1 MiB to a third of the budget, stage memory below, at and above
+    them), the labels' baselines are at least a font height apart and each stays inside the chart."""
+    cost = CostModel(make_hw(4), make_model(4))
+    plan = PlanFacts.from_result(search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,))))
+    budget = 16384.0
+    for reserve in (1.0, 20.0, 100.0, 300.0, 500.0, 819.2, 1000.0, 2000.0, 5000.0):
+        for stage_mib in (budget - 2 * reserve, budget - reserve / 2, budget + 500.0):
+            facts = dataclasses.replace(plan, memory_budget_mib=budget, usable_memory_mib=budget - reserve,
+                                        stage_memory_mib=[stage_mib] * len(plan.stage_memory_mib))
+            labels = {a["data-kind"]: a for a, _ in parse(render_page(facts)).by_class("line-label")}
+            assert set(labels) == {"usable", "budget"}
+            font = float(labels["usable"]["font-size"])
+            assert font == float(labels["budget"]["font-size"])
+            gap = float(labels["usable"]["y"]) - float(labels["budget"]["y"])
+            assert gap >= font, (reserve, stage_mib, gap)  # the budget label above the usable one, a line apart
+            assert all(font <= float(a["y"]) <= 300 - 40 for a in labels.values()), (reserve, labels)
+    equal = dataclasses.replace(plan, memory_budget_mib=budget, usable_memory_mib=budget)
+    [(attrs, text)] = parse(render_page(equal)).by_class("line-label")
+    assert attrs["data-kind"] == "usable" and text == "usable = budget 16384 MiB"

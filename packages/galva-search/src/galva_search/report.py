@@ -247,6 +247,10 @@ def _headline(plan: PlanFacts) -> str:
     return f'<div class="cards" id="headline">{"".join(cards)}</div>'
 
 
+_LINE_LABEL_PX = 11
+"""Font size of the memory chart's usable / budget labels."""
+
+
 def _memory_chart(plan: PlanFacts) -> str:
     """Vertical bars, one per stage, with the usable-budget and total-budget lines."""
     usable, budget = plan.usable_memory_mib, plan.memory_budget_mib
@@ -296,14 +300,16 @@ def _memory_chart(plan: PlanFacts) -> str:
     else:
         lines = [(usable, "usable = budget", "6 4", "#D1495B")]
     for value, label, dash, colour in lines:
-        # the budget label goes below its line when the two lines are close, so the labels never overlap
-        dy = 13 if label == "budget" and budget - usable < top_mib * 0.06 else -5
+        # the budget label sits above its line and the usable label below its own: the budget line is never below
+        # the usable one, so the two labels are a font height apart or more, however close the values
+        dy = _LINE_LABEL_PX + 2 if label == "usable" else -5
         parts.append(
             f'<g class="budget-line" data-kind="{label.split()[0]}" data-mib="{value:.0f}"><title>{label} '
             f'{value:.0f} MiB</title><line x1="{left}" x2="{width - 20}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
-            f'stroke="{colour}" stroke-width="1.5" stroke-dasharray="{dash}"/><text x="{width - 24}" '
-            f'y="{y(value) + dy:.1f}" font-size="11" text-anchor="end" fill="{colour}">{label} {value:.0f} MiB'
-            f'</text></g>'
+            f'stroke="{colour}" stroke-width="1.5" stroke-dasharray="{dash}"/><text class="line-label" '
+            f'data-kind="{label.split()[0]}" x="{width - 24}" y="{y(value) + dy:.1f}" font-size="{_LINE_LABEL_PX}" '
+            f'text-anchor="end" fill="{colour}" stroke="#fff" stroke-width="3" paint-order="stroke">{label} '
+            f'{value:.0f} MiB</text></g>'
         )
     parts.append(f'<line x1="{left}" x2="{width - 20}" y1="{y(0):.1f}" y2="{y(0):.1f}" stroke="#999"/></svg>')
     legend = (f'<div class="legend"><span><svg width="14" height="14"><rect width="14" height="14" fill="{_OK}"/>'
