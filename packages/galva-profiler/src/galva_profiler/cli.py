@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from galva_profiler.errors import ProfileError
 
@@ -19,6 +19,10 @@ PROG = "galva-profile"
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are the command's one-line errors (exit 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"{PROG}: error: {message}", file=sys.stderr)

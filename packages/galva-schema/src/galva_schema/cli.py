@@ -17,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from galva_schema._base import GalvaFile, load_json_object
 from galva_schema.errors import SchemaError
@@ -32,6 +32,10 @@ def _error(message: object) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """A bad flag is one line, ``galva-schema: error: ...`` (exit 2), without the usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         _error(f"{message} (see {self.prog} --help)")

@@ -50,6 +50,10 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """A bad flag is one line, ``galva-search: error: ...`` (exit 2), without the usage block."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)

@@ -31,11 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="galva",
         description="Galva end to end: profile, search, train, save, export and generate on this machine.",
+        allow_abbrev=False,  # here and in every subcommand: a prefix is no flag (`--train-it` is not `--train-iters`)
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", help="the whole pipeline on this machine (the README's main command)",
+        "run", allow_abbrev=False, help="the whole pipeline on this machine (the README's main command)",
         description="Corpus, tokenizer, preprocess, model config, profile hardware and model, search a plan under a "
         "memory budget, train it with a checkpoint, export to Hugging Face (g2h), generate with transformers, "
         "report. One line per stage; every artefact's path at the end (also in OUT/run.json).",
@@ -64,12 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=_positive, help="tokens to generate (default 16)")
 
     c = sub.add_parser("corpus", help="write the synthetic JSONL corpus", description="A deterministic "
-                       "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.")
+                       "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.",
+                       allow_abbrev=False)
     c.add_argument("-o", "--output", required=True, help="JSONL file to write")
     c.add_argument("--documents", type=_positive, default=2000, help="number of documents (default 2000)")
     c.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
 
-    t = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a JSONL corpus",
+    t = sub.add_parser("tokenizer", allow_abbrev=False, help="train a byte-level BPE tokenizer on a JSONL corpus",
                        description="Train a byte-level BPE with the tokenizers library (nothing fetched) and save a "
                        "Hugging Face tokenizer directory.")
     t.add_argument("corpus", help="JSONL corpus")
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=_positive, default=512, help="at most this many tokens (default 512)")
     t.add_argument("--json-key", default="text", help="key holding the text (default text)")
 
-    mc = sub.add_parser("model-config", help="write a Llama-style Hugging Face config.json",
+    mc = sub.add_parser("model-config", allow_abbrev=False, help="write a Llama-style Hugging Face config.json",
                         description="A LlamaConfig directory sized by the flags, with the tokenizer's special tokens "
                         "and files (galva-train --model-config DIR keeps them in every save, g2h writes them back).")
     mc.add_argument("-o", "--output", required=True, help="directory to write config.json into")
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     mc.add_argument("--seq-length", type=_positive, default=128, help="max_position_embeddings")
 
     g = sub.add_parser("generate", help="load a Hugging Face directory with transformers and generate",
+                       allow_abbrev=False,
                        description="Greedy generation from a local Hugging Face model directory (e.g. galva-ckpt "
                        "g2h's output with a tokenizer), local files only.")
     g.add_argument("model_dir", help="Hugging Face model directory (config.json, weights, tokenizer)")

@@ -22,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
     is stored by :class:`_Once`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--train-iter` is never `--train-iters`
         super().__init__(*args, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)
