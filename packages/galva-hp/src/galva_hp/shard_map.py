@@ -18,6 +18,7 @@ not move the training RNG).
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,9 @@ class ShardBox:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     perm: tuple[int, ...]
+    cols: tuple[int, int] | None = None
+    """Local columns ``[start, stop)`` of those rows, where a row holds pieces of several blocks (a packed
+    projection split along its columns: GPT-2's Conv1D ``c_attn``); None: the whole rows."""
 
     def restrict(self, start: int, stop: int) -> ShardBox | None:
         """This box cut to local rows ``[start, stop)`` (an FSDP shard), or None when they do not meet."""
@@ -53,7 +57,11 @@ class ShardBox:
         offsets, sizes = list(self.offsets), list(self.sizes)
         offsets[axis] += lo - self.rows[0]
         sizes[axis] = hi - lo
-        return ShardBox((lo, hi), self.source, tuple(offsets), tuple(sizes), self.perm)
+        return ShardBox((lo, hi), self.source, tuple(offsets), tuple(sizes), self.perm, self.cols)
+
+    def cut(self, rows: Tensor) -> Tensor:
+        """This box's part of the local rows ``rows`` (already cut to :attr:`rows`)."""
+        return rows if self.cols is None else rows[:, self.cols[0] : self.cols[1]]
 
     def to_source(self, local: Tensor) -> Tensor:
         """The local rows of this box (already cut out) in the source tensor's layout."""
@@ -162,6 +170,23 @@ def _boxes(
     labels = _global_index(parts)
     if labels.dim() == 0:
         labels = labels.reshape(1)
+    try:
+        return _row_boxes(record, labels, sources, offsets, None)
+    except ValueError:
+        if labels.dim() != 2:
+            raise
+    # rows holding pieces of several blocks: cut the columns where the first row's labels stop running on
+    flat = labels[0]
+    breaks = [0] + [c for c in range(1, flat.shape[0]) if int(flat[c]) != int(flat[c - 1]) + 1] + [flat.shape[0]]
+    boxes: list[ShardBox] = []
+    for c0, c1 in itertools.pairwise(breaks):
+        boxes += _row_boxes(record, labels[:, c0:c1], sources, offsets, (c0, c1))
+    return boxes
+
+
+def _row_boxes(
+    record: str, labels: Tensor, sources: list[tuple[str, nn.Parameter]], offsets: Tensor, cols: tuple[int, int] | None
+) -> list[ShardBox]:
     flat = labels - _FIRST
     valid = (flat >= 0) & (flat < int(offsets[-1]))
     which = torch.where(valid, torch.searchsorted(offsets, flat, right=True) - 1, -1)
@@ -184,7 +209,7 @@ def _boxes(
         sizes = tuple(count if axis == perm[0] else labels.shape[perm.index(axis)] for axis in range(len(shape)))
         if param.dim() == 0:  # a scalar parameter is stored as a one-element row here
             origin, sizes, perm = (), (), ()
-        boxes.append(ShardBox((row, row + count), name, origin, sizes, perm))
+        boxes.append(ShardBox((row, row + count), name, origin, sizes, perm, cols))
         row += count
     return boxes
 

@@ -180,7 +180,7 @@ class CheckpointIO:
         if local.dim() == 0:
             return local.reshape(())
         rows = local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]
-        return p.box.to_source(rows).contiguous()
+        return p.box.to_source(p.box.cut(rows)).contiguous()
 
     # ------------------------------------------------------------------------------------------------------ load
     def load(self, source: WeightSource, weights_only: bool = False) -> int:
@@ -227,7 +227,7 @@ class CheckpointIO:
         if local.dim() == 0:
             local.copy_(block.reshape(()))
             return
-        local[p.box.rows[0] - p.start : p.box.rows[1] - p.start].copy_(p.box.to_local(block))
+        p.box.cut(local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]).copy_(p.box.to_local(block))
 
     def _check_shapes(self, source: WeightSource) -> None:
         """Every tensor this rank needs is in the source with the model's full shape (one line otherwise)."""
