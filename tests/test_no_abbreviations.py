@@ -1,5 +1,6 @@
 """No Galva command takes a prefix for a flag (issue #22): argparse's ``allow_abbrev`` is off in every parser and
-subparser, so ``galva-profile model --model tiny-llama`` is refused instead of silently read as ``--model-config``.
+subparser, so ``galva-profile model --model-conf DIR`` is refused instead of silently read as ``--model-config``
+(``--model`` itself names a preset, as in galva-train).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ CASES = [
     ("galva-ckpt", ["g2h", "in", "out", "--max-shard", "5GB"], "--max-shard", "--max-shard-size"),
     ("galva-data", ["preprocess", "--input", "c.jsonl", "--tokenizer", "t", "--output-prefix", "p", "--json", "k"],
      "--json", "--json-key"),
-    ("galva-profile", ["model", "--model", "tiny-llama", "--seq-lengths", "64"], "--model", "--model-config"),
+    ("galva-profile", ["model", "--model-conf", "cfg", "--seq-lengths", "64"], "--model-conf", "--model-config"),
     ("galva-schema", ["convert", "--to-galvatron-strategy", "s.json", "-o", "out.json", "--world", "8"], "--world",
      "--world-size"),
     ("galva-search", ["--hardware-profile", "hw.json", "--model-profile", "m.json", "--summary", "s.json"],
