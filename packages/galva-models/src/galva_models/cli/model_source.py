@@ -24,6 +24,11 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json
 """What a Hugging Face model directory holds its weights in."""
 
 
+def family_name(adapter: FamilyAdapter, config: Any) -> str:
+    """The family a message names: the adapter's, or the ``model_type`` of a family run from its tables."""
+    return adapter.name if adapter.model_types else str(getattr(config, "model_type", adapter.name))
+
+
 def model_config(args: argparse.Namespace) -> tuple[Any, str]:
     """The transformers config named by ``--model`` / ``--model-config`` / ``--hf-checkpoint``, and a run name."""
     if args.preset is None and args.model_config is None and args.hf_checkpoint is None:
@@ -80,7 +85,7 @@ def _checkpoint_config(args: argparse.Namespace) -> tuple[Any, str]:
 
 def apply_overrides(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -> None:
     """Apply the size flags to ``config`` in place, refusing those the family has no field for."""
-    family = adapter.name
+    family = family_name(adapter, config)
     if args.num_layers is not None:
         if adapter.set_num_layers is None:
             raise ConfigError(f"--num-layers: {family} has per-stage depths; edit them in a --model-config instead")
@@ -95,11 +100,11 @@ def apply_overrides(config: Any, adapter: FamilyAdapter, args: argparse.Namespac
     if args.num_attention_heads is not None:
         config.num_attention_heads = args.num_attention_heads
     if args.num_query_groups is not None:
-        if adapter.kv_heads_field is None:
+        if adapter.kv_heads_field is None or not hasattr(config, adapter.kv_heads_field):
             raise ConfigError(f"--num-query-groups: {family} has no grouped-query attention")
         setattr(config, adapter.kv_heads_field, args.num_query_groups)
     if args.ffn_hidden_size is not None:
-        if adapter.ffn_size_field is None:
+        if adapter.ffn_size_field is None or not hasattr(config, adapter.ffn_size_field):
             raise ConfigError(f"--ffn-hidden-size: {family} has no feed-forward size field")
         setattr(config, adapter.ffn_size_field, args.ffn_hidden_size)
     if args.vocab_size is not None:
@@ -118,7 +123,8 @@ def seq_lengths(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -
     """(sequence length, decoder sequence length): 0 for image models (the image fixes it), None without a decoder."""
     seq2seq = adapter.task is Task.SEQ2SEQ_LM
     if args.decoder_seq_length is not None and not seq2seq:
-        raise ConfigError(f"--decoder-seq-length: {adapter.name} has no decoder stream; use --seq-length")
+        family = family_name(adapter, config)
+        raise ConfigError(f"--decoder-seq-length: {family} has no decoder stream; use --seq-length")
     if adapter.task is Task.IMAGE_CLASSIFICATION:
         if args.seq_length is not None:
             raise ConfigError(f"--seq-length: {adapter.name} takes images; its sequence follows image and patch size")
