@@ -71,7 +71,8 @@ def test_model_config_directory(tmp_path):
 
     preset_config("tiny-qwen2").save_pretrained(str(tmp_path))
     cfg = parse_train_config(["--model-config", str(tmp_path), "--hidden-size", "32", "--seq-length", "16"])
-    assert cfg.adapter.name == "llama" and cfg.model_config.hidden_size == 32 and cfg.world_size == 1
+    assert cfg.model_config.model_type == "qwen2" and cfg.model_config.hidden_size == 32 and cfg.world_size == 1
+    assert cfg.adapter.model_types == ()  # no adapter of its own: qwen2 runs from its tables
 
 
 BAD = [

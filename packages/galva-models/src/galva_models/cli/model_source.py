@@ -95,10 +95,13 @@ def apply_overrides(config: Any, adapter: FamilyAdapter, args: argparse.Namespac
             raise ConfigError(str(err)) from None
     if adapter.per_stage_sizes and any(v is not None for v in (args.hidden_size, args.num_attention_heads)):
         raise ConfigError(f"--hidden-size/--num-attention-heads: {family} has per-stage sizes; use a --model-config")
+    derived_head_dim = _head_dim_is_derived(config)
     if args.hidden_size is not None:
         config.hidden_size = args.hidden_size  # attribute_map turns this into n_embd / d_model where needed
     if args.num_attention_heads is not None:
         config.num_attention_heads = args.num_attention_heads
+    if derived_head_dim and config.hidden_size % config.num_attention_heads == 0:
+        config.head_dim = config.hidden_size // config.num_attention_heads  # it followed the sizes: it still does
     if args.num_query_groups is not None:
         if adapter.kv_heads_field is None or not hasattr(config, adapter.kv_heads_field):
             raise ConfigError(f"--num-query-groups: {family} has no grouped-query attention")
@@ -117,6 +120,13 @@ def apply_overrides(config: Any, adapter: FamilyAdapter, args: argparse.Namespac
     kv = getattr(config, adapter.kv_heads_field, None) if adapter.kv_heads_field else None
     if kv and heads and heads % kv:
         raise ConfigError(f"--num-attention-heads {heads} is not divisible by --num-query-groups {kv}")
+
+
+def _head_dim_is_derived(config: Any) -> bool:
+    """The config stores a head size that its constructor derived from hidden size and heads (Llama-style configs),
+    so a size flag must derive it again."""
+    head_dim, hidden, heads = (getattr(config, f, None) for f in ("head_dim", "hidden_size", "num_attention_heads"))
+    return bool(head_dim and hidden and heads and head_dim * heads == hidden)
 
 
 def seq_lengths(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -> tuple[int, int | None]:

@@ -104,9 +104,11 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     if reason:
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
+    longest = config.max_position_embeddings if tables.learned_positions else None
     return uniform_constraints(
-        config.model_type, config.model_type, config.num_hidden_layers, heads, kv, unsupported=unsupported
-    )
+        config.model_type, config.model_type, config.num_hidden_layers, heads, kv,
+        unsupported=unsupported, max_seq_length=longest,
+    )  # fmt: skip
 
 
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:

@@ -41,12 +41,14 @@ GALVA_TABLES: dict[str, dict[str, Any]] = {
         "layers": "h",
         "blocks": {"attn.c_attn": 3},
         "per_rank": ["attn.split_size"],
+        "learned_positions": True,
     },
 }
 """Galva's tables for families whose configs carry none, in transformers' format (``tp``: ``"<layers>.*.<path>"`` ->
 style; ``pp``: the base model's modules in order), plus what transformers' format cannot say: ``layers`` (the layer
 list's name), ``blocks`` (how many packed blocks a ``packed_*`` module holds, 2 by default), ``per_rank`` (layer
-attributes that count features and are divided by the tp degree, e.g. a split size). BERT, T5, ViT and Swin keep
+attributes that count features and are divided by the tp degree, e.g. a split size), ``learned_positions`` (a
+position table bounds the sequence at ``max_position_embeddings``). BERT, T5, ViT and Swin keep
 their adapters (:mod:`galva_models.adapters`) until they move here."""
 
 
@@ -70,6 +72,8 @@ class ModelTables:
     """Module path inside one layer -> packed blocks (a ``packed_*`` style; 2 where not given)."""
     per_rank: tuple[str, ...]
     """Layer attributes (``attn.split_size``) that count features: divided by the tp degree."""
+    learned_positions: bool = False
+    """A learned position table: no sequence longer than ``max_position_embeddings``."""
 
 
 def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | None:
@@ -99,6 +103,7 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         experts=bool(getattr(config, "base_model_ep_plan", None)),
         blocks=dict((own or {}).get("blocks", {})),
         per_rank=tuple((own or {}).get("per_rank", ())),
+        learned_positions=bool((own or {}).get("learned_positions", False)),
     )
 
 
