@@ -220,7 +220,7 @@ def test_galva_train_one_process_sigterm(tmp_path):
     ]  # fmt: skip
     ended = _interrupt(cmd, _metrics_lines(metrics), signum=signal.SIGTERM)
     line = _check(ended, "galva-train", signal.SIGTERM, noise=("step ",))
-    assert line.startswith("galva-train: interrupted (SIGTERM) at step ")
+    assert line.startswith("galva-train: interrupted (SIGTERM) after step ")  # the last completed step
     assert [json.loads(text)["step"] for text in metrics.read_text().splitlines()][:1] == [1]  # whole lines only
     assert _temporaries(tmp_path / "out") == []
 
@@ -235,7 +235,7 @@ def test_galva_train_two_ranks_ctrl_c(tmp_path):
     ]  # fmt: skip
     ended = _interrupt(cmd, _metrics_lines(metrics), whole_group=True)
     line = _check(ended, "galva-train", signal.SIGINT, noise=("step ",))
-    assert line.startswith("galva-train: interrupted (SIGINT) at step ")  # not "cannot start 2 ranks ..."
+    assert line.startswith("galva-train: interrupted (SIGINT) after step ")  # not "cannot start 2 ranks ..."
     assert _temporaries(tmp_path / "out") == []
 
 

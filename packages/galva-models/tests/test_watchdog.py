@@ -9,9 +9,11 @@ MASTER_ADDR/PORT, the rendezvous store hosted by the launcher, here the test), t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -86,6 +88,7 @@ def test_stopped_rank_ends_the_job_naming_it(tmp_path):
     procs, logs, _store = _launch(4, tmp_path, TIMEOUT_S)
     try:
         _wait_for_steps(tmp_path / "metrics.jsonl", 3, procs, limit_s=240)
+        done = len((tmp_path / "metrics.jsonl").read_text().splitlines())  # steps every rank has begun at least
         os.kill(procs[2].pid, signal.SIGSTOP)
         elapsed = _wait_all(procs, TIMEOUT_S + MARGIN_S + 30)
         alive = [r for r, p in enumerate(procs) if p.poll() is None]
@@ -103,6 +106,9 @@ def test_stopped_rank_ends_the_job_naming_it(tmp_path):
     # the first sign, and then the line names its last step and collective instead
     assert "step " in errors[0] and "--collective-timeout" in errors[0], errors[0]
     assert "waited in " in errors[0] or "stopped responding" in errors[0], errors[0]
+    # steps are named by the last one completed, as published when each began: not a heartbeat a second old
+    named = [int(k) for k in re.findall(r"after step (\d+)", errors[0])]
+    assert named and min(named) >= done - 1, (done, errors[0])
     assert not any("Traceback" in line for line in lines), lines
     print(f"job ended {elapsed:.1f} s after SIGSTOP (timeout {TIMEOUT_S:g} s): {errors[0]}")
 
@@ -123,5 +129,47 @@ def test_ctrl_c_ends_every_rank_with_one_line(tmp_path):
     assert not alive and elapsed < 10, (alive, elapsed, lines)
     assert [p.returncode for p in procs] == [130] * 4
     interrupted = [line for line in lines if "interrupted" in line]
-    assert len(interrupted) == 1 and interrupted[0].startswith("galva-train: interrupted (SIGINT) at step "), lines
+    assert len(interrupted) == 1 and interrupted[0].startswith("galva-train: interrupted (SIGINT) after step "), lines
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
+
+
+FAULT = textwrap.dedent(
+    """
+    import os
+
+    if os.environ.get("RANK") == os.environ.get("GALVA_TEST_FAULT_RANK"):  # one rank raises in its third step
+        import galva_hp
+
+        original, calls = galva_hp.train_step, [0]
+
+        def train_step(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise ValueError("injected fault")
+            return original(*args, **kwargs)
+
+        galva_hp.train_step = train_step
+    """
+)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_that_raises_is_named_with_its_own_exception(tmp_path):
+    """Rank 1 raises in step 3 of a job started by --nproc-per-node: its traceback and one line naming it, its last
+    completed step and its exception; not the other rank's failed collective, nor its SIGTERM from the launcher."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(FAULT)  # imported by every rank's interpreter at start-up
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(inject), GALVA_TEST_FAULT_RANK="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "galva_models.cli.train", "--nproc-per-node", "2", "--model", "tiny-llama",
+         "--train-iters", "50", "--no-progress", "--log-interval", "100000"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1, lines[-20:]
+    said = [line for line in lines if line.startswith("galva-train: ") and "tiny-llama on 2 ranks" not in line]
+    assert said == ["galva-train: error: rank 1 after step 2: ValueError: injected fault"], lines[-20:]
+    assert sum("Traceback" in line for line in lines) == 1  # the failing rank's own, above its line

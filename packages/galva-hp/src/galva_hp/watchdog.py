@@ -2,7 +2,8 @@
 the job names the rank that stopped, its step and the collective the others waited in.
 
 Every rank runs one daemon thread. It publishes a heartbeat to the job's rendezvous store (torchrun's, or whatever
-``MASTER_ADDR:MASTER_PORT`` names) every ``interval`` seconds: wall time, the step, the collective the rank is in
+``MASTER_ADDR:MASTER_PORT`` names) every ``interval`` seconds and at the top of every step (a rank stopped a moment
+later is named at its real step): wall time, the step, the collective the rank is in
 (``torch.distributed`` collectives are wrapped while the watchdog runs) and when the rank last made progress. The
 monitor ranks (the first and the last) read every rank's heartbeat. A rank is stuck when
 
@@ -18,7 +19,12 @@ The monitor that sees it first (an atomic counter in the store) prints one line,
 rank on the same host as that monitor is killed (a stopped process would otherwise outlive the job: torchrun sends
 SIGTERM, which a stopped process never handles); then every rank exits with :data:`EXIT_STUCK`. A collective that
 fails in the main thread first (gloo's own timeout is the same number) goes through :meth:`Watchdog.fail`, which asks
-the heartbeats the same question, so the line is the same whichever side notices first.
+the heartbeats the same question, so the line is the same whichever side notices first. Steps are named by the last
+one completed (``after step 6``).
+
+A rank that raises an exception of its own goes through :meth:`Watchdog.crash`: its traceback, then one line naming
+the rank, its step and the exception (exit :data:`EXIT_FAILED`); the line is recorded in the store first, so a peer
+whose collective fails next (the rank left it) reports that line, not itself, and only one rank prints.
 
 Ctrl-C (SIGINT to every rank) and SIGTERM (what torchrun and galva-comm's launcher pass on) are read by the thread
 through :func:`signal.set_wakeup_fd`, so they are seen even while the main thread waits in C++; one rank prints one line
@@ -59,6 +65,8 @@ STARTUP_TIMEOUT_S = 300.0
 """Start-up allowance: how long ranks may wait for each other before the first step (at least the timeout)."""
 EXIT_STUCK = 3
 """Exit status of every rank when the watchdog ends a job (a rank stopped making progress)."""
+EXIT_FAILED = 1
+"""Exit status of a rank that raised an exception of its own (:meth:`Watchdog.crash`)."""
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
@@ -92,7 +100,15 @@ class Heartbeat:
 
     @property
     def where(self) -> str:
-        return f"step {self.step}, " + (f"in {self.collective}" if self.collective else "between collectives")
+        return step_text(self.step) + ", " + (f"in {self.collective}" if self.collective else "between collectives")
+
+
+def step_text(step: int) -> str:
+    """Where a rank is, named by its last completed step (``step`` is the one in progress: 1-based, 0 before the
+    first): ``after step 6``, ``in step 1`` (none completed yet), ``before the first step``."""
+    if step <= 0:
+        return "before the first step"
+    return "in step 1" if step == 1 else f"after step {step - 1}"
 
 
 def startup_timeout(timeout_s: float) -> float:
@@ -117,7 +133,7 @@ def diagnose(
         culprit = (stale or missing)[0]
         beat = beats.get(culprit)
         what = (
-            f"rank {culprit} stopped responding (no heartbeat for {now - beat.time:.0f} s; last at {beat.where})"
+            f"rank {culprit} stopped responding (no heartbeat for {now - beat.time:.0f} s; last seen {beat.where})"
             if beat is not None
             else f"rank {culprit} never reported"
         )
@@ -127,7 +143,7 @@ def diagnose(
         others = [b for b in waiting if b.rank != culprit_beat.rank]
         return (
             f"rank {culprit_beat.rank} made no progress for {now - culprit_beat.progress_time:.0f} s "
-            f"(at {culprit_beat.where})" + _waiting(others)
+            f"({culprit_beat.where})" + _waiting(others)
         )
     return None
 
@@ -137,7 +153,7 @@ def _waiting(beats: list[Heartbeat]) -> str:
         return ""
     first = beats[0]
     ranks = ", ".join(str(b.rank) for b in beats)
-    return f"; rank{'s' if len(beats) > 1 else ''} {ranks} waited in {first.collective} at step {first.step}"
+    return f"; rank{'s' if len(beats) > 1 else ''} {ranks} waited in {first.collective} {step_text(first.step)}"
 
 
 class Watchdog:
@@ -157,6 +173,7 @@ class Watchdog:
             os.environ.get("TORCHELASTIC_RUN_ID", "none"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         )
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._exiting = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake_r: socket.socket | None = None
@@ -220,22 +237,55 @@ class Watchdog:
                 dist.distributed_c10d._set_pg_timeout(timeout, group)
 
     def step(self, step: int) -> None:
-        """Called at the top of training step ``step`` (1-based in messages)."""
+        """Called at the top of training step ``step`` (1-based; step ``step - 1`` is complete)."""
         self._step = step
         self._progress_time = time.time()
+        self._poke()  # published now: a rank stopped a moment later is named at this step, not one a second old
 
     def fail(self, err: BaseException) -> int:
-        """A collective raised in the main thread: print the heartbeats' verdict (or the error) once and exit."""
-        verdict = self._verdict(threshold=2.5 * self.interval_s + 1.0)
+        """A collective raised in the main thread: print, once for the job, the failure a peer recorded
+        (:meth:`crash`), else the heartbeats' verdict, else the error; exit."""
+        verdict = self._peer_failure() or self._verdict(threshold=2.5 * self.interval_s + 1.0)
         if verdict is None:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            verdict = f"rank {self.rank} at step {self._step}: {self._collective or 'a collective'} failed: {first}"
+            what = f"{self._collective or 'a collective'} failed: {_first_line(err)}"
+            verdict = f"rank {self.rank} {step_text(self._step)}: {what}"
         self._end(verdict, EXIT_STUCK)
         return EXIT_STUCK  # not reached
 
+    def crash(self, err: BaseException) -> int:
+        """This rank raised ``err`` itself (not a failed collective): the job ends with one line naming this rank,
+        where it was and the exception (after its traceback), exit status 1. The line is recorded in the store
+        first, so that a peer whose collective fails next reports this, not itself."""
+        verdict = f"rank {self.rank} {step_text(self._step)}: {type(err).__name__}: {_first_line(err)}"
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.set(self._prefix + "failure", verdict)
+        self._end(verdict, EXIT_FAILED, cause=err)
+        return EXIT_FAILED  # not reached
+
+    def _peer_failure(self) -> str | None:
+        """The line of a rank that raised (:meth:`crash`). It is recorded before that rank exits, and a peer's
+        collective fails only once it has exited (closing its connections): no need to wait for it."""
+        if self._store is None:
+            return None
+        key = self._prefix + "failure"
+        try:
+            return bytes(self._store.get(key)).decode() if self._store.check([key]) else None
+        except Exception:
+            return None
+
     # ------------------------------------------------------------------------------------------- the thread
+    def _poke(self) -> None:
+        """Wake the thread: it publishes the heartbeat now."""
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"\0")  # never a signal number
+        else:
+            self._poked.set()
+
     def _run(self) -> None:
         monitor = self.rank in (0, self.world_size - 1)
+        next_check = 0.0
         while not self._stop.is_set():
             if self._wake_r is not None:
                 import select
@@ -248,12 +298,14 @@ class Watchdog:
                         if signals:
                             self._interrupted(signals[0])
             else:
-                self._stop.wait(self.interval_s)
+                self._poked.wait(self.interval_s)
+                self._poked.clear()
             if self._stop.is_set():
                 return
             try:
                 self._publish()
-                if monitor:
+                if monitor and time.monotonic() >= next_check:  # every interval, however often it was poked
+                    next_check = time.monotonic() + self.interval_s
                     verdict = self._verdict(threshold=self.timeout_s, startup=startup_timeout(self.timeout_s))
                     if verdict is not None:
                         self._end(verdict, EXIT_STUCK)
@@ -262,7 +314,7 @@ class Watchdog:
                     return
                 where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
                 self._end(
-                    f"rank {self.rank} at step {self._step}: lost the rendezvous store at {where} "
+                    f"rank {self.rank} {step_text(self._step)}: lost the rendezvous store at {where} "
                     f"({(str(err).splitlines() or [type(err).__name__])[0]})",
                     EXIT_STUCK,
                     quiet_unless_first=False,
@@ -311,8 +363,11 @@ class Watchdog:
                     os.kill(beat.pid, signal.SIGKILL)
 
     # --------------------------------------------------------------------------------------------------- endings
-    def _end(self, verdict: str, code: int, quiet_unless_first: bool = True) -> None:
-        """Print ``verdict`` if this is the first rank to end the job, then exit this process with ``code``."""
+    def _end(
+        self, verdict: str, code: int, quiet_unless_first: bool = True, cause: BaseException | None = None
+    ) -> None:
+        """Print ``verdict`` if this is the first rank to end the job, then exit this process with ``code``.
+        ``cause``: this rank's own exception, whose traceback goes above the line."""
         if not self._exiting.acquire(blocking=False):
             time.sleep(3600)  # another thread of this process is already exiting
         first = True
@@ -321,7 +376,12 @@ class Watchdog:
                 first = int(self._store.add(self._prefix + "abort", 1)) == 1
             except Exception:
                 first = self.rank == 0
-        if first:
+        if first and cause is not None:
+            import traceback
+
+            traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+            print(f"{self.prog}: error: {verdict}", file=sys.stderr, flush=True)
+        elif first:
             line = f"{self.prog}: error: {verdict}; collective timeout {self.timeout_s:g} s (--collective-timeout)"
             print(line, file=sys.stderr, flush=True)
         _exit(code)
@@ -331,7 +391,12 @@ class Watchdog:
 
         if not self._exiting.acquire(blocking=False):
             return
-        say_interrupted(self.prog, signum, f" at step {self._step}")  # one rank of the job says it
+        ended = False  # a rank already ended the job with its line (the launcher then stops the others: SIGTERM)
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                ended = int(self._store.add(self._prefix + "abort", 0)) > 0
+        if not ended:
+            say_interrupted(self.prog, signum, f" {step_text(self._step)}")  # one rank of the job says it
         _exit(exit_status(signum))
 
     # ------------------------------------------------------------------------------------- collective tracking
@@ -368,6 +433,10 @@ class Watchdog:
 
         call._galva_watchdog = True  # type: ignore[attr-defined]
         return call
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _group_size(group: Any) -> int | None:

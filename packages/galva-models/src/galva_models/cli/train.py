@@ -185,7 +185,9 @@ def run(cfg: TrainConfig) -> int:
         return _run(cfg, rank, world, watchdog)
     except Exception as err:
         if world > 1 and _is_collective_error(err):
-            return watchdog.fail(err)  # one line naming the stuck rank; exits
+            return watchdog.fail(err)  # one line naming the stuck rank (or the one that raised); exits
+        if world > 1:
+            return watchdog.crash(err)  # this rank raised: its traceback, one line naming it; exits
         raise
     finally:
         watchdog.stop()
