@@ -119,7 +119,7 @@ def test_check_refuses_the_profile_of_another_model(tmp_path: Path, capsys: pyte
                         str(profile), "--preset", "tiny-llama", "--strategy", str(plan), "-o",
                         str(tmp_path / "check.json")], capsys)  # fmt: skip
     assert f"--model-profile {profile}" in line and "32 decoder layers of hidden size 4096" in line
-    assert "--preset tiny-llama has 4 llama layers of hidden size 64" in line
+    assert "--model tiny-llama has 4 llama layers of hidden size 64" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
 
 
@@ -146,4 +146,4 @@ def test_check_refuses_a_profile_of_the_same_shape_but_another_family(
     line = _in_process(["check", "--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
                         str(profile), "--preset", "tiny-gpt2", "--strategy", str(plan), "-o",
                         str(tmp_path / "check.json")], capsys)  # fmt: skip
-    assert "0.1411 MiB of fp32 parameters each" in line and "--preset tiny-gpt2 has 4 gpt2 layers" in line
+    assert "0.1411 MiB of fp32 parameters each" in line and "--model tiny-gpt2 has 4 gpt2 layers" in line
