@@ -14,9 +14,10 @@ import torch
 
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
-from galva_hp.testing.oracle import OPTIM, SEQ, batch
+from galva_hp.testing.oracle import OPTIM, SEQ
 from galva_models.adapters import build_layered
 from galva_models.presets import preset_config
+from galva_models.testing import hugging_face_run, max_relative, plan_run
 from galva_schema import Strategy
 
 STEPS, TOL = 3, 1e-5
@@ -104,37 +105,14 @@ def _models(family: str):
 
 
 def hf_reference(family: str) -> tuple[list[float], list[float]]:
-    model, _ = _models(family)
-    params = list(model.parameters())
-    optimizer, scheduler = reference_optimizer(params, OPTIM)
-    ids, _ = batch()
-    losses, norms = [], []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids[step], labels=ids[step]).loss  # HF shifts the labels itself
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses, norms
+    return hugging_face_run(_models(family)[0], STEPS)
 
 
 def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
-    _, layered = _models(family)
-    built = build(layered, PLANS[plan], BuildOptions(seq_len=SEQ))
-    optimizer = GalvaOptimizer(built.param_records(), OPTIM)
-    ids, labels = batch()
-    losses, norms = [], []
-    for step in range(STEPS):
-        metrics = train_step(built, optimizer, ids[step], labels[step])
-        losses.append(metrics.loss)
-        norms.append(metrics.grad_norm)
-    return losses, norms
+    return plan_run(_models(family)[1], PLANS[plan], STEPS)
 
 
-def _rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+_rel = max_relative
 
 
 def check_cases(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from galva_comm.testing import run_distributed
-from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
-from galva_hp.testing.oracle import OPTIM, SEQ, STEPS, batch
+from galva_hp.testing.oracle import SEQ
 from galva_models.presets import tiny_config
 from galva_models.tables import ADAPTER, supports
+from galva_models.testing import hugging_face_run, max_relative, plan_run
 from galva_schema import Strategy, plan_problems
 
 TOL = 1e-5
@@ -92,37 +92,14 @@ def _model(family: str):
 
 
 def hf_reference(family: str) -> tuple[list[float], list[float]]:
-    model = _model(family)
-    params = list(model.parameters())
-    optimizer, scheduler = reference_optimizer(params, OPTIM)
-    ids, _ = batch()
-    losses, norms = [], []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids[step], labels=ids[step]).loss
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses, norms
+    return hugging_face_run(_model(family))
 
 
 def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
-    layered = ADAPTER.decompose(_model(family))
-    built = build(layered, PLANS[plan], BuildOptions(seq_len=SEQ))
-    optimizer = GalvaOptimizer(built.param_records(), OPTIM)
-    ids, labels = batch()
-    losses, norms = [], []
-    for step in range(STEPS):
-        metrics = train_step(built, optimizer, ids[step], labels[step])
-        losses.append(metrics.loss)
-        norms.append(metrics.grad_norm)
-    return losses, norms
+    return plan_run(ADAPTER.decompose(_model(family)), PLANS[plan])
 
 
-def _rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+_rel = max_relative
 
 
 def check(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
