@@ -9,6 +9,8 @@ every step's gradient norm, over 3 steps.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -310,7 +312,8 @@ def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
         layer = layered.layers[1]
         expected = {name: p.detach() for name, p in layer.named_parameters()}
         for form, ctx in contexts.items():
-            parallel = layered.parallelizer.layer(layer, layered.layer_types[1], ctx)
+            # a copy per form: the families run from their tables are parallelized in place, once
+            parallel = layered.parallelizer.layer(copy.deepcopy(layer), layered.layer_types[1], ctx)
             got = gather_full_state(parallel)
             if set(got) != set(expected):
                 problems[f"{family}/{form}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
