@@ -7,10 +7,7 @@ The full disk is a real tmpfs mounted small (root or CAP_SYS_ADMIN needed; the t
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,28 +23,6 @@ def _fails(run, *needles: str) -> None:
     assert "Traceback" not in run.err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """``small_disk("512k")``: a real tmpfs of that size, unmounted after the test."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        if shutil.which("mount") is None:
-            pytest.skip("no mount command: cannot make a small real file system for a full disk")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              capture_output=True, text=True)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs for a full disk (needs root): {done.stderr.strip()}")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_h2g_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, cli, tiny, small_disk) -> None:

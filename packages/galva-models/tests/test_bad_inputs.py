@@ -292,3 +292,17 @@ def test_train_refuses_a_global_batch_beyond_the_schema_bound(capsys):
     line = one_line(capsys, train_main([*GPT2, "--global-batch-size", str(10**30)]), 2, "global_batch_size",
                     "2147483647")  # fmt: skip
     assert line.startswith("galva-train: error: ")
+
+
+def test_data_and_report_on_a_full_disk_are_one_line_and_leave_nothing(tmp_path, small_disk, capsys):
+    """Issue #22: a real 64 KiB tmpfs, filled; refused before the tokenizer is loaded or the report rendered."""
+    disk = small_disk("64k", full=True)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a b"}\n')
+    prefix = disk / "ds"
+    argv = ["preprocess", "--input", str(corpus), "--tokenizer", str(tmp_path), "--output-prefix", str(prefix)]
+    one_line(capsys, data_main(argv), 2, f"--output-prefix {prefix}.bin", "No space left on device")
+    html = disk / "r.html"
+    metrics = _metrics(tmp_path / "m.jsonl", [2.0, 1.0])
+    one_line(capsys, report_main([str(metrics), "-o", str(html)]), 2, f"--output {html}", "No space left on device")
+    assert [p.name for p in disk.iterdir()] == ["filler"]

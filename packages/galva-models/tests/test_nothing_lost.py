@@ -12,16 +12,12 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pytest
 
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.saves import LOCK_FILE
@@ -120,29 +116,6 @@ def test_resumed_metrics_drop_redone_steps_and_a_line_cut_by_a_crash(tmp_path):
     logger.log({"step": 3, "loss": 9.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 1.0})
     logger.close()
     assert [(r["step"], r["loss"]) for r in records(path)] == [(1, 1.0), (2, 2.0), (3, 9.0)]  # after step 2's save
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """``small_disk("3m")``: a real tmpfs of that size (it needs root or CAP_SYS_ADMIN; skipped with the reason
-    otherwise), unmounted after the test."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        if shutil.which("mount") is None:
-            pytest.skip("no mount command: cannot make a small real file system for a full disk")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              capture_output=True, text=True)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs for a full disk (needs root): {done.stderr.strip()}")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_during_a_save_ends_in_one_line_and_keeps_the_earlier_save(small_disk):

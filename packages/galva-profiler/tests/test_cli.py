@@ -147,3 +147,27 @@ def test_check_refuses_a_profile_of_the_same_shape_but_another_family(
                         str(profile), "--preset", "tiny-gpt2", "--strategy", str(plan), "-o",
                         str(tmp_path / "check.json")], capsys)  # fmt: skip
     assert "0.1411 MiB of fp32 parameters each" in line and "--model tiny-gpt2 has 4 gpt2 layers" in line
+
+
+
+@pytest.mark.parametrize("command", ["model", "hardware"])
+@pytest.mark.parametrize("flag", ["--output", "--report"])
+def test_a_full_disk_fails_before_measuring(tmp_path: Path, command: str, flag: str, small_disk, capsys) -> None:
+    """Issue #22: a real 64 KiB tmpfs, filled. An empty probe file still fits there; the check writes 64 KiB, so the
+    run ends in one line before the sweep (in this process: nothing is launched or built) instead of a traceback
+    after it."""
+    from galva_profiler.cli import main
+
+    disk = small_disk("64k", full=True)
+    target = disk / "out.json"
+    outputs = ["-o", str(target)] if flag == "--output" else ["-o", str(tmp_path / "p.json"), flag, str(target)]
+    if command == "model":
+        argv = ["model", "--preset", "tiny-llama", "--seq-lengths", "16", "--quick", *outputs]
+    else:
+        argv = ["hardware", "--nproc-per-node", "2", *HW_FLAGS, *outputs]
+    code = main(argv)
+    err = capsys.readouterr().err
+    line = _one_error_line(subprocess.CompletedProcess(argv, code, "", err))
+    assert f"{flag} {target}" in line and "No space left on device" in line, line
+    assert [p.name for p in disk.iterdir()] == ["filler"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"]

@@ -49,3 +49,20 @@ def test_save_and_reference_writers_leave_no_temporary_files(tmp_path):
     plan.save(tmp_path / "plan.json")
     write_galvatron_strategy(plan, tmp_path / "galvatron_config.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["galvatron_config.json", "plan.json"]
+
+
+def test_a_full_disk_raises_enospc_keeps_the_old_file_and_leaves_no_temporary(small_disk):
+    """Issue #22, at the writer every command shares: a real 64 KiB tmpfs, filled after the first write."""
+    import errno
+
+    disk = small_disk("64k")
+    path = write_json_atomic(disk / "out.json", {"old": True})
+    before = path.read_bytes()
+    with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:  # until the disk is full
+            filler.write(b"\0" * 4096)
+    with pytest.raises(OSError) as err:
+        write_json_atomic(path, {"new": "x" * 10_000})
+    assert err.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "out.json"]

@@ -173,3 +173,13 @@ def test_every_error_line_starts_with_the_command(argv, code, names, capsys):
     assert len(lines) == 1 and lines[0].startswith("galva-schema: error: ") and "Traceback" not in err, err
     for name in names:
         assert name in lines[0], lines[0]
+
+
+def test_convert_and_export_on_a_full_disk_are_one_line_and_leave_nothing(tmp_path, small_disk, capsys):
+    """Issue #22: a real 64 KiB tmpfs, filled; nothing is created on it (no temporary file, no empty directory)."""
+    disk = small_disk("64k", full=True)
+    out = disk / "o.json"
+    one_line(capsys, ["convert", "--from-galvatron-strategy", str(EXAMPLE), "--world-size", "8", "-o", str(out)],
+             2, f"--output {out}", "No space left on device")  # fmt: skip
+    one_line(capsys, ["export-schemas", str(disk / "schemas")], 2, str(disk / "schemas"), "No space left on device")
+    assert [p.name for p in disk.iterdir()] == ["filler"]

@@ -102,3 +102,12 @@ def test_reference_flags_that_agree_with_a_galva_profile_are_accepted(base, caps
 def test_batch_flags_beyond_the_schema_bound_are_refused_before_the_search(base, flag, capsys):
     """10**18 samples: the search spun for 30 s over its divisors and planned 5e17 micro-batches."""
     one_line(capsys, [*base, flag, str(10**18)], 2, f"{flag} must be <= 2147483647", str(10**18))
+
+
+@pytest.mark.parametrize("flag", ["--output", "--summary-json", "--galvatron-output", "--log", "--report-html"])
+def test_every_output_on_a_full_disk_is_one_line_and_leaves_nothing(base, flag, small_disk, capsys):
+    """Issue #22: a full disk (a real 64 KiB tmpfs, filled) is an output error, refused before the search."""
+    disk = small_disk("64k", full=True)
+    target = disk / "out"
+    one_line(capsys, [*base, flag, str(target)], 2, f"{flag} {target}", "No space left on device")
+    assert [p.name for p in disk.iterdir()] == ["filler"]  # no temporary or probe file left

@@ -63,6 +63,26 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "busy" / "x").read_text() == "keep me"
 
 
+
+def test_run_on_a_full_disk_is_one_line_and_keeps_an_earlier_run(small_disk, capsys) -> None:
+    """Issue #22: a real 64 KiB tmpfs, filled: ``--out`` is refused before any stage (no empty directory left), and
+    ``--force`` does not delete an earlier run it could not replace."""
+    disk = small_disk("64k")
+    earlier = disk / "earlier"
+    earlier.mkdir()
+    (earlier / "run.json").write_text("{}\n")
+    with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:  # until the disk is full
+            filler.write(b"\0" * 4096)
+    for out, force in ((disk / "run", []), (earlier, ["--force"])):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", "--quick", "--out", str(out), *force])
+        message = str(exit_info.value.code)
+        assert message.count("\n") == 0 and f"--out {out}" in message and "No space left on device" in message
+        assert "Traceback" not in message and capsys.readouterr().err == ""
+    assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]
+    assert (earlier / "run.json").read_text() == "{}\n"
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:

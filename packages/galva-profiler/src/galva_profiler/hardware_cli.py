@@ -10,7 +10,7 @@ import torch
 from galva_profiler.distributed import World, all_agree, init_world, launched_world_size
 from galva_profiler.errors import ProfileError
 from galva_profiler.hardware import QUICK, SweepOptions, SweepResult, hardware_profile, plan_sweep, run_sweep
-from galva_profiler.outputs import check_writable_dir, check_writable_file
+from galva_profiler.outputs import check_writable_dir, check_writable_file, writing
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
 from galva_schema import HardwareProfile, write_json_atomic
@@ -78,12 +78,15 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 def _write(args: argparse.Namespace, profile: HardwareProfile, result: SweepResult) -> None:
     if args.report:
-        write_json_atomic(args.report, result.report())
+        with writing("--report", args.report):
+            write_json_atomic(args.report, result.report())
     if args.galvatron_dir:
         from galva_schema.reference import write_galvatron_hardware
 
-        write_galvatron_hardware(profile, args.galvatron_dir)
-    profile.save(args.output)  # last: its presence means the whole run succeeded
+        with writing("--galvatron-dir", args.galvatron_dir):
+            write_galvatron_hardware(profile, args.galvatron_dir)
+    with writing("--output", args.output):
+        profile.save(args.output)  # last: its presence means the whole run succeeded
 
 
 def summary(profile: HardwareProfile, result: SweepResult, world: World) -> str:

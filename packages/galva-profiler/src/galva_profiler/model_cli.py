@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from galva_profiler.errors import ProfileError
-from galva_profiler.outputs import check_writable_dir, check_writable_file
+from galva_profiler.outputs import check_writable_dir, check_writable_file, writing
 from galva_profiler.timing import Repeats
 from galva_schema import ModelProfile, Precision, write_json_atomic
 
@@ -88,11 +88,14 @@ def run_model(args: argparse.Namespace) -> int:
     sweep = run_model_sweep(model, options, progress_enabled=not args.quiet)
     profiles = model_profiles(sweep)
     if args.report:
-        write_json_atomic(args.report, sweep_report(sweep))
+        with writing("--report", args.report):
+            write_json_atomic(args.report, sweep_report(sweep))
     if args.galvatron_dir:
-        _write_reference(profiles, Path(args.galvatron_dir))
+        with writing("--galvatron-dir", args.galvatron_dir):
+            _write_reference(profiles, Path(args.galvatron_dir))
     for seq, profile in profiles.items():
-        profile.save(paths[seq])
+        with writing("--output", paths[seq]):
+            profile.save(paths[seq])
     print(summary(sweep, profiles, paths))
     return 0
 

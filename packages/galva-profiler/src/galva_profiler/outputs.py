@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from galva_profiler.errors import ProfileError
+from galva_schema import output_problem
 
 
 def check_writable_file(path: str | os.PathLike[str], flag: str) -> Path:
@@ -22,12 +24,20 @@ def check_writable_file(path: str | os.PathLike[str], flag: str) -> Path:
 
 
 def _probe(directory: Path, what: str) -> None:
-    """Create and remove a file in ``directory``: permission bits say nothing for root or on special file systems."""
+    """Write and remove a file in ``directory``: permission bits say nothing for root or on special file systems, and
+    an empty file still fits on a full disk (:func:`galva_schema.output_problem` writes 64 KiB)."""
+    problem = output_problem(directory, directory=True)
+    if problem is not None:
+        raise ProfileError(f"{what}: {problem}")
+
+
+@contextmanager
+def writing(flag: str, path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``path`` (a disk that filled up during the sweep) into one line."""
     try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".galva-profile-probe-"):
-            pass
+        yield
     except OSError as err:
-        raise ProfileError(f"{what}: not writable ({err.strerror})") from None
+        raise ProfileError(f"{flag} {path}: cannot write: {err.strerror or err}") from None
 
 
 def check_writable_dir(path: str | os.PathLike[str], flag: str) -> Path:

@@ -82,8 +82,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from galva_schema.files import output_problem
     from galva_schema.schemas import export_schemas
 
+    problem = output_problem(args.directory, directory=True)  # before any file: no partial set, no empty directory
+    if problem is not None:
+        _error(f"{args.directory}: {problem}")
+        return 2
     try:
         written = export_schemas(args.directory)
     except OSError as err:

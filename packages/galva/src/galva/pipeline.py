@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from galva_schema import write_text_atomic
+from galva_schema import output_problem, write_text_atomic
 from galva_schema.interrupt import wait_child
 
 __all__ = ["PipelineOptions", "StageResult", "detect_devices", "run_pipeline"]
@@ -244,9 +244,12 @@ def _metrics_note(path: Path) -> str:
 def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageResult]:
     """Run every stage into ``o.out``; returns the stage results (also written to ``o.out/run.json``)."""
     out = o.out.resolve()
+    if out.exists() and any(out.iterdir()) and not o.force:
+        raise SystemExit(f"galva run: error: {out} is not empty; pass --force to replace it or --out elsewhere")
+    problem = output_problem(out, directory=True)  # a full disk fails here, not stages later (an earlier run kept)
+    if problem is not None:
+        raise SystemExit(f"galva run: error: --out {out}: {problem}")
     if out.exists() and any(out.iterdir()):
-        if not o.force:
-            raise SystemExit(f"galva run: error: {out} is not empty; pass --force to replace it or --out elsewhere")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     gpus, kind = detect_devices()
