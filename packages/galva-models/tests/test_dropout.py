@@ -1,12 +1,16 @@
-"""Dropout in the parallel forms (issue 12 item 5): stock GPT-2 and BERT dropout (0.1) under tp2 and pp2 x tp2.
+"""Dropout in the parallel forms (issue 12 item 5, issue 22): stock dropout (0.1) under every plan.
 
 - The random streams (galva_hp.parallel.rng): a dropout on an activation sharded over a group keeps ~90% of the
   elements with a different mask per rank; a dropout on a replicated activation draws the same mask on every rank;
   the global RNG stays in step across ranks; masks are reproducible from the seed and replayed by activation
-  checkpointing (gradient == forward mask / (1 - p)).
+  checkpointing (gradient == forward mask / (1 - p)). Data-parallel replicas mask their own samples (one sample on
+  both dp ranks: different outputs), tp ranks share the mask of a replicated output.
 - Training: 3 steps per plan with every dropout of the stock configs at 0.1, on 4 gloo ranks: finite, sane losses;
   the same seed and plan give bit-identical losses; dropout is really applied (losses differ from the dropout-0 run).
   The dropout-0 equality with single-process Hugging Face training within 1e-5 is tests/test_distributed.py.
+- Loaded from a Hugging Face checkpoint (eval mode) as galva-train loads it, one family per class (GPT-2 and Phi,
+  BERT, T5, ViT) under 1 rank, tp2, Megatron-SP, Ulysses and pp2 x tp2: training matches Hugging Face's with the
+  same dropout statistically over 30 steps (see the section's comment), exactly on one rank.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from galva_comm.testing import run_distributed
-from galva_hp import BuildOptions, GalvaOptimizer, build, train_step
+from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, reference_optimizer, train_step
 from galva_hp.parallel.attention import attention
 from galva_hp.parallel.rng import ShardedDropout, rank_stream
 from galva_hp.testing.oracle import OPTIM, SEQ, batch
@@ -92,6 +96,34 @@ def test_dropout_streams_across_tp_ranks():
         for key in ("scale_ok", "global_in_step", "replicated_equal", "reproducible", "checkpoint_replays"):
             assert res[key] == 1.0, (key, rank, res)
         assert res["attention_heads_differ"] == 1.0 and res["attention_no_dropout_equal"] == 1.0, (rank, res)
+
+
+def check_replica_masks(rank: int, world_size: int) -> dict[str, float]:
+    """Whether layer 0's output is the same on both ranks, for one sample repeated over the global batch: under dp 2
+    each replica masks its own sample (as one process masks each sample of a batch), under tp 2 the layer's output
+    is replicated (one mask), and without dropout dp 2 gives equal outputs."""
+    out = {}
+    ids = torch.randint(0, 128, (1, SEQ), generator=torch.Generator().manual_seed(1)).repeat(2, 1)
+    labels = torch.roll(ids, -1, dims=1)
+    for name, p, layer in (("dp2", P, {}), ("tp2", P, {"tp": 2}), ("dp2-no-dropout", 0.0, {})):
+        torch.manual_seed(0)
+        _, layered = build_layered(stock_config("gpt2", p))
+        fields = {"world_size": 2, "pp": 1, "global_batch_size": 2, "num_micro_batches": 1, "mixed_precision": "fp32"}
+        strategy = Strategy.model_validate({**fields, "layers": [layer] * layered.num_layers})
+        built = build(layered, strategy, BuildOptions(seq_len=SEQ))
+        seen: list[torch.Tensor] = []
+        built.layers["0"].register_forward_hook(lambda module, args, output, seen=seen: seen.append(output.detach()))
+        torch.manual_seed(1)
+        built.forward_backward(ids, labels)
+        outputs = _gather(seen[0])
+        out[name] = float(torch.equal(outputs[0], outputs[1]))
+    return out
+
+
+@pytest.mark.distributed
+def test_data_parallel_replicas_mask_their_own_samples():
+    for rank, res in enumerate(run_distributed(check_replica_masks, 2, timeout=120)):
+        assert res == {"dp2": 0.0, "tp2": 1.0, "dp2-no-dropout": 1.0}, (rank, res)
 
 
 # ------------------------------------------------------------------------------------- training with dropout on
@@ -194,3 +226,199 @@ def test_t5_vit_swin_train_with_dropout_in_sharded_regions():
         assert first != no_dropout, f"{case}: dropout 0.1 gave the dropout-0 losses {first}"
         for rank_result in results:
             assert rank_result[case][0] == first, case
+
+
+# ------------------------------------------ loaded from a Hugging Face checkpoint: trains as Hugging Face does
+# Every family class, loaded as galva-train loads --hf-checkpoint (transformers' from_pretrained, which hands the
+# model over in eval mode) with dropout 0.1, trained 30 steps on two batches it can learn. Where the masks are drawn
+# differently (other ranks, micro-batches), losses cannot be compared step by step: the statistic is the tail loss
+# (mean of the last 10 steps), which must lie within 5 standard deviations of plain Hugging Face training with the
+# same dropout over 10 seeds (a 99.9% prediction interval for one more seed); that band excludes the dropout-0 run,
+# which an eval-mode model or a plan losing its dropout reproduces. A plan's deviations, averaged over the five
+# families, stay within 2 (a small shift in every family: a systematic error, e.g. masks shared by shards). On one
+# rank with one micro-batch, Galva draws Hugging Face's very masks: its losses equal Hugging Face's with the same
+# seed within 1e-5, but for T5 (its adapter's embedding dropout runs once over [encoder ; decoder]). The seeds are
+# fixed: the test is deterministic.
+DROPOUT_FIELDS = {
+    "gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop"),
+    "phi": ("attention_dropout", "resid_pdrop", "embd_pdrop"),  # transformers' own tables, hidden dropout too
+    "bert": ("attention_probs_dropout_prob", "hidden_dropout_prob"),
+    "t5": ("dropout_rate",),
+    "vit": ("attention_probs_dropout_prob", "hidden_dropout_prob"),
+}
+CKPT_STEPS, TAIL, HF_SEEDS, GALVA_SEED, DEC_SEQ = 30, 10, 10, 100, 6
+BAND, POOLED = 5.0, 2.0  # in standard deviations of the seeds' tail losses: one run; a plan's mean over the families
+CKPT_LR = {"vit": 3e-4}  # 3e-3 elsewhere; at 3e-3 ViT fits its 16 images with dropout almost as well as without
+CKPT_PLANS = {  # galva-train's plan flags: on 4 ranks (dp 2 but for pp2 x tp2), then on one
+    "tp2": ["--tp", "2"],
+    "tp2-megatron_sp": ["--tp", "2", "--sequence-parallel"],
+    "ulysses2": ["--tp", "2", "--ulysses"],
+    "pp2-tp2-ckpt": ["--pp", "2", "--tp", "2", "--checkpoint"],  # recomputation replays the masks
+    "1-rank": [],
+}
+SAME_MASKS = ("gpt2", "phi", "bert", "vit")  # one rank, one micro-batch: Hugging Face's masks
+
+
+def ckpt_optim(family: str) -> OptimConfig:
+    """AdamW at a constant learning rate, no weight decay (the dropout effect is what is measured)."""
+    return OptimConfig(lr=CKPT_LR.get(family, 3e-3), eps=1e-5, total_steps=None, weight_decay=0.0)
+
+
+def checkpoint_config(family: str, p: float):
+    """The tiny preset with two layers (T5: one encoder and one decoder layer) and dropout ``p`` in every field
+    ``DROPOUT_FIELDS`` names; ViT on a 12-pixel image (9 patches and the class token: 10 positions, which a
+    sequence-sharding degree of 2 divides)."""
+    config = preset_config(f"tiny-{family}")
+    if family == "t5":
+        config.num_layers = config.num_decoder_layers = 1
+    else:
+        config.num_hidden_layers = 2  # GPT-2's n_layer through its attribute map
+    if family == "vit":
+        config.image_size = 12
+    for field in DROPOUT_FIELDS[family]:
+        setattr(config, field, p)
+    return config
+
+
+def save_checkpoint(family: str, directory: str) -> None:
+    from galva_models.adapters.registry import adapter_for
+
+    config = checkpoint_config(family, P)
+    torch.manual_seed(0)
+    adapter_for(config).build_model(config, attn_implementation="sdpa").save_pretrained(directory)
+
+
+def _learnable_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
+    """Two fixed global batches of 8 (cycled): (Hugging Face keyword inputs, Galva inputs, Galva labels)."""
+    from galva_models.cli.train import _Seq2SeqRandom
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+
+    out = []
+    for step in range(2):
+        if family in ("gpt2", "phi"):
+            ids = torch.randint(0, config.vocab_size, (8, SEQ), generator=torch.Generator().manual_seed(5 + step))
+            labels = torch.roll(ids, -1, dims=1)
+            labels[:, -1] = -100
+            out.append(({"input_ids": ids, "labels": ids}, ids, labels))  # Hugging Face shifts the labels itself
+            continue
+        if family == "bert":
+            b = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5).batch(step)
+            hf = {"input_ids": b.inputs, "labels": b.labels}
+        elif family == "t5":
+            b = _Seq2SeqRandom(config, ENC_SEQ, DEC_SEQ, 8, seed=5).batch(step)
+            hf = {"input_ids": b.inputs[:, :ENC_SEQ], "labels": b.labels}
+        else:
+            b = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5).batch(step)
+            hf = {"pixel_values": b.inputs, "labels": b.labels}
+        out.append((hf, b.inputs, b.labels))
+    return out
+
+
+AUTO_CLASSES = {
+    "causal_lm": "AutoModelForCausalLM",
+    "masked_lm": "AutoModelForMaskedLM",
+    "seq2seq_lm": "AutoModelForSeq2SeqLM",
+    "image_classification": "AutoModelForImageClassification",
+}
+
+
+def hugging_face_losses(family: str, directory: str, p: float, seed: int) -> list[float]:
+    """Plain Hugging Face training from the checkpoint, in train mode with dropout ``p``."""
+    import transformers
+
+    from galva_models.adapters.registry import adapter_for
+
+    config = checkpoint_config(family, p)
+    auto = getattr(transformers, AUTO_CLASSES[adapter_for(config).task.value])
+    model = auto.from_pretrained(directory, config=config, local_files_only=True).train()
+    params = list(model.parameters())
+    optimizer, _ = reference_optimizer(params, ckpt_optim(family))
+    batches = _learnable_batches(family, config)
+    torch.manual_seed(seed)
+    losses = []
+    for step in range(CKPT_STEPS):
+        optimizer.zero_grad()
+        loss = model(**batches[step % 2][0]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # OptimConfig's max_grad_norm
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def galva_train_losses(family: str, directory: str, plan: str, world_size: int) -> list[float]:
+    """galva-train's own loading of ``--hf-checkpoint`` and its plan flags, then galva-hp training."""
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import build_model
+
+    chunks = "1" if plan == "1-rank" else "2"
+    argv = ["--hf-checkpoint", directory, "--fp32", "--global-batch-size", "8", "--chunks", chunks, *CKPT_PLANS[plan]]
+    if family == "t5":
+        argv += ["--seq-length", str(ENC_SEQ), "--decoder-seq-length", str(DEC_SEQ)]
+    elif family != "vit":
+        argv += ["--seq-length", str(ENC_SEQ if family == "bert" else SEQ)]
+    cfg = parse_train_config(argv, world_size=world_size)
+    _, layered = build_model(cfg)
+    built = build(layered, cfg.strategy, BuildOptions(seq_len=cfg.seq_length or None))
+    optimizer = GalvaOptimizer(built.param_records(), ckpt_optim(family))
+    batches = _learnable_batches(family, cfg.model_config)
+    torch.manual_seed(GALVA_SEED)  # the dropout streams start here
+    return [train_step(built, optimizer, *batches[step % 2][1:]).loss for step in range(CKPT_STEPS)]
+
+
+def train_from_checkpoints(rank: int, world_size: int, directories: dict[str, str]) -> dict[str, list[float]]:
+    """Every plan of this world size per family; on 4 ranks also this rank's share of the Hugging Face runs, on one
+    the Hugging Face run with Galva's seed."""
+    plans = [name for name in CKPT_PLANS if (name == "1-rank") == (world_size == 1)]
+    out = {}
+    for family, directory in directories.items():
+        for plan in plans:
+            out[f"{family}/{plan}"] = galva_train_losses(family, directory, plan, world_size)
+        if world_size == 1:
+            out[f"{family}/hf-same-seed"] = hugging_face_losses(family, directory, P, GALVA_SEED)
+            continue
+        for seed in range(rank, HF_SEEDS, world_size):
+            out[f"{family}/hf/{seed}"] = hugging_face_losses(family, directory, P, seed)
+        if rank == world_size - 1:
+            out[f"{family}/hf-dropout0"] = hugging_face_losses(family, directory, 0.0, 0)
+    return out
+
+
+def _tail(losses: list[float]) -> float:
+    return sum(losses[-TAIL:]) / TAIL
+
+
+def _band(runs: dict[str, list[float]], family: str) -> tuple[float, float, float]:
+    """(mean, standard deviation) of the Hugging Face tail losses over the seeds, and the dropout-0 tail loss."""
+    tails = [_tail(runs[f"{family}/hf/{seed}"]) for seed in range(HF_SEEDS)]
+    mean = sum(tails) / len(tails)
+    std = (sum((t - mean) ** 2 for t in tails) / (len(tails) - 1)) ** 0.5
+    return mean, std, _tail(runs[f"{family}/hf-dropout0"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_checkpoints_train_with_their_dropout_under_every_plan(tmp_path):
+    directories = {family: str(tmp_path / family) for family in DROPOUT_FIELDS}
+    for family, directory in directories.items():
+        save_checkpoint(family, directory)
+    runs: dict[str, list[float]] = {}
+    for world_size in (4, 1):  # rank 0's Galva losses (every rank reports the same global loss), all ranks' HF runs
+        for rank, result in enumerate(run_distributed(train_from_checkpoints, world_size, directories, timeout=900)):
+            runs.update({k: v for k, v in result.items() if rank == 0 or "/hf" in k})
+    deviations: dict[str, list[float]] = {plan: [] for plan in CKPT_PLANS}
+    for family in DROPOUT_FIELDS:
+        mean, std, no_dropout = _band(runs, family)
+        band = f"Hugging Face {mean:.4f} +- {std:.4f} over {HF_SEEDS} seeds, dropout 0 {no_dropout:.4f}"
+        assert abs(no_dropout - mean) > BAND * std, f"{family}: the test cannot tell dropout from none ({band})"
+        for plan in CKPT_PLANS:
+            tail = _tail(runs[f"{family}/{plan}"])
+            deviations[plan].append((tail - mean) / std)
+            assert abs(tail - mean) <= BAND * std, f"{family}/{plan}: tail loss {tail:.4f} outside {band}"
+        if family in SAME_MASKS:
+            galva, hf = runs[f"{family}/1-rank"], runs[f"{family}/hf-same-seed"]
+            worst = max(abs(a - b) / b for a, b in zip(galva, hf))
+            assert worst < 1e-5, f"{family}: one rank differs from Hugging Face with the same masks by {worst:.1e}"
+    for plan, values in deviations.items():  # a plan that shifts every family a little: a systematic error
+        pooled = sum(values) / len(values)
+        assert abs(pooled) < POOLED, f"{plan}: tail losses {pooled:+.2f} sd from Hugging Face's on average {values}"

@@ -12,7 +12,8 @@
 7. tie the embedding and head copies of shared weights (one rank when pp == 1, the tie group otherwise);
    parameters shared between layers get one copy per rank of their readers' stages (:mod:`galva_hp.shared_params`).
 
-The result is a :class:`~galva_hp.runtime.HybridParallelModel`. Plan validation lives in :mod:`galva_hp.plan_check`
+The result is a :class:`~galva_hp.runtime.HybridParallelModel` in training mode (dropout on), whatever mode the
+modules came in. Plan validation lives in :mod:`galva_hp.plan_check`
 and the options in :mod:`galva_hp.options`; both are re-exported here.
 """
 
@@ -83,7 +84,9 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     out.reducer = BucketReducer([u for u in out.units if isinstance(u, DdpUnit)])
     _tie(out, model.tied_weights)
     out.sync_tied_weights()
-    return out
+    # a model for training, whatever the modules' source: transformers' from_pretrained hands its modules over in
+    # eval mode, which would switch every dropout off silently
+    return out.train()
 
 
 def _convert(
@@ -140,6 +143,9 @@ def _wrap(
     out._tp_partitioned[name] = _tp_partitioned(module, ctx)
     out._unit_tp[name] = ctx.tp_size
     out.contexts[name] = ctx
+    replicas = groups.of(GroupKind.DP, out.rank)
+    if len(replicas) > 1:  # ranks holding different samples: each masks its own (galva_hp.parallel.rng)
+        out.replica_index[name] = replicas.index(out.rank)
     unit = wrap(
         name,
         module,

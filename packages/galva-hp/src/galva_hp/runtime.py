@@ -9,6 +9,7 @@ tp-replicated parameters summed once per iteration), and hands the optimizer its
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from galva_hp.labels import IGNORE_INDEX
 from galva_hp.model import ParallelContext
 from galva_hp.options import BuildOptions
 from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
+from galva_hp.parallel.rng import member_stream
 from galva_hp.pipeline import PipelineStage, run_schedule, schedule_order
 from galva_hp.precision import PrecisionPolicy
 from galva_hp.shared_params import SharedParameters
@@ -62,6 +64,7 @@ class HybridParallelModel(nn.Module):
         self._ties: list[tuple[nn.Parameter | None, nn.Parameter | None, dist.ProcessGroup | None, int]] = []
         self.saved_bytes: dict[str, int] = {}
         self.contexts: dict[str, ParallelContext] = {}  # unit name -> the context its module was converted with
+        self.replica_index: dict[str, int] = {}  # unit name -> this rank's data-parallel replica (where several)
         pipeline = next(p for p in layout.pipelines if rank in p)
         self.pipe = PipelineStage(
             stage=self.stage,
@@ -142,10 +145,13 @@ class HybridParallelModel(nn.Module):
         return self._run("head", self.head, hidden, labels)
 
     def _run(self, name: str, module: nn.Module, *args: Any) -> Any:
-        if not self.options.measure_activations:
-            return module(*args)
-        with saved_activation_meter() as meter:
-            out = module(*args)
+        replica = self.replica_index.get(name)
+        streams = member_stream(replica, self.pipe.device) if replica is not None and module.training else None
+        with streams or contextlib.nullcontext():  # dropout masks of this replica's samples
+            if not self.options.measure_activations:
+                return module(*args)
+            with saved_activation_meter() as meter:
+                out = module(*args)
         self.saved_bytes[name] = self.saved_bytes.get(name, 0) + meter.bytes
         return out
 

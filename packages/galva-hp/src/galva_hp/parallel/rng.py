@@ -1,9 +1,12 @@
 """Dropout random streams across parallel ranks: Megatron's RNG tracker, without state of its own.
 
-Rule (as in Megatron): where an activation is *replicated* over a group (plain tp outside the parallel matmuls), every
-rank draws the same mask from the global RNG, which the same seed and the same sequence of random ops keep equal on
-every rank of the group; where it is *sharded* (attention heads under tp or Ulysses, the sequence slice under
-Megatron-SP, Ulysses or vocabulary sp), each rank draws from its own stream, so the shards get independent masks.
+Rule: where an activation is *replicated* over a group (plain tp outside the parallel matmuls), every rank draws the
+same mask from the global RNG, which the same seed and the same sequence of random ops keep equal on every rank of
+the group; where it is *sharded* (attention heads under tp or Ulysses, the sequence slice under Megatron-SP, Ulysses
+or vocabulary sp), each rank draws from its own stream, so the shards get independent masks. The samples of a global
+batch are sharded too: the runtime runs each module of a data-parallel replica in that replica's stream
+(:func:`member_stream`), so replicas mask their samples independently, as one process masks every sample of the
+batch (Megatron-LM gives data-parallel ranks one stream, which correlates the masks of their samples).
 
 A sharded region forks the global RNG (CPU, and the tensor's CUDA device), seeds it from one number drawn from the
 global CPU generator and this rank's index in the group, runs, and restores the global state advanced by that one
@@ -28,17 +31,23 @@ from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.mappings import group_rank, group_size
 
-__all__ = ["ShardedDropout", "rank_stream", "sharded_dropout"]
+__all__ = ["ShardedDropout", "member_stream", "rank_stream", "sharded_dropout"]
 
 _MIX = 0x9E3779B97F4A7C15
 
 
-@contextlib.contextmanager
-def rank_stream(group: ProcessGroup | None, device: torch.device) -> Iterator[None]:
+def rank_stream(group: ProcessGroup | None, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """Within the block, the global RNG (CPU and ``device``) is this rank's own stream for ``group``; afterwards it
     is the global stream advanced by one draw (the same on every rank of the group). ``group=None``: one rank."""
+    return member_stream(group_rank(group), device)
+
+
+@contextlib.contextmanager
+def member_stream(index: int, device: torch.device) -> Iterator[None]:
+    """:func:`rank_stream` for member ``index`` of a group: the ranks that share an index share the stream (the
+    runtime gives each data-parallel replica of a module its own: ranks holding different samples)."""
     base = int(torch.randint(0, 2**62, (), generator=torch.default_generator))
-    seed = (base * _MIX + group_rank(group) + 1) % (2**63)
+    seed = (base * _MIX + index + 1) % (2**63)
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda, device_type="cuda"):
         torch.default_generator.manual_seed(seed)

@@ -126,7 +126,7 @@ def build_model(cfg: TrainConfig) -> Any:
         cls = getattr(transformers, auto, AutoModel)
         model = cls.from_pretrained(
             cfg.hf_checkpoint, config=cfg.model_config, local_files_only=True, attn_implementation=impl
-        )  # the config galva-train validated (read from the same directory)
+        ).train()  # the config galva-train validated (same directory); train mode: from_pretrained gives eval mode
     elif cfg.initialize_on_meta:
         with torch.device("meta"):
             model = cfg.adapter.build_model(cfg.model_config, attn_implementation=impl)
