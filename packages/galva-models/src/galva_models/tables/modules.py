@@ -82,10 +82,12 @@ class _Zeros(nn.Module):
         return torch.zeros(*x.shape, self.hidden, dtype=self.dtype, device=x.device)
 
 
-def _view(module: nn.Module, overrides: dict[str, nn.Module]) -> nn.Module:
-    """``module`` with some children replaced, for one call; ``module`` itself is untouched."""
+def _view(module: nn.Module, overrides: dict[str, nn.Module], training: bool) -> nn.Module:
+    """``module`` with some children replaced, for one call, in the caller's mode (a forward may read
+    ``self.training``: Starcoder 2's embedding dropout); ``module`` itself is untouched."""
     view = copy.copy(module)
     view._modules = {**module._modules, **overrides}
+    view.training = training
     return view
 
 
@@ -122,7 +124,7 @@ class LayerInputs(nn.Module):
         real = getattr(base, self._layers)
         sink: dict[int, Any] = {}
         stand_ins = nn.ModuleList([_StandIn(layer, i, sink, stop) for i, layer in enumerate(real)])
-        view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins})
+        view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins}, self.training)
         with contextlib.suppress(_Stop):
             type(base).forward(view, **inputs, use_cache=False)
         return sink
@@ -315,7 +317,7 @@ class TableHead(_InPlace):
         self._begin()
         task = self._task.value
         base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}))
-        view = _view(task, {self._base_name: base, "lm_head": self.lm_head})
+        view = _view(task, {self._base_name: base, "lm_head": self.lm_head}, self.training)
         with self._streams(hidden.device):
             logits = type(task).forward(view, inputs_embeds=hidden, use_cache=False).logits
         self._end()
