@@ -79,6 +79,11 @@ PLANS = {
         vocab={"tp": 2},
     ),
     "tp4-bf16": _plan([{"tp": 4}] * 4, vocab={"tp": 4}, mixed_precision="bf16"),
+    # the two schedules beyond GPipe and 1F1B: interleaved (2 chunks of one layer per stage) and zero-bubble ZB-H1
+    "pp2-interleaved-tp2": _plan(
+        [{"tp": 2, "checkpoint": True}] * 4, pp=2, pipeline_schedule="interleaved-1f1b", virtual_stages=2
+    ),
+    "pp2-zb-h1-ulysses2": _plan([{"tp": 2, "ulysses": True}] * 4, pp=2, pipeline_schedule="zb-h1"),
 }
 
 
@@ -139,6 +144,13 @@ def test_families_train_like_hugging_face(families: list[str]):
 def test_every_family_in_the_sweep_is_taken_by_its_tables():
     for family in DENSE + MOE:
         assert supports(_config(family)), family
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("families", [DENSE[i : i + 15] for i in range(0, len(DENSE), 15)], ids=lambda f: f[0])
+def test_every_family_under_the_interleaved_and_zero_bubble_schedules(families: list[str]):
+    cases = [(f, p) for f in families for p in ("pp2-interleaved-tp2", "pp2-zb-h1-ulysses2")]
+    _assert(run_distributed(check, 4, cases, timeout=900))
 
 
 @pytest.mark.distributed
