@@ -58,6 +58,8 @@ class _StandIn(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "_real":  # not set yet (or a copy being built): no layer to ask
+                raise
             return getattr(self._real.value, name)
 
     def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
