@@ -96,8 +96,8 @@ def say_interrupted(prog: str, signum: int, detail: str = "") -> bool:
             first = True
         except FileExistsError:
             first = False
-        except OSError:
-            pass  # an unwritable note: rank 0 says it
+        except OSError:  # an unwritable note: rank 0 says it, as without a note
+            first = os.environ.get("RANK", "0") == "0"
     if first:
         print(interrupted_line(prog, signum) + detail, file=sys.stderr, flush=True)
     return first

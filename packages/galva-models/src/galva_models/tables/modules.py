@@ -158,8 +158,8 @@ class ModuleForm:
     seq_shards: int = 1
     ulysses: bool = False
     vocab_group: ProcessGroup | None = None
-    """Head under vocabulary tp: the group its logits are split over."""
-    sequence_parallel: bool = False
+    """Head under vocabulary tp: the group its logits are split over (its labels are a sequence slice when
+    ``seq_group`` is set: Megatron-SP)."""
 
 
 class _InPlace(nn.Module):
@@ -326,5 +326,5 @@ class TableHead(_InPlace):
         form = self.form
         if form is not None and form.vocab_group is not None:
             vocab = task.config.get_text_config().vocab_size
-            return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, form.sequence_parallel)
+            return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, form.seq_group is not None)
         return token_loss_sum(logits, labels)

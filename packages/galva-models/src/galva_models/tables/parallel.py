@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from galva_hp.model import ParallelContext
 from galva_hp.parallel.mappings import group_rank
@@ -142,10 +143,8 @@ class TableParallelizer:
             sequence_parallel = ctx.sequence_parallel_tp
             name = self.tables.before[0]
             split_embedding(getattr(module, name), group, sequence_parallel, name)
-            split = _split_names(module)
-            summed = [n for n, _ in module.named_parameters() if n not in split] if sequence_parallel else []
             module.form = ModuleForm(
-                grad_sums=[(n, group) for n in summed],
+                grad_sums=_slice_sums(module, group) if sequence_parallel else [],
                 seq_group=group if sequence_parallel else None,
                 seq_shards=tp if sequence_parallel else 1,  # learned positions: this rank's slice (GPT-2's wpe)
             )
@@ -165,20 +164,24 @@ class TableParallelizer:
             lm_head = module.lm_head
             vocab = self.config.get_text_config().vocab_size
             split_vocab_rows(lm_head, ("weight", "bias"), group, vocab)
-            lm_head.register_forward_pre_hook(lambda m, args: (region.enter(args[0]), *args[1:]))
-            split = _split_names(module)
-            summed = [n for n, _ in module.named_parameters() if n not in split] if sequence_parallel else []
+            enter_region_at(lm_head, region)
             module.form = ModuleForm(
                 region=region,
-                grad_sums=[(n, group) for n in summed],
+                grad_sums=_slice_sums(module, group) if sequence_parallel else [],
                 seq_group=group if sequence_parallel else None,
                 vocab_group=group,
-                sequence_parallel=sequence_parallel,
             )
         elif ctx.vocab_sp and ctx.sp_size > 1:
             _once(module)
             module.form = ModuleForm(seq_group=ctx.sp_group)
         return module
+
+
+def _slice_sums(module: nn.Module, group: ProcessGroup) -> list[tuple[str, ProcessGroup]]:
+    """Under Megatron-SP, every parameter of a vocabulary module that is not split sees this rank's sequence slice:
+    its gradient is summed over tp."""
+    split = _split_names(module)
+    return [(n, group) for n, _ in module.named_parameters() if n not in split]
 
 
 def _find(root: nn.Module, path: str) -> nn.Module | None:

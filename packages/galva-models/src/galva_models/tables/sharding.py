@@ -110,7 +110,8 @@ class TpRegion:
 
 
 def enter_region_at(module: nn.Module, region: TpRegion) -> None:
-    """``module`` (an attention or MLP block holding column-parallel modules) takes its input into ``region``.
+    """``module`` (an attention or MLP block holding column-parallel modules, or a column-parallel head) takes its
+    input into ``region``.
 
     The block, not each projection, enters: Hugging Face blocks shape their heads from their own input's sequence
     length, which under Megatron-SP must already be the whole sequence.
