@@ -1,4 +1,4 @@
-"""galva-ckpt installs with the dependencies it imports, galva-models only as the ``hf`` extra, and its command."""
+"""galva-ckpt installs with the dependencies it imports (none of them galva-models), and its command."""
 
 from __future__ import annotations
 
@@ -12,16 +12,11 @@ from pathlib import Path
 import galva_ckpt
 
 REQUIRED = {"galva-schema", "torch", "safetensors"}  # progress bars: galva_schema.progress, tqdm if installed
-EXTRA_HF = {"galva-models"}  # h2g/g2h ask galva-models for the families' tensor names (imported lazily)
 DIST = "galva-ckpt"
 
 
-def _requirements() -> tuple[set[str], set[str]]:
-    required, hf = set(), set()
-    for requirement in metadata.requires(DIST) or []:
-        name = re.split(r"[ <>=!~;\[]", requirement, maxsplit=1)[0].lower()
-        (hf if re.search(r"extra *== *['\"]hf['\"]", requirement) else required).add(name)
-    return required, hf
+def _requirements() -> set[str]:
+    return {re.split(r"[ <>=!~;\[]", r, maxsplit=1)[0].lower() for r in metadata.requires(DIST) or []}
 
 
 def test_version_matches_the_metadata() -> None:
@@ -29,12 +24,12 @@ def test_version_matches_the_metadata() -> None:
 
 
 def test_declared_dependencies() -> None:
-    assert _requirements() == (REQUIRED, EXTRA_HF)
+    assert _requirements() == REQUIRED
 
 
 def test_every_import_is_declared() -> None:
     """Top-level imports in the source are the standard library, galva_ckpt, or a declared distribution."""
-    declared = {"galva_schema", "torch", "safetensors", "galva_models"}
+    declared = {"galva_schema", "torch", "safetensors"}
     found = set()
     for path in Path(galva_ckpt.__file__).parent.glob("*.py"):
         found |= set(re.findall(r"^\s*(?:from|import) ([a-z_]+)", path.read_text(), flags=re.M))
@@ -47,3 +42,14 @@ def test_console_script_runs() -> None:
     assert script is not None
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "h2g" in done.stdout and "g2h" in done.stdout and "info" in done.stdout
+
+
+def test_the_model_layouts_come_from_an_entry_point_galva_models_declares() -> None:
+    """h2g / g2h find the families' tensor names through an entry point, so the dependency runs one way."""
+    from galva_ckpt.layout import LAYOUT_GROUP, model_layout
+
+    (provider,) = metadata.entry_points(group=LAYOUT_GROUP)
+    assert provider.dist is not None and provider.dist.name == "galva-models"
+    layout = model_layout({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                           "num_attention_heads": 4, "vocab_size": 128}, "config.json")  # fmt: skip
+    assert [m.name for m in layout.modules] == ["embedding", "layers.0", "layers.1", "head"]

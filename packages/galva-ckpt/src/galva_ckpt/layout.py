@@ -1,19 +1,23 @@
-"""Which Hugging Face tensors make up each Galva module of a model, asked of galva-models.
+"""Which Hugging Face tensors make up each Galva module of a model, asked of the installed layout provider.
 
-The family knowledge (what is a layer, which names are tied) lives once, in galva-models' adapters; galva-ckpt
-only consumes it through the small structural types below. galva-models is imported lazily and is the ``hf``
-extra of this distribution, so that galva-models (galva-train) can itself depend on galva-ckpt for saving and
-loading without an import cycle.
+The family knowledge (what is a layer, which names are tied) lives once, in the package that trains the families
+(galva-models); galva-ckpt only consumes it through the small structural types below. The provider is found through
+the ``galva_ckpt.model_layouts`` entry-point group, which galva-models declares, so galva-ckpt imports nothing of it
+and galva-models (galva-train) can depend on galva-ckpt for saving and loading: the dependency runs one way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from galva_ckpt.errors import CheckpointError
 
-__all__ = ["ModelLayout", "ModuleLayout", "model_layout"]
+__all__ = ["LAYOUT_GROUP", "ModelLayout", "ModuleLayout", "model_layout"]
+
+LAYOUT_GROUP = "galva_ckpt.model_layouts"
+"""Entry-point group of the functions ``config.json`` dict -> :class:`ModelLayout` (galva-models declares one)."""
 
 
 class ModuleLayout(Protocol):
@@ -40,15 +44,33 @@ class ModelLayout(Protocol):
 
 
 def model_layout(config: Mapping[str, Any], source: str) -> ModelLayout:
-    """The layout of the model a ``config.json`` dict describes; ``source`` names that file in errors."""
-    try:
-        from galva_models.checkpoint_names import checkpoint_names_from_dict
-    except ImportError:
+    """The layout of the model a ``config.json`` dict describes; ``source`` names that file in errors.
+
+    Every installed provider is asked in name order; the first that knows the model answers. A provider that does
+    not raises ``ValueError`` (or ``TypeError``/``KeyError``/``AttributeError`` from a malformed config), and when
+    none answers the first provider's reason is the error.
+    """
+    providers = _providers()
+    if not providers:
         raise CheckpointError(
-            "converting needs galva-models (the model families): pip install 'galva-ckpt[hf]'"
-        ) from None
-    try:
-        return checkpoint_names_from_dict(dict(config))
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        text = str(err).strip().splitlines()
-        raise CheckpointError(f"{source}: {text[0] if text else type(err).__name__}") from None
+            "converting needs the package that knows the model families' tensor names: pip install galva-models"
+        )
+    reasons: list[str] = []
+    for provider in providers:
+        try:
+            return provider(dict(config))
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            text = str(err).strip().splitlines()
+            reasons.append(text[0] if text else type(err).__name__)
+    raise CheckpointError(f"{source}: {reasons[0]}")
+
+
+def _providers() -> list[Callable[[dict[str, Any]], ModelLayout]]:
+    found = sorted(entry_points(group=LAYOUT_GROUP), key=lambda ep: ep.name)
+    out = []
+    for ep in found:
+        try:
+            out.append(ep.load())
+        except ImportError as err:  # a provider whose own dependencies are missing: say which
+            raise CheckpointError(f"model layout provider {ep.value!r} cannot be imported: {err}") from None
+    return out
