@@ -189,10 +189,9 @@ _ROUND_TRIP_ARGS = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--se
                     "2", "--vocab-tp", "2"]  # fmt: skip
 
 
-SAVED = [family for family in DENSE if family != "apertus"]
-"""Families whose every checkpoint tensor is a parameter. Apertus's xIELU activation also keeps two persistent
-buffers (``beta``, ``eps``) that Hugging Face writes to disk; Galva saves parameters only, so its save refuses them
-in one line (``no rank holds it``) — open."""
+SAVED = DENSE
+"""Every dense family; Apertus's xIELU activation also keeps two persistent buffers (``beta``, ``eps``) that
+Hugging Face writes to disk: they are loaded, saved and exported like the parameters."""
 
 
 @pytest.mark.distributed
@@ -214,9 +213,10 @@ def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str])
         base = tmp_path / family
         torch.manual_seed(5)
         model = ADAPTER.build_model(_config(family))
-        with torch.no_grad():  # norms at 1 and biases at 0 would hide a swapped tensor
-            for param in model.parameters():
-                param.add_(torch.randn_like(param) * 0.02)
+        with torch.no_grad():  # norms at 1 and biases at 0 would hide a swapped tensor (or an unloaded buffer)
+            stored_buffers = [b for n, b in model.named_buffers() if n in model.state_dict() and b.is_floating_point()]
+            for tensor in [*model.parameters(), *stored_buffers]:
+                tensor.add_(torch.randn_like(tensor) * 0.02)
         model.save_pretrained(base / "hf")
         hf_to_galva(base / "hf", base / "g", progress=False)
         models[family] = model

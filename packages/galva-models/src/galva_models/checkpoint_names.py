@@ -14,7 +14,7 @@ ViT and Swin in transformers 5), so the names are exactly what ``save_pretrained
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,9 @@ class ModuleNames:
     galva_names: dict[str, str]
     """Galva parameter name (``layers.3.layer.attn.c_attn.weight``) -> on-disk Hugging Face name (possibly a name
     another module stores, for a tied weight)."""
+    buffers: dict[str, str] = field(default_factory=dict)
+    """Galva name -> on-disk name of each persistent buffer the module stores (Apertus's xIELU ``beta``/``eps``):
+    state Hugging Face saves that no optimizer updates, whole on every rank that holds the module."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ def checkpoint_names(config: Any) -> CheckpointNames:
     to_disk = _disk_names(hf_model, stored)
     galva_to_memory = parameter_name_map(hf_model, layered)
     held_by = _module_of_each_name(hf_model, layered, galva_to_memory)
+    galva_buffers = _buffer_name_map(hf_model, layered)
 
     modules: list[ModuleNames] = []
     for module_name in _module_names(layered):
@@ -97,7 +101,12 @@ def checkpoint_names(config: Any) -> CheckpointNames:
             for galva_name, memory in galva_to_memory.items()
             if galva_name == module_name or galva_name.startswith(module_name + ".")
         }
-        modules.append(ModuleNames(module_name, shapes, galva))
+        buffers = {
+            galva_name: to_disk[memory]
+            for galva_name, memory in galva_buffers.items()
+            if _module_prefix(galva_name) == module_name and memory in stored
+        }
+        modules.append(ModuleNames(module_name, shapes, galva, buffers))
     unplaced = sorted(to_disk[m] for m in stored if m not in held_by)
     if unplaced:
         raise ValueError(f"{adapter.name}: tensors in no Galva module: {', '.join(unplaced[:5])}")
@@ -147,12 +156,29 @@ def _module_of_each_name(hf_model: nn.Module, layered: LayeredModel, galva_to_me
     for galva_name, memory in galva_to_memory.items():
         out.setdefault(memory, _module_prefix(galva_name))
     buffer_names = {id(b): n for n, b in hf_model.named_buffers()}
-    parts = [("embedding", layered.embedding), *((f"layers.{i}", m) for i, m in enumerate(layered.layers))]
-    for module_name, module in [*parts, ("head", layered.head)]:
+    for module_name, module in _parts(layered):
         for _, buffer in module.named_buffers():
             if id(buffer) in buffer_names:
                 out.setdefault(buffer_names[id(buffer)], module_name)
     return out
+
+
+def _buffer_name_map(hf_model: nn.Module, layered: LayeredModel) -> dict[str, str]:
+    """Galva buffer name -> in-memory Hugging Face name, matched by identity (first Galva holder of each)."""
+    memory = {id(b): n for n, b in hf_model.named_buffers()}
+    out: dict[str, str] = {}
+    seen: set[int] = set()
+    for prefix, module in _parts(layered):
+        for name, buffer in module.named_buffers():
+            if id(buffer) in memory and id(buffer) not in seen:
+                seen.add(id(buffer))
+                out[f"{prefix}.{name}"] = memory[id(buffer)]
+    return out
+
+
+def _parts(layered: LayeredModel) -> list[tuple[str, nn.Module]]:
+    return [("embedding", layered.embedding), *((f"layers.{i}", m) for i, m in enumerate(layered.layers)),
+            ("head", layered.head)]  # fmt: skip
 
 
 def _module_prefix(galva_name: str) -> str:

@@ -11,7 +11,6 @@ own shards; a checkpoint saved under one plan loads under any other, because the
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +83,12 @@ class CheckpointIO:
                     continue
                 hf = to_hf[_strip(box.source)]
                 self.placements.append(Placement(record, start, stop, holder[hf], hf, cut))
+        # persistent buffers (state Hugging Face saves that no optimizer updates): whole on every rank holding their
+        # module, written once (the lowest holder), read back whole
+        built = {_strip(name): buffer for name, buffer in model.named_buffers()}
+        self.buffers = [(m.name, hf, built[g]) for m in names.modules for g, hf in m.buffers.items() if g in built]
         self.dtype = {p.tensor: self.params[p.record].dtype for p in self.placements}
+        self.dtype.update({hf: buffer.dtype for _, hf, buffer in self.buffers})
 
     # ------------------------------------------------------------------------------------------------------ save
     def save(
@@ -112,6 +116,9 @@ class CheckpointIO:
                         value = torch.zeros_like(param)
                     piece = _piece(optimizer_file(p.module), f"{moment}/{p.tensor}", p.box)
                     pieces.append((piece, self._block(value, p)))
+        for module, hf, buffer in self.buffers:
+            whole = Piece(module_file(module), hf, (0,) * buffer.dim(), tuple(buffer.shape))
+            pieces.append((whole, buffer.detach().contiguous()))
         opt = None
         if self.optimizer is not None:
             o = self.optimizer
@@ -154,12 +161,14 @@ class CheckpointIO:
         optimizer: dict[str, dict[str, TensorInfo]] = {}
         dtypes = self._global_dtypes()
         for module in self.names.modules:
+            buffers = set(module.buffers.values())
             model[module.name] = {
                 hf: TensorInfo(shape=shape, dtype=dtypes.get(hf, "float32")) for hf, shape in module.shapes.items()
             }
             optimizer[module.name] = {
                 f"{moment}/{hf}": TensorInfo(shape=shape, dtype=dtypes.get(hf, "float32"))
                 for hf, shape in module.shapes.items()
+                if hf not in buffers
                 for moment in MOMENTS
             }
         return model, optimizer
@@ -193,6 +202,8 @@ class CheckpointIO:
                 param = self.params[p.record]
                 block = source.read_slice(p.tensor, p.index)
                 self._put(param, p, block)
+            for _, hf, buffer in self.buffers:
+                buffer.copy_(source.read_slice(hf, tuple(slice(0, n) for n in buffer.shape)))
         self.model.sync_tied_weights()  # also refreshes bf16 compute copies from the masters
         manifest = source.manifest
         resume = not weights_only and manifest is not None and manifest.optimizer is not None
@@ -231,9 +242,10 @@ class CheckpointIO:
 
     def _check_shapes(self, source: WeightSource) -> None:
         """Every tensor this rank needs is in the source with the model's full shape (one line otherwise)."""
+        held = {p.tensor for p in self.placements} | {hf for _, hf, _ in self.buffers}
         for module in self.names.modules:
             for hf, shape in module.shapes.items():
-                if not any(p.tensor == hf for p in self.placements):
+                if hf not in held:
                     continue
                 info = source.info(hf)
                 if info is None:
@@ -278,6 +290,3 @@ def open_source(path: str | Path) -> WeightSource:
     """:func:`galva_ckpt.sources.open_weights`, warning (once, on rank 0) about partial saves."""
     warn = not dist.is_initialized() or dist.get_rank() == 0
     return open_weights(path, warn=warn)
-
-
-Factory = Callable[[], LayeredModel]
