@@ -11,7 +11,7 @@ import galva_profiler
 
 DIST = "galva-profiler"
 CORE = {"galva-schema", "galva-comm", "torch", "numpy"}
-MODEL_EXTRA = {"galva-hp", "galva-models"}
+MODEL_EXTRA = {"galva-hp", "galva-models", "galva-search", "transformers"}
 
 
 def _requirements() -> list[str]:

@@ -12,7 +12,6 @@ sequence-sharded (Megatron-SP with tp > 1, or Ulysses): see :class:`galva_comm.l
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -132,6 +131,3 @@ class LayeredModel:
             hidden = layer(hidden)
         loss_sum, count = self.head(hidden, labels)
         return loss_sum / count
-
-
-LossFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]

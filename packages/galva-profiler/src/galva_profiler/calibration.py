@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import fields, replace
-from typing import Any
 
 import numpy as np
 
@@ -64,9 +63,3 @@ def fit_calibration(checks: list[StrategyCheck], hardware: HardwareProfile, mode
             for check, m, p, c in zip(checks, measured, uncalibrated, calibrated)
         ),
     )
-
-
-def factors_of(calibration: Calibration) -> Any:
-    from galva_search.cost_model import TermFactors
-
-    return TermFactors.from_calibration(calibration)

@@ -649,25 +649,6 @@ def pipeline_time(
     return PipelineTime(steady + bubble + tail, steady, bubble, tail, slowest)
 
 
-def iteration_time(
-    stage_micro_s: Sequence[float],
-    stage_exposed_s: Sequence[float],
-    num_micro_batches: int,
-    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
-    virtual_stages: int = 1,
-    stage_weight_grad_s: Sequence[float] | None = None,
-) -> float:
-    """Seconds per iteration (:func:`pipeline_time`'s total).
-
-    1F1B: ``T = sum_s U_s + (c - 1) * max_s U_s`` (fill and drain once, the slowest stage for the other micro-batches),
-    plus the gradient-synchronisation tail ``max(0, max_s (E_s - sum_{k<s} U_k))``: stage ``s`` finishes its last
-    backward that long before stage 0 does, which hides part of its exposed sync ``E_s``.
-    """
-    return pipeline_time(
-        stage_micro_s, stage_exposed_s, num_micro_batches, schedule, virtual_stages, stage_weight_grad_s
-    ).total
-
-
 def _forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:
     return _forward_seconds_vocab(layer.forward_time, batch, layer.seq_length)
 
