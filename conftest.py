@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,3 +50,19 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     yield mount
     for where in mounted:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Import transformers' model machinery once, here, before any test forks ranks.
+
+    The first access to ``transformers.models`` reads every model file to build its lazy index, and the first model
+    class pulls in ``modeling_utils``, generation and the mask functions: seconds of one core, several times that on a
+    loaded machine. Multi-rank tests fork the pytest process, so without this each of their ranks, in each launch,
+    did all of it again: most of a table-sweep launch's time. Only when a collected test imported transformers: a
+    torch-free run stays torch-free."""
+    if "transformers" in sys.modules:
+        import importlib
+
+        # the lazy index, then one family's modeling file: modeling_utils, generation and masks, as every family's
+        for module in ("transformers.models.auto.modeling_auto", "transformers.models.llama.modeling_llama"):
+            importlib.import_module(module)
