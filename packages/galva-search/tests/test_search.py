@@ -298,3 +298,27 @@ def test_stage_boundary_refinement_prices_what_crosses_stages(hw_1x8, llama7b):
     assert evaluate_strategy(cost, refined.strategy).iteration_time_s == pytest.approx(refined.iteration_time_s,
                                                                                      rel=1e-12)
     assert sum(r.status == "best" for r in refined.log) == 1
+
+
+def test_when_nothing_fits_the_message_says_the_batch_and_the_budget_that_would(make_hw, make_model):
+    """The hint is checked by searching again with what it names: that batch fits this budget, twice that batch does
+    not, and the budget it names fits the batch asked while 5% less does not (within the stated 2% precision)."""
+    import re
+
+    hw, model = make_hw(4), make_model(3)
+    cost = CostModel(hw, model, CostSettings(context_mib=0.0))
+    fixed = {"memory_reserve_mib": 0.0, "num_micro_batches": 1}  # one micro-batch: memory grows with the batch
+    options = SearchOptions(memory_budget_mib=600.0, batch_sizes=(64,), **fixed)
+    with pytest.raises(NoFeasibleStrategy) as err:
+        search(cost, options)
+    line = str(err.value)
+    assert "\n" not in line
+    batch = int(re.search(r"global batch size (\d+) fits this budget", line).group(1))
+    budget = float(re.search(r"batch size 64 fits a budget of (\d+) MiB", line).group(1))
+    assert 1 <= batch < 64 and budget > 600.0, line
+    search(cost, SearchOptions(memory_budget_mib=600.0, batch_sizes=(batch,), **fixed))
+    with pytest.raises(NoFeasibleStrategy):
+        search(cost, SearchOptions(memory_budget_mib=600.0, batch_sizes=(2 * batch,), **fixed))
+    search(cost, SearchOptions(memory_budget_mib=budget, batch_sizes=(64,), **fixed))
+    with pytest.raises(NoFeasibleStrategy):
+        search(cost, SearchOptions(memory_budget_mib=0.95 * budget, batch_sizes=(64,), **fixed))

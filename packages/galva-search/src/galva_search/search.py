@@ -21,6 +21,7 @@ from galva_search import dp as dp_core
 from galva_search.convert import model_order, to_strategy
 from galva_search.cost_model import CostModel
 from galva_search.evaluation import Evaluation, PlanCost, evaluate_strategy, task_cost
+from galva_search.fit import what_would_fit
 from galva_search.options import (
     GIB,
     NoFeasibleStrategy,
@@ -56,13 +57,26 @@ def search(cost: CostModel, options: SearchOptions, *, progress: Callable[[str],
     return _Planner(cost, options, progress).run()
 
 
-class _Planner:
-    """One run of the search: the driver loop over waves of tasks, and the result."""
+def _fits(cost: CostModel, options: SearchOptions) -> bool:
+    """Whether the search finds a plan (no hint on failure: this is how the hint itself is found)."""
+    try:
+        _Planner(cost, options, None, explain=False).run()
+    except NoFeasibleStrategy:
+        return False
+    return True
 
-    def __init__(self, cost: CostModel, options: SearchOptions, progress: Callable[[str], None] | None) -> None:
+
+class _Planner:
+    """One run of the search: the driver loop over waves of tasks, and the result. ``explain``: say what would fit
+    when nothing does (by searching again)."""
+
+    def __init__(
+        self, cost: CostModel, options: SearchOptions, progress: Callable[[str], None] | None, explain: bool = True
+    ) -> None:
         self.cost = cost
         self.options = options
         self.progress = progress
+        self.explain = explain
         by_pp: dict[int, list[Candidate]] = {}
         for c in generate_space(cost.world_size, options.space):
             by_pp.setdefault(c.pp, []).append(c)
@@ -177,11 +191,16 @@ class _Planner:
         o = self.options
         budget, reserve, batches = o.memory_budget_mib, o.reserve_mib, o.batch_sizes
         shown = f"{batches[0]}" if len(batches) == 1 else f"{batches[0]}..{batches[-1]}"
-        return (
+        line = (
             f"no feasible strategy: nothing fits the memory budget of {budget:.0f} MiB per device "
             f"({budget / GIB:.2f} GiB, {reserve:.0f} MiB of it reserved) for global batch size {shown} "
-            f"on {self.cost.world_size} devices; raise --memory, lower the batch size, or widen the search space"
+            f"on {self.cost.world_size} devices"
         )
+        if not self.explain:
+            return line
+        if self.progress:
+            self.progress("search: nothing fits; searching for the batch size and the budget that would")
+        return f"{line}; {what_would_fit(lambda options: _fits(self.cost, options), o)}"
 
 
 def _check_vocab_profile(cost: CostModel, by_pp: dict[int, list[Candidate]]) -> None:
