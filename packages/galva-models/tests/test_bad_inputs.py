@@ -154,6 +154,13 @@ def test_data_bad_flags_and_outputs(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         data_main(["preprocess", "--input", str(corpus)])
     one_line(capsys, int(exit_info.value.code or 0), 2, "--tokenizer")
+    out = ["--output-prefix", str(tmp_path / "o")]
+    one_line(capsys, data_main([*base, *out]), 1, f"{tmp_path}: cannot load a tokenizer")  # transformers: 5 lines
+    one_line(capsys, data_main(["preprocess", "--input", str(tmp_path), "--tokenizer", str(tmp_path), *out]), 1,
+             f"{tmp_path}: is a directory")  # fmt: skip
+    one_line(capsys, data_main(["preprocess", "--input", str(corpus), "--tokenizer", str(corpus), *out]), 1,
+             f"{corpus}: is not a directory")  # fmt: skip
+    assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".o*"))
 
 
 def _metrics(path: Path, losses: list[object], tail: str = "") -> Path:

@@ -51,18 +51,43 @@ def test_model_config_directory_holds_the_tokenizer(tmp_path: Path) -> None:
     assert tok.decode(tok(text)["input_ids"]) == text
 
 
-def test_bad_input_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["model-config", "-o", str(tmp_path / "m"), "--hidden-size", "100", "--num-attention-heads", "3"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--hidden-size 100 is not a multiple of --num-attention-heads 3" in err
-    assert main(["tokenizer", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "t")]) == 2
-    assert "missing.jsonl: no such file" in capsys.readouterr().err
+BAD_INPUT = [  # (argv, what the one line names); {tmp}: a directory holding `file`, `dir/` and `busy/x`
+    (["model-config", "-o", "{tmp}/m", "--hidden-size", "100", "--num-attention-heads", "3"],
+     "--hidden-size 100 is not a multiple of --num-attention-heads 3"),
+    (["tokenizer", "{tmp}/missing.jsonl", "-o", "{tmp}/t"], "corpus {tmp}/missing.jsonl: no such file"),
+    (["tokenizer", "{tmp}/dir", "-o", "{tmp}/t"], "corpus {tmp}/dir: is a directory"),
+    (["tokenizer", "{tmp}/file", "-o", "{tmp}/file"], "--output {tmp}/file: is not a directory"),
+    (["corpus", "-o", "{tmp}/dir"], "--output {tmp}/dir: is a directory"),
+    (["corpus", "-o", "/proc/galva.jsonl"], "--output /proc/galva.jsonl: cannot write in /proc"),
+    (["model-config", "-o", "{tmp}/file"], "--output {tmp}/file: is not a directory"),
+    (["model-config", "-o", "{tmp}/m", "--tokenizer", "{tmp}/file"], "--tokenizer {tmp}/file: is not a directory"),
+    (["generate", "{tmp}/dir", "--json", "{tmp}/dir"], "--json {tmp}/dir: is a directory"),
+    (["generate", "{tmp}/missing"], "model_dir {tmp}/missing: no such directory"),
+    (["run", "--out", "{tmp}/busy"], "--out {tmp}/busy is not empty; pass --force"),
+    (["run", "--out", "{tmp}/file"], "--out {tmp}/file: is not a directory"),
+    (["run", "--bogus"], "unrecognized arguments: --bogus (see galva --help)"),
+    (["generate"], "the following arguments are required: model_dir (see galva generate --help)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "names"), BAD_INPUT, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
+                                                           enumerate(BAD_INPUT)])
+def test_bad_input_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                            names: str) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("keep me")
-    with pytest.raises(SystemExit, match="is not empty; pass --force"):
-        main(["run", "--out", str(tmp_path / "busy")])
-    assert (tmp_path / "busy" / "x").read_text() == "keep me"
-
+    try:
+        code = main([arg.format(tmp=tmp_path) for arg in argv])
+    except SystemExit as exit_info:  # argparse
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("galva: error: "), err
+    assert names.format(tmp=tmp_path) in err, err
+    assert (tmp_path / "busy" / "x").read_text() == "keep me" and (tmp_path / "file").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy", "dir", "file"]  # nothing written
+    assert list((tmp_path / "dir").iterdir()) == []
 
 
 def test_run_on_a_full_disk_is_one_line_and_keeps_an_earlier_run(small_disk, capsys) -> None:
@@ -76,11 +101,10 @@ def test_run_on_a_full_disk_is_one_line_and_keeps_an_earlier_run(small_disk, cap
         while True:  # until the disk is full
             filler.write(b"\0" * 4096)
     for out, force in ((disk / "run", []), (earlier, ["--force"])):
-        with pytest.raises(SystemExit) as exit_info:
-            main(["run", "--quick", "--out", str(out), *force])
-        message = str(exit_info.value.code)
-        assert message.count("\n") == 0 and f"--out {out}" in message and "No space left on device" in message
-        assert "Traceback" not in message and capsys.readouterr().err == ""
+        assert main(["run", "--quick", "--out", str(out), *force]) == 2
+        message = capsys.readouterr().err
+        assert message.count("\n") == 1 and message.startswith(f"galva: error: --out {out}: "), message
+        assert "No space left on device" in message
     assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]
     assert (earlier / "run.json").read_text() == "{}\n"
 

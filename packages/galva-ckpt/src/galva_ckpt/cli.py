@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from galva_ckpt.errors import CheckpointError
+from galva_schema.argparsing import OneLineParser
 
 __all__ = ["main"]
 
@@ -20,19 +21,15 @@ PROG = "galva-ckpt"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # allow_abbrev=False everywhere: a prefix is no flag (`--max-shard` is not `--max-shard-size`)
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Layerwise Galva checkpoints and Hugging Face conversion.", allow_abbrev=False
-    )
+    # one-line errors, and no prefix taken for a flag (`--max-shard` is not `--max-shard-size`), in every subcommand
+    parser = OneLineParser(prog=PROG, description="Layerwise Galva checkpoints and Hugging Face conversion.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    h2g = commands.add_parser(
-        "h2g", help="Hugging Face safetensors directory -> Galva checkpoint directory.", allow_abbrev=False
-    )
+    h2g = commands.add_parser("h2g", help="Hugging Face safetensors directory -> Galva checkpoint directory.")
     h2g.add_argument("hf_dir", help="Directory with config.json and model.safetensors (or an index and shards).")
     h2g.add_argument("out_dir", help="Galva checkpoint directory to create.")
 
-    g2h = commands.add_parser("g2h", help="Galva checkpoint directory -> Hugging Face directory.", allow_abbrev=False)
+    g2h = commands.add_parser("g2h", help="Galva checkpoint directory -> Hugging Face directory.")
     g2h.add_argument("galva_dir", help="Galva checkpoint directory (with manifest.json), or a galva-train --save "
                      "directory: its newest complete save, as --load takes it.")
     g2h.add_argument("out_dir", help="Hugging Face directory to create (from_pretrained loads it).")
@@ -43,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--force", action="store_true", help="Replace a non-empty output directory.")
         sub.add_argument("--no-progress", action="store_true", help="No progress bar on stderr.")
 
-    info = commands.add_parser(
-        "info", help="Print what a Galva checkpoint holds and verify every checksum.", allow_abbrev=False
-    )
+    info = commands.add_parser("info", help="Print what a Galva checkpoint holds and verify every checksum.")
     info.add_argument("dir", help="Galva checkpoint directory, or a galva-train --save directory (its newest "
                       "complete save).")
     info.add_argument("--no-verify", action="store_true", help="Skip the sha256 check of every file.")

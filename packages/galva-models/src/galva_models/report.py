@@ -109,7 +109,7 @@ def write_report(
 # ---------------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """``galva-report METRICS.jsonl -o report.html``: exit 0, or 2 with one line ``galva-report: error: ...``."""
-    from galva_models.cli.errors import OneLineParser
+    from galva_schema.argparsing import OneLineParser
 
     p = OneLineParser(prog="galva-report", description="Plot a galva-train --metrics-jsonl file as HTML.")
     p.add_argument("metrics", help="metrics JSONL file written by galva-train --metrics-jsonl")

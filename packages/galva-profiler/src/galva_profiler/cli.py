@@ -10,23 +10,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
 
 from galva_profiler.errors import ProfileError
+from galva_schema.argparsing import OneLineParser
 
 PROG = "galva-profile"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are the command's one-line errors (exit 2)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def _float_list(text: str) -> list[float]:
@@ -47,8 +35,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Measure the hardware and the model for galva-search.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog=PROG, description="Measure the hardware and the model for galva-search.")
+    sub = parser.add_subparsers(dest="command", required=True)
 
     hw = sub.add_parser("hardware", help="collective bandwidths and times, p2p, overlap (run under torchrun)")
     hw.add_argument("--output", "-o", default="hardware_profile.json", help="HardwareProfile JSON to write")

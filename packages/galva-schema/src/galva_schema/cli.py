@@ -17,9 +17,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
 
 from galva_schema._base import GalvaFile, load_json_object
+from galva_schema.argparsing import OneLineParser
 from galva_schema.errors import SchemaError
 
 PROG = "galva-schema"
@@ -28,18 +28,6 @@ PROG = "galva-schema"
 def _error(message: object) -> None:
     """Every error line of every command: ``galva-schema: error: ...`` (docs/troubleshooting.md)."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
-
-
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line, ``galva-schema: error: ...`` (exit 2), without the usage block."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        _error(f"{message} (see {self.prog} --help)")
-        sys.exit(2)
 
 
 def _kinds() -> dict[str, type[GalvaFile]]:
@@ -131,8 +119,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
 
     validate = commands.add_parser("validate", help="check Galva files (the kind comes from their `kind` key)")
     validate.add_argument("files", nargs="+", metavar="FILE")

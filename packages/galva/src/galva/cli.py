@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from galva_schema.argparsing import OneLineParser
+
 __all__ = ["build_parser", "main"]
 
 
@@ -28,15 +30,15 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    # one-line errors, and no prefix taken for a flag (`--train-it` is not `--train-iters`), in every subcommand
+    p = OneLineParser(
         prog="galva",
         description="Galva end to end: profile, search, train, save, export and generate on this machine.",
-        allow_abbrev=False,  # here and in every subcommand: a prefix is no flag (`--train-it` is not `--train-iters`)
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", allow_abbrev=False, help="the whole pipeline on this machine (the README's main command)",
+        "run", help="the whole pipeline on this machine (the README's main command)",
         description="Corpus, tokenizer, preprocess, model config, profile hardware and model, search a plan under a "
         "memory budget, train it with a checkpoint, export to Hugging Face (g2h), generate with transformers, "
         "report. One line per stage; every artefact's path at the end (also in OUT/run.json).",
@@ -65,13 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=_positive, help="tokens to generate (default 16)")
 
     c = sub.add_parser("corpus", help="write the synthetic JSONL corpus", description="A deterministic "
-                       "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.",
-                       allow_abbrev=False)
+                       "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.")
     c.add_argument("-o", "--output", required=True, help="JSONL file to write")
     c.add_argument("--documents", type=_positive, default=2000, help="number of documents (default 2000)")
     c.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
 
-    t = sub.add_parser("tokenizer", allow_abbrev=False, help="train a byte-level BPE tokenizer on a JSONL corpus",
+    t = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a JSONL corpus",
                        description="Train a byte-level BPE with the tokenizers library (nothing fetched) and save a "
                        "Hugging Face tokenizer directory.")
     t.add_argument("corpus", help="JSONL corpus")
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=_positive, default=512, help="at most this many tokens (default 512)")
     t.add_argument("--json-key", default="text", help="key holding the text (default text)")
 
-    mc = sub.add_parser("model-config", allow_abbrev=False, help="write a Llama-style Hugging Face config.json",
+    mc = sub.add_parser("model-config", help="write a Llama-style Hugging Face config.json",
                         description="A LlamaConfig directory sized by the flags, with the tokenizer's special tokens "
                         "and files (galva-train --model-config DIR keeps them in every save, g2h writes them back).")
     mc.add_argument("-o", "--output", required=True, help="directory to write config.json into")
@@ -94,7 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     mc.add_argument("--seq-length", type=_positive, default=128, help="max_position_embeddings")
 
     g = sub.add_parser("generate", help="load a Hugging Face directory with transformers and generate",
-                       allow_abbrev=False,
                        description="Greedy generation from a local Hugging Face model directory (e.g. galva-ckpt "
                        "g2h's output with a tokenizer), local files only.")
     g.add_argument("model_dir", help="Hugging Face model directory (config.json, weights, tokenizer)")
@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_paths(args)  # before any work: a bad path is refused up front, nothing half-written
         if args.command == "run":
             return _run(args)
         if args.command == "corpus":
@@ -181,6 +182,40 @@ def _main(argv: list[str] | None) -> int:
         print(f"galva: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse an input that is not there (or not the kind of path expected) and an output that cannot be written
+    (a directory for a file, a file for a directory, a read-only or full file system): ``FLAG PATH: problem``."""
+    from galva_schema import output_problem
+
+    inputs: list[tuple[str, str | None, bool]] = []  # (flag, path, is a directory)
+    outputs: list[tuple[str, str | None, bool]] = []
+    if args.command == "corpus":
+        outputs.append(("--output", args.output, False))
+    elif args.command == "tokenizer":
+        inputs.append(("corpus", args.corpus, False))
+        outputs.append(("--output", args.output, True))
+    elif args.command == "model-config":
+        inputs.append(("--tokenizer", args.tokenizer, True))
+        outputs.append(("--output", args.output, True))
+    elif args.command == "generate":
+        inputs.append(("model_dir", args.model_dir, True))
+        outputs.append(("--json", args.json, False))
+    for flag, path, directory in inputs:
+        if path is None:
+            continue
+        where = Path(path)
+        if not where.exists():
+            raise ValueError(f"{flag} {path}: no such {'directory' if directory else 'file'}")
+        if directory and not where.is_dir():
+            raise ValueError(f"{flag} {path}: is not a directory")
+        if not directory and where.is_dir():
+            raise ValueError(f"{flag} {path}: is a directory")
+    for flag, path, directory in outputs:
+        problem = None if path is None else output_problem(path, directory=directory)
+        if problem is not None:
+            raise ValueError(f"{flag} {path}: {problem}")
 
 
 if __name__ == "__main__":

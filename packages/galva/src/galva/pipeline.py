@@ -242,14 +242,17 @@ def _metrics_note(path: Path) -> str:
 
 
 def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageResult]:
-    """Run every stage into ``o.out``; returns the stage results (also written to ``o.out/run.json``)."""
+    """Run every stage into ``o.out``; returns the stage results (also written to ``o.out/run.json``).
+
+    Raises ``ValueError`` (one line, before any stage) for an ``--out`` that cannot be written or is not empty
+    without ``force``; a failed stage prints its line and log tail and raises ``SystemExit(1)``."""
     out = o.out.resolve()
-    if out.exists() and any(out.iterdir()) and not o.force:
-        raise SystemExit(f"galva run: error: {out} is not empty; pass --force to replace it or --out elsewhere")
     problem = output_problem(out, directory=True)  # a full disk fails here, not stages later (an earlier run kept)
     if problem is not None:
-        raise SystemExit(f"galva run: error: --out {out}: {problem}")
+        raise ValueError(f"--out {out}: {problem}")
     if out.exists() and any(out.iterdir()):
+        if not o.force:
+            raise ValueError(f"--out {out} is not empty; pass --force to replace it or --out elsewhere")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     gpus, kind = detect_devices()

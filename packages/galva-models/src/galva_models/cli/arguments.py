@@ -15,14 +15,14 @@ from typing import Any, NoReturn
 from galva_hp.optim import DECAY_STYLES
 from galva_models.cli.errors import ConfigError
 from galva_models.presets import PRESETS
+from galva_schema.argparsing import OneLineParser
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as a one-line :class:`ConfigError` instead of usage + exit; every value flag
-    is stored by :class:`_Once`."""
+class _Parser(OneLineParser):
+    """The shared one-line parser, but a bad flag is raised as :class:`ConfigError` (every rank finds it, one says
+    it: :func:`galva_models.cli.train.main`) instead of printed here; every value flag is stored by :class:`_Once`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--train-iter` is never `--train-iters`
         super().__init__(*args, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from galva_models.cli.errors import OneLineParser
+from galva_schema.argparsing import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:

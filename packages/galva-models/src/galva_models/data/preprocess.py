@@ -34,9 +34,15 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Any:
     from transformers import AutoTokenizer
 
     path = Path(directory)
-    if not path.is_dir():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: tokenizer directory does not exist")
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path}: is not a directory (expected a tokenizer directory)")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:  # transformers' messages run over several lines: the first says it
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"{path}: cannot load a tokenizer: {first}") from None
 
 
 def _init_worker(directory: str) -> None:
@@ -92,13 +98,20 @@ def preprocess(
     progress: bool = True,
 ) -> PreprocessResult:
     """Tokenise ``input_path`` into ``output_prefix.bin`` / ``.idx``. See the module docstring."""
+    import warnings
+
     import numpy as np
     import torch
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    with warnings.catch_warnings():  # megatron-core's import-time note on its fallback kernels: not for a data tool
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     from galva_schema.progress import progress_bar
 
     source = Path(input_path)
+    if source.is_dir():
+        raise IsADirectoryError(f"{source}: is a directory (expected a JSONL corpus)")
     if not source.is_file():
         raise FileNotFoundError(f"{source}: input corpus does not exist")
     tokenizer = load_tokenizer(tokenizer_dir)
