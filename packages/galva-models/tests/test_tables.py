@@ -14,9 +14,9 @@ import torch
 
 from galva_comm.testing import run_distributed
 from galva_hp.testing.oracle import SEQ
-from galva_models.presets import tiny_config
+from galva_models.presets import preset_config, tiny_config
 from galva_models.tables import ADAPTER, supports
-from galva_models.testing import hugging_face_run, max_relative, plan_run
+from galva_models.testing import hugging_face_run, hugging_face_task_run, max_relative, plan_run, task_batches
 from galva_schema import Strategy, plan_problems
 
 TOL = 1e-5
@@ -267,3 +267,64 @@ def test_galva_train_takes_a_config_directory_of_a_family_no_galva_file_names(tm
         assert run_distributed(_train, 4, [*common, *plan, "--metrics-jsonl", str(metrics)], timeout=600) == [0] * 4
         losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
         assert len(losses) == 3 and all(loss == loss for loss in losses)
+
+
+# ------------------------------------------------------------------------- encoder families from Galva's tables
+ENCODER_PLANS = {
+    "bert": ["tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed"],
+    # one label per image: vocabulary sp is refused (below), so Ulysses runs with the classifier split over labels
+    "vit": ["tp2", "tp2-megatron_sp", "ulysses2-vtp2", "pp2-zero3", "pp2-mixed"],
+}
+PLANS["ulysses2-vtp2"] = _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2})
+
+
+def encoder_config(family: str):
+    """``tiny-bert``; ``tiny-vit`` on 12-pixel images (9 patches + CLS = 10 tokens: a 2-way sequence split divides
+    them; the preset's 17 tokens do not, which the constraints refuse)."""
+    config = preset_config(f"tiny-{family}")
+    if family == "vit":
+        config.image_size = 12
+    return config
+
+
+def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    from galva_models.adapters import adapter_for
+
+    out = {}
+    for family in dict.fromkeys(f for f, _ in cases):
+        config = encoder_config(family)
+        adapter = adapter_for(config)
+        batches = task_batches(config, adapter.task.value)
+        torch.manual_seed(0)
+        ref_losses, ref_norms = hugging_face_task_run(adapter.build_model(config), batches)
+        for plan in [p for f, p in cases if f == family]:
+            torch.manual_seed(0)
+            layered = adapter.decompose(adapter.build_model(encoder_config(family)))
+            losses, norms = plan_run(layered, PLANS[plan], batches=batches)
+            out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+    return out
+
+
+@pytest.mark.distributed
+def test_encoder_families_train_like_hugging_face():
+    """BERT (masked LM) and ViT (image classification) from Galva's tables, no adapter class: tp2, Megatron-SP,
+    Ulysses 2, pp2 x ZeRO-3 and a mixed per-layer plan, 4 steps within 1e-5 of Hugging Face + AdamW."""
+    cases = [(family, plan) for family, plans in ENCODER_PLANS.items() for plan in plans]
+    results = run_distributed(check_encoders, 4, cases, timeout=900)
+    assert sorted(results[0]) == sorted(f"{f}/{p}" for f, p in cases)
+    _assert(results)
+
+
+def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
+    """Vocabulary sp for a per-image label, and a sequence split of ViT's 17 tokens: refused up front by the
+    constraints the search plans with."""
+    from galva_models.adapters import adapter_for
+
+    vit = preset_config("tiny-vit")
+    constraints = adapter_for(vit).constraints(vit)
+    problems = plan_problems(PLANS["ulysses2"], constraints, world_size=4, seq_len=SEQ)
+    assert problems and all("\n" not in p for p in problems)
+    assert any("vit scores one label per sample" in p for p in problems), problems
+    problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
+    assert problems and all("\n" not in p for p in problems)
+    assert any("17" in p for p in problems), problems

@@ -1,18 +1,20 @@
-"""The causal-LM oracle of galva-models' tests: plain Hugging Face with torch AdamW in one process, and the same
-steps trained by galva-hp under a plan, on galva-hp's oracle batches (:mod:`galva_hp.testing.oracle`)."""
+"""The oracle of galva-models' tests: plain Hugging Face with torch AdamW in one process, and the same steps trained
+by galva-hp under a plan, on galva-hp's oracle batches (:mod:`galva_hp.testing.oracle`) for a causal LM, or on the
+task's random batches (:func:`task_batches`: masked tokens, images) with the task model's own loss."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
 from galva_hp.model import LayeredModel
-from galva_hp.testing.oracle import OPTIM, SEQ, STEPS, batch
+from galva_hp.testing.oracle import BATCH, OPTIM, SEQ, STEPS, batch
 from galva_schema import Strategy
 
-__all__ = ["hugging_face_run", "max_relative", "plan_run"]
+__all__ = ["hugging_face_run", "hugging_face_task_run", "max_relative", "plan_run", "task_batches"]
 
 
 def hugging_face_run(model: Any, steps: int = STEPS) -> tuple[list[float], list[float]]:
@@ -33,15 +35,58 @@ def hugging_face_run(model: Any, steps: int = STEPS) -> tuple[list[float], list[
     return losses, norms
 
 
-def plan_run(layered: LayeredModel, strategy: Strategy, steps: int = STEPS) -> tuple[list[float], list[float]]:
-    """The same steps trained by galva-hp under ``strategy`` (collective: every rank calls it)."""
-    built = build(layered, strategy, BuildOptions(seq_len=SEQ))
+def task_batches(config: Any, task: str, seq: int = SEQ, steps: int = STEPS) -> list[tuple[Tensor, Tensor]]:
+    """``steps`` global batches ``(inputs, labels)`` of galva-train's random source for a masked LM (``seq`` tokens,
+    mask token 3) or an image classifier (the config's images)."""
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+
+    source: Any
+    if task == "masked_lm":
+        source = RandomMaskedTokenSource(config.vocab_size, seq, BATCH, mask_token_id=3, seed=5)
+    elif task == "image_classification":
+        source = RandomImageSource(config.image_size, config.num_channels, config.num_labels, BATCH, seed=5)
+    else:
+        raise ValueError(f"task_batches: no random batches for task {task!r}")
+    return [(b.inputs, b.labels) for b in (source.batch(step) for step in range(steps))]
+
+
+def hugging_face_task_run(model: Any, batches: list[tuple[Tensor, Tensor]]) -> tuple[list[float], list[float]]:
+    """Losses and gradient norms of fp32 AdamW steps of a task model on its own loss, one step per batch (token
+    inputs as ``input_ids``, floating inputs as ``pixel_values``)."""
+    params = list(model.parameters())
+    optimizer, scheduler = reference_optimizer(params, OPTIM)
+    losses, norms = [], []
+    for inputs, labels in batches:
+        optimizer.zero_grad()
+        keyword = "pixel_values" if inputs.is_floating_point() else "input_ids"
+        loss = model(**{keyword: inputs}, labels=labels).loss
+        loss.backward()
+        max_norm = float("inf") if OPTIM.max_grad_norm is None else OPTIM.max_grad_norm
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
+def plan_run(
+    layered: LayeredModel,
+    strategy: Strategy,
+    steps: int = STEPS,
+    batches: list[tuple[Tensor, Tensor]] | None = None,
+    seq_len: int | None = SEQ,
+) -> tuple[list[float], list[float]]:
+    """The same steps trained by galva-hp under ``strategy`` (collective: every rank calls it), on galva-hp's oracle
+    batches or on ``batches`` (one step each)."""
+    built = build(layered, strategy, BuildOptions(seq_len=seq_len))
     optimizer = GalvaOptimizer(built.param_records(), OPTIM)
-    ids, labels = batch()
+    if batches is None:
+        ids, labels = batch()
+        batches = [(ids[step], labels[step]) for step in range(steps)]
     losses: list[float] = []
     norms: list[float] = []
-    for step in range(steps):
-        metrics = train_step(built, optimizer, ids[step], labels[step])
+    for inputs, labels in batches:
+        metrics = train_step(built, optimizer, inputs, labels)
         losses.append(metrics.loss)
         norms.append(float("nan") if metrics.grad_norm is None else metrics.grad_norm)
     return losses, norms

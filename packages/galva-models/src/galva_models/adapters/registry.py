@@ -1,5 +1,6 @@
 """Which adapter handles a Hugging Face model: a family adapter for the families without tables (``_MODULES``),
-otherwise the one table adapter (:mod:`galva_models.tables`) for any causal LM whose tables say how it splits."""
+otherwise the table adapter of its task (:mod:`galva_models.tables`) for any causal LM whose tables say how it
+splits and any family with a Galva table entry (BERT, ViT)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("bert", "t5", "vit", "swin")
+_MODULES = ("t5", "swin")
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 
@@ -18,8 +19,11 @@ def _adapters() -> list[FamilyAdapter]:
 
 
 def family_names() -> list[str]:
-    """The ``model_type`` values of the family adapters (every causal LM with tables is supported besides)."""
-    return sorted(t for a in _adapters() for t in a.model_types)
+    """The ``model_type`` values of the family adapters and of Galva's table entries (every causal LM with tables is
+    supported besides)."""
+    from galva_models.tables import GALVA_TABLES
+
+    return sorted({*(t for a in _adapters() for t in a.model_types), *GALVA_TABLES})
 
 
 def adapter_for(config_or_type: Any) -> FamilyAdapter:
@@ -36,7 +40,7 @@ def adapter_for(config_or_type: Any) -> FamilyAdapter:
 
         config = CONFIG_MAPPING[model_type]() if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
     if config is not None and tables.supports(config):
-        return tables.ADAPTER
+        return tables.adapter_for(config)
     raise ValueError(
         f"model_type {model_type!r} has no Galva adapter: supported are {', '.join(family_names())} and every "
         "causal LM whose config carries transformers' tensor-parallel and pipeline tables"

@@ -5,7 +5,7 @@ routes every attention call through a registry; this package reads both, so a fa
 code (:mod:`.adapter`). Families without tables get one entry in :data:`.plans.GALVA_TABLES`.
 """
 
-from galva_models.tables.adapter import ADAPTER, supports
+from galva_models.tables.adapter import ADAPTER, ADAPTERS, adapter_for, supports
 from galva_models.tables.plans import GALVA_TABLES, ModelTables, model_tables
 
-__all__ = ["ADAPTER", "GALVA_TABLES", "ModelTables", "model_tables", "supports"]
+__all__ = ["ADAPTER", "ADAPTERS", "GALVA_TABLES", "adapter_for", "ModelTables", "model_tables", "supports"]

@@ -1,5 +1,6 @@
-"""One adapter for every causal-LM family whose tables say how it splits (transformers' own, or Galva's):
-no family code. The model is cut where it stands (:mod:`.modules`), parallelized in place from its tables
+"""One adapter per task for every family whose tables say how it splits (transformers' own, or Galva's): no family
+code. Causal LMs (:data:`ADAPTER`), and the encoder families of :data:`~.plans.GALVA_TABLES` (BERT's masked LM,
+ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized in place from its tables
 (:mod:`.parallel`), and its attention runs through Galva's registered functions (:mod:`.attention`).
 """
 
@@ -15,33 +16,48 @@ from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
 from galva_models.tables.parallel import TableParallelizer, head_counts
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
-from galva_schema import ModelConstraints, ParallelForm
+from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
 from galva_schema.constraints import uniform_constraints
 
-__all__ = ["ADAPTER", "supports"]
+__all__ = ["ADAPTER", "ADAPTERS", "adapter_for", "supports"]
+
+
+_AUTO_CLASSES = {
+    Task.CAUSAL_LM: "AutoModelForCausalLM",
+    Task.MASKED_LM: "AutoModelForMaskedLM",
+    Task.IMAGE_CLASSIFICATION: "AutoModelForImageClassification",
+}
 
 
 def supports(config: Any) -> bool:
-    """Whether ``config`` is a causal LM whose tables this adapter can cut."""
+    """Whether ``config`` is a model whose tables this package can cut: a causal LM with tables, or a family with a
+    Galva table entry for its task."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    tables = model_tables(config)
+    if tables is None:
         return False
-    if getattr(config, "num_attention_heads", None) is None or getattr(config, "hidden_size", None) is None:
+    if tables.task == Task.CAUSAL_LM.value and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return False
-    return model_tables(config) is not None
+    return getattr(config, "num_attention_heads", None) is not None and getattr(config, "hidden_size", None) is not None
+
+
+def adapter_for(config: Any) -> FamilyAdapter:
+    """The table adapter of ``config``'s task (call :func:`supports` first)."""
+    return ADAPTERS[Task(_tables(config).task)]
 
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
     """The task model; a family that cannot run SDPA (soft-capped attention logits) runs its own eager attention."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = getattr(transformers, _AUTO_CLASSES[Task(_tables(config).task)])
     try:
-        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        return auto.from_config(config, attn_implementation=attn_implementation)
     except ValueError:
         if attn_implementation != "sdpa":
             raise
-        return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        return auto.from_config(config, attn_implementation="eager")
 
 
 def _tables(config: Any, base: nn.Module | None = None) -> ModelTables:
@@ -52,7 +68,7 @@ def _tables(config: Any, base: nn.Module | None = None) -> ModelTables:
 
 
 def decompose(model: Any) -> LayeredModel:
-    """A causal LM -> LayeredModel holding its own modules; attention switched to Galva's registered form of the
+    """A task model -> LayeredModel holding its own modules; attention switched to Galva's registered form of the
     model's implementation (the same computation until a parallel form is attached)."""
     config = model.config
     base = model.base_model
@@ -60,7 +76,7 @@ def decompose(model: Any) -> LayeredModel:
     current = config._attn_implementation
     if not str(current).startswith(PREFIX):
         config._attn_implementation = galva_implementation(current)
-    named = {tables.layers, *tables.before, *tables.after}
+    named = {tables.layers.partition(".")[0], *tables.before, *tables.after}
     context = {
         name: child
         for name, child in base.named_children()
@@ -69,16 +85,16 @@ def decompose(model: Any) -> LayeredModel:
 
     def inputs() -> LayerInputs:
         copies = {n: materialized_copy(m, model) for n, m in context.items()}
-        return LayerInputs(base, tables.layers, copies, tables.before)
+        return LayerInputs(base, tables.layers, copies, tables.before, tables.inputs)
 
-    layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(getattr(base, tables.layers))]
+    stack = base.get_submodule(tables.layers)
+    layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(stack)]
     family = config.model_type
+    head = {name: model.get_submodule(name) for name, _ in tables.head}
     layered = LayeredModel(
-        embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs()),
+        embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
-        head=TableHead(
-            {n: getattr(base, n) for n in tables.after}, model.get_output_embeddings(), model, model.base_model_prefix
-        ),
+        head=TableHead({n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs),
         layer_types=[family] * len(layers),
         parallelizer=TableParallelizer(config, tables),
         name=family,
@@ -105,14 +121,31 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
     longest = config.max_position_embeddings if tables.learned_positions else None
+    if tables.tokens is not None:  # the input fixes the sequence: every layer's boundary holds its tokens
+        layer_type = LayerTypeConstraints(
+            name=config.model_type, num_layers=config.num_hidden_layers, num_heads=heads, num_kv_heads=kv,
+            unsupported=unsupported, seq_length=tables.tokens(config),
+        )  # fmt: skip
+        return ModelConstraints(
+            model_name=config.model_type, layer_types=(layer_type,), vocab_unsupported=_per_sample(config.model_type)
+        )
     return uniform_constraints(
         config.model_type, config.model_type, config.num_hidden_layers, heads, kv,
         unsupported=unsupported, max_seq_length=longest,
     )  # fmt: skip
 
 
+def _per_sample(family: str) -> dict[ParallelForm, str]:
+    """A head scoring one label per sample runs vocab tp (its classifier split over the labels), not vocab sp."""
+    reason = f"{family} scores one label per sample, not per token: there is no sequence to split; use vocab sp off"
+    return {ParallelForm.VOCAB_SP: reason}
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    return [LayerSpec(config.model_type, seq_length, config.hidden_size)] * config.num_hidden_layers
+    """One spec per layer; ``seq_length`` is ignored where the input fixes the sequence (images)."""
+    tokens = _tables(config).tokens
+    seq = tokens(config) if tokens is not None else seq_length
+    return [LayerSpec(config.model_type, seq, config.hidden_size)] * config.num_hidden_layers
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
@@ -123,8 +156,15 @@ def set_num_layers(config: Any, num_layers: int) -> None:
         config.layer_types = [types[i % len(types)] for i in range(num_layers)]
 
 
-ADAPTER = FamilyAdapter(
-    name="tables", model_types=(), task=Task.CAUSAL_LM,
-    build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
-    set_num_layers=set_num_layers, ffn_size_field="intermediate_size", kv_heads_field="num_key_value_heads",
-)  # fmt: skip
+def _adapter(task: Task) -> FamilyAdapter:
+    return FamilyAdapter(
+        name="tables", model_types=(), task=task,
+        build_model=build_model, decompose=decompose, constraints=constraints, layer_specs=layer_specs,
+        set_num_layers=set_num_layers, ffn_size_field="intermediate_size",
+        kv_heads_field="num_key_value_heads" if task is Task.CAUSAL_LM else None,
+    )  # fmt: skip
+
+
+ADAPTERS: dict[Task, FamilyAdapter] = {task: _adapter(task) for task in _AUTO_CLASSES}
+"""The table adapter of each task a table can name."""
+ADAPTER = ADAPTERS[Task.CAUSAL_LM]

@@ -23,7 +23,12 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.gather_state import param_or_grad
-from galva_hp.parallel.mappings import group_rank, sum_grad_over
+from galva_hp.parallel.mappings import (
+    differentiable_gather_replicated,
+    differentiable_split,
+    group_rank,
+    sum_grad_over,
+)
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
 from galva_models.adapters.modules import first_output, token_loss_sum
@@ -71,11 +76,21 @@ class _StandIn(nn.Module):
 
 class _Zeros(nn.Module):
     """Stands for an embedding-side module while a layer's arguments are recorded: zeros of the hidden width (a
-    learned position table added to the input changes no argument)."""
+    learned position table added to the input changes no argument). Its other attributes are the real module's (a
+    forward may read a weight's dtype)."""
 
-    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+    def __init__(self, hidden: int, dtype: torch.dtype, real: nn.Module) -> None:
         super().__init__()
         self.hidden, self.dtype = hidden, dtype
+        self._real = _Shared(real)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_real":
+                raise
+            return getattr(self._real.value, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         x = next(v for v in (*args, *kwargs.values()) if isinstance(v, Tensor))  # called either way
@@ -85,12 +100,26 @@ class _Zeros(nn.Module):
 
 
 def _view(module: nn.Module, overrides: dict[str, nn.Module], training: bool) -> nn.Module:
-    """``module`` with some children replaced, for one call, in the caller's mode (a forward may read
-    ``self.training``: Starcoder 2's embedding dropout); ``module`` itself is untouched."""
+    """``module`` with some submodules replaced (by dotted path: a nested layer list), for one call, in the caller's
+    mode (a forward may read ``self.training``: Starcoder 2's embedding dropout); ``module`` itself is untouched."""
+    children = {name: sub for name, sub in overrides.items() if "." not in name}
+    nested: dict[str, dict[str, nn.Module]] = {}
+    for path, sub in overrides.items():
+        if "." in path:
+            head, rest = path.split(".", 1)
+            nested.setdefault(head, {})[rest] = sub
+    for head, inner in nested.items():
+        children[head] = _view(children.get(head, getattr(module, head)), inner, training)
     view = copy.copy(module)
-    view._modules = {**module._modules, **overrides}
+    view._modules = {**module._modules, **children}
     view.training = training
     return view
+
+
+def embeds_keyword(inputs: str) -> str:
+    """The keyword a forward takes ready hidden states by: ``inputs_embeds`` for token models; a model without one
+    (pixels) takes them where its input goes (the embedding side is a stand-in then)."""
+    return "inputs_embeds" if inputs == "input_ids" else inputs
 
 
 def materialized_copy(module: nn.Module, model: Any) -> nn.Module:
@@ -111,19 +140,27 @@ class LayerInputs(nn.Module):
     embedding), so every Galva module can run it on its own stage. The base model itself is shared, not held.
     """
 
-    def __init__(self, base: nn.Module, layers: str, context: dict[str, nn.Module], before: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        layers: str,
+        context: dict[str, nn.Module],
+        before: tuple[str, ...],
+        inputs: str = "input_ids",
+    ) -> None:
         super().__init__()
         self.context = nn.ModuleDict(context)
         self._base = _Shared(base)
         self._layers = layers
         self._before = before
+        self._embeds = embeds_keyword(inputs)
         self._cache: dict[tuple[Any, ...], dict[int, Any]] = {}
 
     def run(self, stop: int, overrides: dict[str, nn.Module], **inputs: Any) -> dict[int, Any]:
         """Run the base forward with stand-ins for its layers up to layer ``stop``: ``{index: (hidden, args,
         kwargs)}``. ``overrides`` replace base modules (this Galva module's own copies)."""
         base = self._base.value
-        real = getattr(base, self._layers)
+        real = base.get_submodule(self._layers)
         sink: dict[int, Any] = {}
         stand_ins = nn.ModuleList([_StandIn(layer, i, sink, stop) for i, layer in enumerate(real)])
         view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins}, self.training)
@@ -137,11 +174,12 @@ class LayerInputs(nn.Module):
         if key not in self._cache:
             hidden = self._base.value.config.hidden_size
             embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
-            n = len(getattr(self._base.value, self._layers))
+            base = self._base.value
+            n = len(base.get_submodule(self._layers))
             # the embedding side may live on another stage (or the meta device): stand-ins of the right width
-            quiet: dict[str, nn.Module] = {name: _Zeros(hidden, dtype) for name in self._before}
+            quiet: dict[str, nn.Module] = {name: _Zeros(hidden, dtype, base.get_submodule(name)) for name in self._before}
             with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
-                recorded = self.run(n - 1, quiet, inputs_embeds=embeds)
+                recorded = self.run(n - 1, quiet, **{self._embeds: embeds})
             self._cache = {key: {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}}
         return self._cache[key][index]
 
@@ -160,6 +198,9 @@ class ModuleForm:
     vocab_group: ProcessGroup | None = None
     """Head under vocabulary tp: the group its logits are split over (its labels are a sequence slice when
     ``seq_group`` is set: Megatron-SP)."""
+    whole: bool = False
+    """The module runs on the whole sequence although its boundary is ``seq_group``'s slice: an embedding splits
+    its output, a head gathers its input (every rank then computes the same)."""
 
 
 class _InPlace(nn.Module):
@@ -194,30 +235,37 @@ class _InPlace(nn.Module):
 
 
 class TableEmbedding(_InPlace):
-    """The base model's modules before its layers (``embed_tokens``, an embedding dropout), run by its own forward."""
+    """The base model's modules before its layers (``embed_tokens``, an embedding dropout), run by its own forward
+    on the model input (token ids, or pixels: ``inputs`` names the forward's keyword)."""
 
-    def __init__(self, modules: dict[str, nn.Module], inputs: LayerInputs) -> None:
+    def __init__(self, modules: dict[str, nn.Module], inputs: LayerInputs, keyword: str = "input_ids") -> None:
         super().__init__()
         for name, module in modules.items():
             self.add_module(name, module)
         self.inputs = inputs
         self._names = tuple(modules)
+        self._keyword = keyword
         self.form = None
 
     def forward(self, input_ids: Tensor) -> Tensor:
         self._begin()
         extra: dict[str, Any] = {}
         form = self.form
-        if form is not None and form.seq_group is not None:  # its output is this rank's slice of the sequence
+        sliced = form is not None and form.seq_group is not None and not form.whole
+        if sliced:  # its output is this rank's slice of the sequence
+            assert form is not None
             # vocabulary sp: the ids are that slice already; Megatron-SP: the token table's sum is scattered
             local = input_ids.shape[1] if form.ulysses else input_ids.shape[1] // form.seq_shards
             start = group_rank(form.seq_group) * local
             extra["position_ids"] = torch.arange(start, start + local, device=input_ids.device).unsqueeze(0)
         overrides = {name: getattr(self, name) for name in self._names}
-        with self._streams(input_ids.device):
-            recorded = self.inputs.run(0, overrides, input_ids=input_ids, **extra)
+        with self._streams(input_ids.device) if sliced else contextlib.nullcontext():
+            recorded = self.inputs.run(0, overrides, **{self._keyword: input_ids}, **extra)
         self._end()
-        return recorded[0][0]  # what the forward hands the first layer
+        out = recorded[0][0]  # what the forward hands the first layer
+        if form is not None and form.whole and form.seq_group is not None:
+            out = differentiable_split(out, 1, form.seq_group)
+        return out
 
 
 class TableLayer(_InPlace):
@@ -290,41 +338,61 @@ _HIDDEN_OUTPUT: Any = None
 class _BaseOutput(nn.Module):
     """Stands for the base model in the task model's forward: the hidden state after the final modules."""
 
-    def __init__(self, after: nn.ModuleDict) -> None:
+    def __init__(self, after: nn.ModuleDict, keyword: str) -> None:
         super().__init__()
         self.after = after
+        self.keyword = keyword
 
-    def forward(self, *args: Any, inputs_embeds: Tensor, **kwargs: Any) -> Any:
-        hidden = inputs_embeds
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hidden = kwargs[self.keyword] if kwargs.get(self.keyword) is not None else args[0]
         for module in self.after.values():
             hidden = module(hidden)
         return _hidden_output()(last_hidden_state=hidden)
 
 
 class TableHead(_InPlace):
-    """The base model's modules after its layers (the final norm), ``lm_head`` and the token loss, run by the task
-    model's own forward: ``(hidden, labels) -> (loss_sum, token_count)``."""
+    """The base model's modules after its layers (the final norm), the task model's own head modules (``lm_head``,
+    BERT's ``cls``, a ``classifier``) and the loss, run by the task model's own forward: ``(hidden, labels) ->
+    (loss_sum, count)``; the loss is per token, or per sample where the labels are one per sample (images)."""
 
-    def __init__(self, after: dict[str, nn.Module], lm_head: nn.Module, task_model: nn.Module, base: str) -> None:
+    def __init__(
+        self,
+        after: dict[str, nn.Module],
+        head: dict[str, nn.Module],
+        task_model: nn.Module,
+        base: str,
+        keyword: str = "input_ids",
+    ) -> None:
         super().__init__()
-        for name, module in after.items():
+        for name, module in {**after, **head}.items():
             self.add_module(name, module)
-        self.lm_head = lm_head
         self._after = tuple(after)
+        self._head = tuple(head)
         self._task = _Shared(task_model)
         self._base_name = base
+        self._keyword = embeds_keyword(keyword)
         self.form = None
 
     def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         self._begin()
-        task = self._task.value
-        base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}))
-        view = _view(task, {self._base_name: base, "lm_head": self.lm_head}, self.training)
-        with self._streams(hidden.device):
-            logits = type(task).forward(view, inputs_embeds=hidden, use_cache=False).logits
-        self._end()
         form = self.form
+        if form is not None and form.whole and form.seq_group is not None:
+            hidden = differentiable_gather_replicated(hidden, 1, form.seq_group)
+        task = self._task.value
+        base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}), self._keyword)
+        view = _view(task, {self._base_name: base, **{n: getattr(self, n) for n in self._head}}, self.training)
+        with self._streams(hidden.device) if form is None or not form.whole else contextlib.nullcontext():
+            logits = type(task).forward(view, **{self._keyword: hidden}, use_cache=False).logits
+        self._end()
         if form is not None and form.vocab_group is not None:
-            vocab = task.config.get_text_config().vocab_size
-            return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, form.seq_group is not None)
+            vocab = _classes(task.config, labels)
+            sequence_split = form.seq_group is not None and not form.whole
+            return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, sequence_split)
         return token_loss_sum(logits, labels)
+
+
+def _classes(config: Any, labels: Tensor) -> int:
+    """The logits' real width: the vocabulary (token labels) or the label count (one label per sample)."""
+    if labels.dim() == 1:
+        return int(config.num_labels)
+    return int(config.get_text_config().vocab_size)

@@ -141,12 +141,16 @@ class TableParallelizer:
             assert group is not None
             tp = ctx.tp_size
             sequence_parallel = ctx.sequence_parallel_tp
-            name = self.tables.before[0]
-            split_embedding(getattr(module, name), group, sequence_parallel, name)
+            table = self.tables.token_table
+            # no vocabulary (pixels), or a forward that needs the whole input: whole, then this rank's slice
+            whole = sequence_parallel and (table is None or self.tables.whole_embedding)
+            if table is not None:
+                split_embedding(module.get_submodule(table), group, sequence_parallel and not whole, table)
             module.form = ModuleForm(
-                grad_sums=_slice_sums(module, group) if sequence_parallel else [],
+                grad_sums=_slice_sums(module, group) if sequence_parallel and not whole else [],
                 seq_group=group if sequence_parallel else None,
                 seq_shards=tp if sequence_parallel else 1,  # learned positions: this rank's slice (GPT-2's wpe)
+                whole=whole,
             )
         elif ctx.vocab_sp and ctx.sp_size > 1:
             _once(module)
@@ -160,21 +164,39 @@ class TableParallelizer:
             group = ctx.tp_group
             assert group is not None
             sequence_parallel = ctx.sequence_parallel_tp
-            region = TpRegion(group, sequence_parallel)
-            lm_head = module.lm_head
-            vocab = self.config.get_text_config().vocab_size
-            split_vocab_rows(lm_head, ("weight", "bias"), group, vocab)
-            enter_region_at(lm_head, region)
+            # one label per sample: the head gathers the sequence and runs whole (its labels are not sliced)
+            per_sample = self.tables.task == "image_classification"
+            region = TpRegion(group, sequence_parallel and not per_sample)
+            config = self.config
+            classes = config.num_labels if per_sample else config.get_text_config().vocab_size
+            for _, path in self.tables.head:
+                projection = module.get_submodule(path)
+                before = {n: p for n, p in projection.named_parameters(recurse=False)}
+                split_vocab_rows(projection, ("weight", "bias"), group, classes)
+                _follow_ties(module, before, projection)
+                enter_region_at(projection, region)
             module.form = ModuleForm(
                 region=region,
-                grad_sums=_slice_sums(module, group) if sequence_parallel else [],
+                grad_sums=_slice_sums(module, group) if sequence_parallel and not per_sample else [],
                 seq_group=group if sequence_parallel else None,
                 vocab_group=group,
+                whole=sequence_parallel and per_sample,
             )
         elif ctx.vocab_sp and ctx.sp_size > 1:
             _once(module)
             module.form = ModuleForm(seq_group=ctx.sp_group)
         return module
+
+
+def _follow_ties(root: nn.Module, before: dict[str, nn.Parameter], projection: nn.Module) -> None:
+    """A parameter ``projection`` shared with another attribute in ``root`` before it was split (BERT's decoder bias
+    is ``cls.predictions.bias``): that attribute takes the split one too, so the tie holds."""
+    for name, old in before.items():
+        new = getattr(projection, name)
+        for sub in root.modules():
+            for attribute, param in list(sub._parameters.items()):
+                if param is old:
+                    sub._parameters[attribute] = new
 
 
 def _slice_sums(module: nn.Module, group: ProcessGroup) -> list[tuple[str, ProcessGroup]]:

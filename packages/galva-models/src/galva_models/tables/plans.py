@@ -8,6 +8,7 @@ layer (``self_attn.q_proj``), which form it takes (:data:`STYLES`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,13 +44,65 @@ GALVA_TABLES: dict[str, dict[str, Any]] = {
         "per_rank": ["attn.split_size"],
         "learned_positions": True,
     },
+    # BERT, masked LM: post-LN layers under encoder.layer; attention.output and output add the residual and norm
+    # after their row-parallel dense (on the boundary layout); the MLM head (transform, decoder tied to the word
+    # table, decoder bias tied to cls.predictions.bias) is the task model's cls. Its embedding forward shapes token
+    # types from the whole input, so under Megatron-SP it runs whole and its output is split after.
+    "bert": {
+        "tp": {
+            "encoder.layer.*.attention.self.query": "colwise",
+            "encoder.layer.*.attention.self.key": "colwise",
+            "encoder.layer.*.attention.self.value": "colwise",
+            "encoder.layer.*.attention.output.dense": "rowwise",
+            "encoder.layer.*.intermediate.dense": "colwise",
+            "encoder.layer.*.output.dense": "rowwise",
+        },
+        "pp": {"embeddings": None, "encoder.layer": None},
+        "layers": "encoder.layer",
+        "task": "masked_lm",
+        "token_table": "embeddings.word_embeddings",
+        "head": {"cls": "cls.predictions.decoder"},
+        "whole_embedding": True,
+        "learned_positions": True,
+    },
+    # ViT, image classification: pre-LN layers; pixels enter the embedding (patches, CLS token, positions: no
+    # vocabulary); the classifier reads the CLS token after the final LayerNorm and splits over the labels
+    "vit": {
+        "tp": {
+            "layers.*.attention.q_proj": "colwise",
+            "layers.*.attention.k_proj": "colwise",
+            "layers.*.attention.v_proj": "colwise",
+            "layers.*.attention.o_proj": "rowwise",
+            "layers.*.mlp.fc1": "colwise",
+            "layers.*.mlp.fc2": "rowwise",
+        },
+        "pp": {"embeddings": None, "layers": None, "layernorm": None},
+        "task": "image_classification",
+        "inputs": "pixel_values",
+        "token_table": None,
+        "head": {"classifier": "classifier"},
+        "whole_embedding": True,
+        "tokens": lambda config: 1 + (config.image_size // config.patch_size) ** 2,
+    },
 }
 """Galva's tables for families whose configs carry none, in transformers' format (``tp``: ``"<layers>.*.<path>"`` ->
-style; ``pp``: the base model's modules in order), plus what transformers' format cannot say: ``layers`` (the layer
-list's name), ``blocks`` (how many packed blocks a ``packed_*`` module holds, 2 by default), ``per_rank`` (layer
-attributes that count features and are divided by the tp degree, e.g. a split size), ``learned_positions`` (a
-position table bounds the sequence at ``max_position_embeddings``). BERT, T5, ViT and Swin keep
-their adapters (:mod:`galva_models.adapters`) until they move here."""
+style; ``pp``: the base model's modules in order), plus what transformers' format cannot say:
+
+- ``layers``: the layer list's path in the base model (default ``layers``; dotted for a nested list);
+- ``blocks``: how many packed blocks a ``packed_*`` module holds (2 by default);
+- ``per_rank``: layer attributes that count features and are divided by the tp degree (a split size);
+- ``learned_positions``: a position table bounds the sequence at ``max_position_embeddings``;
+- ``task``: what the model learns (:class:`~galva_models.adapters.base.Task` value; default ``causal_lm``);
+- ``inputs``: the keyword the base model's forward takes its input by (default ``input_ids``; ``pixel_values``);
+- ``token_table``: the vocabulary embedding's path in the base model, split over the vocabulary under vocab tp
+  (default: the first pipeline entry; None: no vocabulary, the embedding side stays whole);
+- ``head``: the task model's modules after the base model -> the path of the projection that splits over the
+  vocabulary (or the labels) under vocab tp (default ``{"lm_head": "lm_head"}``);
+- ``whole_embedding``: the embedding side runs on the whole sequence under Megatron-SP and its output is split
+  after (its forward shapes per-position inputs from the whole input);
+- ``tokens``: the one hook, ``config -> sequence length``, for a family whose input fixes it (an image's patches).
+
+Swin and T5 keep their adapters (:mod:`galva_models.adapters`) until they move here."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +127,18 @@ class ModelTables:
     """Layer attributes (``attn.split_size``) that count features: divided by the tp degree."""
     learned_positions: bool = False
     """A learned position table: no sequence longer than ``max_position_embeddings``."""
+    task: str = "causal_lm"
+    """What the model learns (a :class:`~galva_models.adapters.base.Task` value)."""
+    inputs: str = "input_ids"
+    """The keyword the base model's forward takes the model input by."""
+    token_table: str | None = None
+    """The vocabulary embedding's path in the base model (None: the embedding side has no vocabulary)."""
+    head: tuple[tuple[str, str], ...] = (("lm_head", "lm_head"),)
+    """``(task-model module after the base model, path of the projection split over the vocabulary or labels)``."""
+    whole_embedding: bool = False
+    """Under Megatron-SP the embedding side runs on the whole sequence; its output is split after."""
+    tokens: Callable[[Any], int] | None = None
+    """``config -> sequence length`` where the input fixes it (images); None: the run's sequence length."""
 
 
 def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | None:
@@ -86,7 +151,7 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         return None
     names = list(pp_plan)
     layers = (own or {}).get("layers", "layers")
-    if base is not None:
+    if base is not None and "." not in layers:
         lists = [n for n in names if isinstance(getattr(base, n, None), nn.ModuleList)]
         layers = lists[0] if len(lists) == 1 else layers
     if layers not in names:
@@ -94,6 +159,7 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
     at = names.index(layers)
     prefix = f"{layers}.*."
     tp = {key[len(prefix) :]: style for key, style in tp_plan.items() if key.startswith(prefix)}
+    extra = own or {}
     return ModelTables(
         source="galva" if own and not getattr(config, "base_model_tp_plan", None) else "transformers",
         tp=tp,
@@ -101,9 +167,15 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         layers=layers,
         after=tuple(names[at + 1 :]),
         experts=bool(getattr(config, "base_model_ep_plan", None)),
-        blocks=dict((own or {}).get("blocks", {})),
-        per_rank=tuple((own or {}).get("per_rank", ())),
-        learned_positions=bool((own or {}).get("learned_positions", False)),
+        blocks=dict(extra.get("blocks", {})),
+        per_rank=tuple(extra.get("per_rank", ())),
+        learned_positions=bool(extra.get("learned_positions", False)),
+        task=str(extra.get("task", "causal_lm")),
+        inputs=str(extra.get("inputs", "input_ids")),
+        token_table=extra["token_table"] if "token_table" in extra else (names[0] if at else None),
+        head=tuple(extra.get("head", {"lm_head": "lm_head"}).items()),
+        whole_embedding=bool(extra.get("whole_embedding", False)),
+        tokens=extra.get("tokens"),
     )
 
 
