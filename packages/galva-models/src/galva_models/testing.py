@@ -15,11 +15,12 @@ from galva_schema import Strategy
 __all__ = ["hugging_face_run", "max_relative", "plan_run"]
 
 
-def hugging_face_run(model: Any, steps: int = STEPS) -> tuple[list[float], list[float]]:
-    """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss."""
+def hugging_face_run(model: Any, steps: int = STEPS, seq: int = SEQ) -> tuple[list[float], list[float]]:
+    """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss (batches of
+    ``seq`` tokens)."""
     params = list(model.parameters())
     optimizer, scheduler = reference_optimizer(params, OPTIM)
-    ids, _ = batch()
+    ids, _ = batch(seq=seq)
     losses, norms = [], []
     for step in range(steps):
         optimizer.zero_grad()
@@ -33,11 +34,13 @@ def hugging_face_run(model: Any, steps: int = STEPS) -> tuple[list[float], list[
     return losses, norms
 
 
-def plan_run(layered: LayeredModel, strategy: Strategy, steps: int = STEPS) -> tuple[list[float], list[float]]:
+def plan_run(
+    layered: LayeredModel, strategy: Strategy, steps: int = STEPS, seq: int = SEQ
+) -> tuple[list[float], list[float]]:
     """The same steps trained by galva-hp under ``strategy`` (collective: every rank calls it)."""
-    built = build(layered, strategy, BuildOptions(seq_len=SEQ))
+    built = build(layered, strategy, BuildOptions(seq_len=seq))
     optimizer = GalvaOptimizer(built.param_records(), OPTIM)
-    ids, labels = batch()
+    ids, labels = batch(seq=seq)
     losses: list[float] = []
     norms: list[float] = []
     for step in range(steps):
