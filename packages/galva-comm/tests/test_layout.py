@@ -205,3 +205,29 @@ def test_all_groups_cover_backward_exchanges() -> None:
     for _, plan in layout.boundary_plans():
         assert set(plan.groups) <= groups
         assert set(plan.reverse().groups) <= groups
+
+
+def test_context_parallel_groups_and_shares() -> None:
+    """tp 2 x cp 2 on 8 ranks: tp innermost, then the ring, then data parallelism; gradients are reduced over
+    dp x cp; rank (tp i, cp r) holds chunks r and 3 - r of 4, split over tp under Megatron-SP."""
+    strategy = Strategy.model_validate(
+        {"world_size": 8, "global_batch_size": 8, "megatron_sp": True, "layers": [{"tp": 2, "cp": 2}, {"cp": 4}]}
+    )
+    layout = RankLayout(strategy)
+    first, second = layout.layers
+    assert first.tp == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert first.cp == [(0, 2), (4, 6), (1, 3), (5, 7)]
+    assert first.dp == [(0, 4), (2, 6), (1, 5), (3, 7)]
+    assert first.shard == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    share = first.activation
+    assert [share.seq_blocks(r, 16) for r in (0, 1, 2, 3)] == [
+        (slice(0, 4),), (slice(12, 16),), (slice(4, 8),), (slice(8, 12),)
+    ]
+    assert share.seq_blocks(1, 16, split=False) == (slice(0, 4), slice(12, 16))
+    assert second.cp == [(0, 1, 2, 3), (4, 5, 6, 7)] and second.activation.seq_blocks(1, 16) == (
+        slice(2, 4), slice(12, 14)
+    )
+    assert {(0, 2), (0, 1, 2, 3)} <= set(layout.all_groups())
+    plans = dict(layout.boundary_plans())
+    assert plans[1].source.cp == 2 and plans[1].target.cp == 4
+    _simulate(plans[1].source, plans[1].target)

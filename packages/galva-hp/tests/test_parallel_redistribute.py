@@ -18,21 +18,24 @@ from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import ShardLayout, redistribution_plan
 from galva_hp.parallel.redistribute import Redistribute, local_shard, plan_groups, redistribute
 
-BATCH, SEQ, HIDDEN = 8, 8, 3
+BATCH, SEQ, HIDDEN = 8, 16, 3
 
 
-def _layouts(ranks: tuple[int, ...]) -> list[ShardLayout]:
+def _layouts(ranks: tuple[int, ...], context: bool = False) -> list[ShardLayout]:
+    """Every layout of a stage; with ``context``, every context-parallel degree too (two chunks per rank)."""
     found = []
     for degree in (d for d in range(1, len(ranks) + 1) if len(ranks) % d == 0):
         orders = (True, False) if 1 < degree < len(ranks) else (True,)
         seqs = (False, True) if degree > 1 else (False,)
-        for consecutive, seq_sharded in itertools.product(orders, seqs):
-            found.append(ShardLayout(ranks, degree, consecutive, seq_sharded))
+        cps = [c for c in range(1, len(ranks) // degree + 1) if context or c == 1]
+        for consecutive, seq_sharded, cp in itertools.product(orders, seqs, cps):
+            if len(ranks) % (degree * cp) == 0:
+                found.append(ShardLayout(ranks, degree, consecutive, seq_sharded, cp))
     return found
 
 
-def _check_all_pairs(rank: int, world_size: int, stage: tuple[int, ...]) -> int:
-    layouts = _layouts(stage)
+def _check_all_pairs(rank: int, world_size: int, stage: tuple[int, ...], context: bool = False) -> int:
+    layouts = _layouts(stage, context)
     plans = [redistribution_plan(s, t) for s, t in itertools.permutations(layouts, 2)]
     cache = ProcessGroupCache()
     cache.create(plan_groups(plans))  # collective: every rank, same order
@@ -64,6 +67,19 @@ def test_every_layout_pair_is_exact(world_size: int, stage: tuple[int, ...]) -> 
     counts = run_distributed(_check_all_pairs, world_size, stage, timeout=180)
     expected = len(_layouts(stage)) * (len(_layouts(stage)) - 1)
     assert [c for r, c in enumerate(counts) if r in stage] == [expected] * len(stage)
+
+
+@pytest.mark.distributed
+def test_every_pair_of_context_parallel_layouts_is_exact() -> None:
+    """cp 2 and 4 (each rank two chunks of the sequence, split again under Megatron-SP / Ulysses) against every
+    other layout of 4 ranks: the boundary between two layers of different context-parallel degrees."""
+    from galva_comm.testing import run_distributed
+
+    stage = (0, 1, 2, 3)
+    layouts = _layouts(stage, context=True)
+    assert {layout.cp for layout in layouts} == {1, 2, 4}
+    counts = run_distributed(_check_all_pairs, 4, stage, True, timeout=180)
+    assert counts == [len(layouts) * (len(layouts) - 1)] * 4
 
 
 def test_plan_groups_include_the_backward_groups() -> None:

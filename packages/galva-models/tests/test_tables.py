@@ -87,20 +87,46 @@ PLANS = {
 }
 
 
-def _config(family: str):
-    return tiny_config(family, sliding_window=SEQ // 2)
+CP_SEQ = 256
+"""Context-parallel rows run longer sequences: 2 x cp chunks of 32 tokens and more."""
+
+CP_PLANS = {
+    "cp2": _plan([{"cp": 2}] * 4, vocab={"cp": 2}),
+    "cp4": _plan([{"cp": 4}] * 4, vocab={"cp": 4}),
+    "cp2-tp2-megatron_sp": _plan([{"tp": 2, "cp": 2}] * 4, megatron_sp=True, vocab={"tp": 2, "cp": 2}),
+    "cp2-ulysses2": _plan([{"tp": 2, "ulysses": True, "cp": 2}] * 4, vocab={"tp": 2, "sp": True, "cp": 2}),
+    "pp2-cp2-zero3": _plan([{"cp": 2, "checkpoint": True}] * 4, pp=2, default_dp_type="zero3", vocab={"cp": 2}),
+    # a different cp per layer (every boundary re-shards the two-chunk shares), checkpointed, vocabulary tp
+    "mixed-cp": _plan(
+        [
+            {"cp": 2, "checkpoint": True},
+            {"cp": 4},
+            {"tp": 2, "cp": 2, "checkpoint": True},
+            {"tp": 2, "ulysses": True, "cp": 2, "checkpoint": True},
+        ],
+        vocab={"tp": 2},
+    ),
+}
+"""Context parallelism alone and with every form it composes with, on 4 ranks."""
 
 
-def _model(family: str):
+def _config(family: str, seq: int = SEQ):
+    # a window that is not a multiple of the ring's chunks: some blocks are partly inside, some skipped
+    return tiny_config(family, sliding_window=seq // 2 if seq == SEQ else seq // 2 - seq // 8 + 3)
+
+
+def _model(family: str, seq: int = SEQ):
     torch.manual_seed(0)
-    return ADAPTER.build_model(_config(family))
+    return ADAPTER.build_model(_config(family, seq))
 
 
-def hf_reference(family: str) -> tuple[list[float], list[float]]:
-    return hugging_face_run(_model(family))
+def hf_reference(family: str, seq: int = SEQ) -> tuple[list[float], list[float]]:
+    return hugging_face_run(_model(family, seq), seq=seq)
 
 
 def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
+    if plan in CP_PLANS:
+        return plan_run(ADAPTER.decompose(_model(family, CP_SEQ)), CP_PLANS[plan], seq_len=CP_SEQ)
     return plan_run(ADAPTER.decompose(_model(family)), PLANS[plan])
 
 
@@ -110,10 +136,14 @@ _rel = max_relative
 def check(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     out = {}
     for family in dict.fromkeys(f for f, _ in cases):
-        ref_losses, ref_norms = hf_reference(family)
-        for plan in [p for f, p in cases if f == family]:
-            losses, norms = galva_run(family, plan)
-            out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+        for seq, plans in ((SEQ, PLANS), (CP_SEQ, CP_PLANS)):
+            chosen = [p for f, p in cases if f == family and p in plans]
+            if not chosen:
+                continue
+            ref_losses, ref_norms = hf_reference(family, seq)
+            for plan in chosen:
+                losses, norms = galva_run(family, plan)
+                out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
     return out
 
 
@@ -139,6 +169,34 @@ each expert whole on a rank (data, pipeline and Ulysses parallelism); expert lay
 def test_families_train_like_hugging_face(families: list[str]):
     cases = [(f, p) for f, p in SWEEP if f in families]
     _assert(run_distributed(check, 4, cases, timeout=900))
+
+
+CP_FAMILIES = ["llama", "qwen2", "mistral"]
+"""Plain attention (Llama), with biases on q/k/v (Qwen 2), and with a sliding window shorter than the sequence
+(Mistral)."""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_context_parallel_training_equals_hugging_face():
+    """Ring attention on the table path: cp2, cp4, cp2 x tp2 with Megatron-SP, cp2 x Ulysses 2, pp2 x cp2 with
+    ZeRO-3 and a checkpointed plan with a different cp per layer, 256 tokens, 4 fp32 steps within 1e-5."""
+    results = run_distributed(check, 4, [(f, p) for f in CP_FAMILIES for p in CP_PLANS], timeout=900)
+    assert len(results[0]) == len(CP_FAMILIES) * len(CP_PLANS)
+    _assert(results)
+
+
+def test_a_family_whose_attention_the_ring_does_not_compute_refuses_cp_in_one_line():
+    from galva_models.tables.adapter import constraints, ring_refusal
+
+    problems = plan_problems(CP_PLANS["cp2"], constraints(_config("gemma2")), world_size=4, seq_len=CP_SEQ)
+    assert problems[0] == (
+        "layers[0..3].cp: gemma2 layers cannot run context parallelism: gemma2's attention soft-caps its scores, "
+        "which ring attention does not compute"
+    ), problems
+    assert all("\n" not in p for p in problems)
+    assert ring_refusal(tiny_config("gpt_oss")) == "gpt_oss's attention has sinks, which ring attention does not compute"
+    assert plan_problems(CP_PLANS["cp4"], constraints(_config("mistral")), world_size=4, seq_len=CP_SEQ) == []
 
 
 def test_every_family_in_the_sweep_is_taken_by_its_tables():

@@ -153,3 +153,36 @@ def _profile(*types: tuple[str, int]) -> ModelProfile:
             },
         }
     )
+
+
+def test_context_parallelism_is_checked_by_the_one_function() -> None:
+    """cp is opt-in (a model whose attention has no ring refuses it, naming the model); a family may refuse it with
+    its reason; the sequence must cut into 2 x cp chunks (x the sequence shards); tp x cp must divide a stage."""
+    cp2 = plan([{"cp": 2}] * 4, world_size=4, vocab={"cp": 2})
+    assert cp2.layer_dp(0) == 2 and cp2.vocab_dp == 2 and cp2.layer_summary(0) == "1-1-2-cp2"
+    problems = plan_problems(cp2, LLAMA, seq_len=32)
+    assert problems == [
+        "layers[0..3].cp: llama layers cannot run context parallelism: llama-gqa's attention has no ring form "
+        "(its adapter does not run it)",
+        "vocab.cp: the vocabulary cannot run context parallelism: llama-gqa's attention has no ring form "
+        "(its adapter does not run it)",
+    ]
+    ring = LLAMA.model_copy(update={"context_parallel": True})
+    assert plan_problems(cp2, ring, seq_len=32) == []
+    assert plan_problems(cp2, ring, seq_len=34) == [
+        "layers[0..3].cp: the sequence of 34 tokens does not divide into 4 equal chunks (2 x cp 2)",
+        "vocab.cp: the sequence of 34 tokens does not divide into 4 equal chunks (2 x cp 2)",
+    ]
+    sp = plan([{"cp": 2, "tp": 3}] * 4, world_size=6, megatron_sp=True, global_batch_size=6)
+    three = uniform_constraints("m", "m", 4, num_heads=6, num_kv_heads=3, context_parallel=True)
+    assert plan_problems(sp, three, seq_len=18) == [
+        "layers[0..3].cp: the sequence of 18 tokens does not divide into 12 equal chunks (2 x cp 2 x 3 sequence shards)"
+    ]
+    refused = uniform_constraints(
+        "gemma2", "gemma2", 4, 4, unsupported={ParallelForm.CP: "soft-capped scores"}, context_parallel=True
+    )
+    assert plan_problems(cp2, refused, seq_len=32)[0] == (
+        "layers[0..3].cp: gemma2 layers cannot run context parallelism: soft-capped scores"
+    )
+    with pytest.raises(ValueError, match=r"layers\[0\].cp: tp 2 x cp 4 does not divide the 4 ranks"):
+        plan([{"tp": 2, "cp": 4}] + [{}] * 3, world_size=4)

@@ -9,9 +9,12 @@ Conventions (same as the reference system, so its strategy files mean the same t
   * consecutive: model-parallel groups are blocks of ``t`` consecutive local ranks; data-parallel groups are the
     local ranks strided by ``t``.
   * strided: model-parallel groups are local ranks strided by ``R/t``; data-parallel groups are blocks of ``R/t``.
-- The *sharding group* (where ZeRO-2/3 shards states and gradients are reduced) is the data-parallel group for
-  Megatron layers, and the whole stage (``dp * sp`` ranks) for Ulysses layers, whose weights are replicated
-  over the sequence-parallel group.
+- Context parallelism of degree ``c`` cuts each such data-parallel group (in its order) into blocks of ``c``
+  consecutive members, the context-parallel groups (rings); the data-parallel groups proper are its members
+  strided by ``c``.
+- The *sharding group* (where ZeRO-2/3 shards states and gradients are reduced) is the data-parallel group times
+  the context-parallel group for Megatron layers, and the whole stage (``dp * cp * sp`` ranks) for Ulysses
+  layers, whose weights are replicated over the sequence-parallel group.
 - Pipeline groups are ``{i, i+R, i+2R, ...}``; the embedding-tying group of a pipeline is its first and last rank.
 
 Every group is a tuple of global ranks in ascending order.
@@ -20,11 +23,11 @@ Every group is a tuple of global ranks in ascending order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from galva_schema import GroupKind, Strategy
-from galva_schema.sharding import contiguous_block
+from galva_schema.sharding import contiguous_block, sequence_blocks, sequence_cell_count, sequence_cells
 
 Group = tuple[int, ...]
 
@@ -74,37 +77,64 @@ def data_parallel_groups(ranks: Group, degree: int, consecutive: bool = True) ->
 class ShardLayout:
     """How a layer's activations (one micro-batch of ``[batch, seq, ...]``) are spread over its stage.
 
-    The batch is split over the data-parallel groups; inside a model-parallel group the activation is either
-    replicated (Megatron tp) or split along the sequence (Megatron-SP, Ulysses: ``seq_sharded``).
+    The batch is split over the data-parallel groups; under context parallelism (``cp`` > 1) each rank of a
+    context-parallel group holds its two chunks of the sequence (:func:`galva_schema.sharding.context_chunks`);
+    inside a model-parallel group that (context-local) sequence is either replicated (Megatron tp) or split
+    contiguously (Megatron-SP, Ulysses: ``seq_sharded``).
+
+    Rank order inside the stage: the model-parallel index is innermost (consecutive) or outermost (strided); the
+    other index ``g`` (the layer's sharding group) is ``data-parallel index * cp + context-parallel index``.
     """
 
     ranks: Group
     degree: int = 1
     consecutive: bool = True
     seq_sharded: bool = False
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        _check_divides(self.degree, len(self.ranks), "degree", "ranks per stage")
+        _check_divides(self.degree * self.cp, len(self.ranks), "degree x cp", "ranks per stage")
 
     @property
     def dp(self) -> int:
-        return len(self.ranks) // self.degree
+        return len(self.ranks) // (self.degree * self.cp)
+
+    @property
+    def seq_shards(self) -> int:
+        """Slices of the context-local sequence inside a model-parallel group."""
+        return self.degree if self.seq_sharded else 1
 
     @property
     def seq_parts(self) -> int:
-        return self.degree if self.seq_sharded else 1
+        """Distinct sequence shares: ``cp`` x :attr:`seq_shards`."""
+        return self.cp * self.seq_shards
 
-    def coords(self, rank: int) -> tuple[int, int]:
-        """(model-parallel index, data-parallel index) of a global rank of this stage."""
+    @property
+    def seq_cell_count(self) -> int:
+        """Cells of the sequence grid this layout's shares are made of (:func:`sequence_cell_count`)."""
+        return sequence_cell_count(self.cp, self.seq_shards)
+
+    def _indices(self, rank: int) -> tuple[int, int]:
+        """(model-parallel index, sharding-group index ``g``) of a global rank of this stage."""
         local = self.ranks.index(rank)
         if self.consecutive:
             return local % self.degree, local // self.degree
-        return local // self.dp, local % self.dp
+        count = len(self.ranks) // self.degree
+        return local // count, local % count
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(model-parallel index, data-parallel index) of a global rank of this stage."""
+        mp_index, g = self._indices(rank)
+        return mp_index, g // self.cp
+
+    def cp_index(self, rank: int) -> int:
+        """Context-parallel index of a global rank of this stage."""
+        return self._indices(rank)[1] % self.cp
 
     def shard(self, rank: int) -> tuple[int, int]:
         """(batch part, sequence part) held by ``rank``, out of ``dp`` batch parts and ``seq_parts`` sequence parts."""
         mp_index, dp_index = self.coords(rank)
-        return dp_index, (mp_index if self.seq_sharded else 0)
+        return dp_index, self.cp_index(rank) * self.seq_shards + (mp_index if self.seq_sharded else 0)
 
     def batch_rows(self, rank: int, batch_size: int) -> slice:
         """Rows of a ``batch_size``-sample micro-batch that ``rank`` holds (the batch-share rule)."""
@@ -113,17 +143,40 @@ class ShardLayout:
             batch_size, self.dp, batch_part, what="micro-batch of", parts_name="data-parallel degree"
         )
 
+    def seq_cells(self, rank: int) -> tuple[int, ...]:
+        """The cells of :attr:`seq_cell_count` that ``rank`` holds, in its local order."""
+        mp_index = self.coords(rank)[0] if self.seq_sharded else 0
+        return sequence_cells(self.cp, self.seq_shards, self.cp_index(rank), mp_index)
+
+    def seq_blocks(self, rank: int, seq_len: int, split: bool = True) -> tuple[slice, ...]:
+        """Positions of a ``seq_len``-token sequence that ``rank`` holds, as slices in its local order; with
+        ``split`` false, those of its whole context-local sequence (not split over the model-parallel group)."""
+        shards = self.seq_shards if split else 1
+        mp_index = self.coords(rank)[0] if split and self.seq_sharded else 0
+        return sequence_blocks(seq_len, self.cp, shards, self.cp_index(rank), mp_index)
+
     def seq_columns(self, rank: int, seq_len: int) -> slice:
-        """Positions of a ``seq_len``-token sequence that ``rank`` holds (all of them unless sequence-sharded)."""
+        """Positions of a ``seq_len``-token sequence that ``rank`` holds (all of them unless sequence-sharded); a
+        context-parallel layout holds two blocks: ask :meth:`seq_blocks`."""
+        if self.cp > 1:
+            raise ValueError("a context-parallel share is two blocks of the sequence; use seq_blocks")
         seq_part = self.shard(rank)[1]
         return contiguous_block(
             seq_len, self.seq_parts, seq_part, what="sequence of", unit="tokens", parts_name="degree"
         )
 
+    def local_seq_cells(self, rank: int, seq_cells: int) -> list[int]:
+        """The cells of a ``seq_cells`` grid refining this layout that ``rank`` holds, in its local order."""
+        per = seq_cells // self.seq_cell_count
+        return [cell * per + k for cell in self.seq_cells(rank) for k in range(per)]
+
     def holds(self, rank: int, batch_cell: int, batch_cells: int, seq_cell: int, seq_cells: int) -> bool:
         """Whether ``rank`` holds the cell of a ``batch_cells x seq_cells`` grid refining this layout."""
-        batch_part, seq_part = self.shard(rank)
-        return batch_cell * self.dp // batch_cells == batch_part and seq_cell * self.seq_parts // seq_cells == seq_part
+        batch_part = self.shard(rank)[0]
+        return (
+            batch_cell * self.dp // batch_cells == batch_part
+            and seq_cell * self.seq_cell_count // seq_cells in self.seq_cells(rank)
+        )
 
 
 @dataclass(frozen=True)
@@ -193,7 +246,7 @@ def redistribution_plan(source: ShardLayout, target: ShardLayout) -> Redistribut
     if sorted(source.ranks) != sorted(target.ranks):
         raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
     batch_cells = _lcm(source.dp, target.dp)
-    seq_cells = _lcm(source.seq_parts, target.seq_parts)
+    seq_cells = _lcm(source.seq_cell_count, target.seq_cell_count)
     wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for dst in target.ranks:
         for b in range(batch_cells):
@@ -242,8 +295,9 @@ class LayerGroups:
     stage: int
     tp: list[Group]  # Megatron tensor-parallel groups (singletons for Ulysses or tp=1 layers)
     sp: list[Group]  # Ulysses groups (singletons for Megatron layers)
+    cp: list[Group]  # context-parallel groups: the ring of ranks holding other chunks of the same samples
     dp: list[Group]  # data-parallel groups: ranks that see different samples with the same model shard
-    shard: list[Group]  # where ZeRO shards and gradients are reduced: dp, or dp x sp for Ulysses
+    shard: list[Group]  # where ZeRO shards and gradients are reduced: dp x cp, and x sp for Ulysses
     activation: ShardLayout
 
     @property
@@ -259,17 +313,21 @@ class LayerGroups:
         raise ValueError(f"rank {rank} is not in stage {self.stage}")
 
 
-def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int) -> LayerGroups:
+def _groups(
+    ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int, cp: int
+) -> LayerGroups:
     mp = model_parallel_groups(ranks, degree, consecutive)
-    dp = data_parallel_groups(ranks, degree, consecutive)
+    rest = data_parallel_groups(ranks, degree, consecutive)  # in order of g = dp index * cp + cp index
+    _check_divides(cp, len(rest[0]), "cp", "ranks per model-parallel index")
     singles: list[Group] = [(r,) for r in ranks]
     return LayerGroups(
         stage=stage,
         tp=singles if ulysses else mp,
         sp=mp if ulysses else singles,
-        dp=dp,
-        shard=[ranks] if ulysses else dp,
-        activation=ShardLayout(ranks, degree, consecutive, seq_sharded=seq_parts > 1),
+        cp=[tuple(sorted(g[i : i + cp])) for g in rest for i in range(0, len(g), cp)],
+        dp=[tuple(sorted(g[i::cp])) for g in rest for i in range(cp)],
+        shard=[ranks] if ulysses else rest,
+        activation=ShardLayout(ranks, degree, consecutive, seq_sharded=seq_parts > 1, cp=cp),
     )
 
 
@@ -286,12 +344,15 @@ class RankLayout:
             ranks = stage_ranks(self.world_size, self.pp, stages[index])
             consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
             seq_parts = strategy.layer_sequence_shards(index)
-            self.layers.append(_groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts))
+            self.layers.append(
+                _groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts, layer.cp)
+            )
         vocab, vocab_parts = strategy.vocab, strategy.vocab_sequence_shards
-        self.vocab_first = _groups(stage_ranks(self.world_size, self.pp, 0), 0, vocab.tp, True, vocab.sp, vocab_parts)
+        first_ranks = stage_ranks(self.world_size, self.pp, 0)
+        self.vocab_first = _groups(first_ranks, 0, vocab.tp, True, vocab.sp, vocab_parts, vocab.cp)
         last = self.pp - 1
         self.vocab_last = _groups(
-            stage_ranks(self.world_size, self.pp, last), last, vocab.tp, True, vocab.sp, vocab_parts
+            stage_ranks(self.world_size, self.pp, last), last, vocab.tp, True, vocab.sp, vocab_parts, vocab.cp
         )
         self.pipelines = pipeline_groups(self.world_size, self.pp)
         self.embedding_ties = embedding_tie_groups(self.world_size, self.pp)
@@ -307,12 +368,12 @@ class RankLayout:
         """
         previous = self.vocab_first.activation
         for index, groups in enumerate(self.layers):
-            source = ShardLayout(groups.activation.ranks, previous.degree, previous.consecutive, previous.seq_sharded)
+            source = replace(previous, ranks=groups.activation.ranks)
             if source != groups.activation:
                 yield index, redistribution_plan(source, groups.activation)
             previous = groups.activation
         tail = self.vocab_last.activation
-        source = ShardLayout(tail.ranks, previous.degree, previous.consecutive, previous.seq_sharded)
+        source = replace(previous, ranks=tail.ranks)
         if source != tail:
             yield len(self.layers), redistribution_plan(source, tail)
 
@@ -324,7 +385,7 @@ class RankLayout:
         """
         found: set[Group] = set()
         for groups in [*self.layers, self.vocab_first, self.vocab_last]:
-            for kind in (groups.tp, groups.sp, groups.dp, groups.shard):
+            for kind in (groups.tp, groups.sp, groups.cp, groups.dp, groups.shard):
                 found.update(kind)
         found.update(self.pipelines)
         found.update(self.embedding_ties)
@@ -344,6 +405,8 @@ def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
     """
     if sorted(source.ranks) != sorted(target.ranks):
         raise ValueError(f"layouts cover different ranks: {source.ranks} and {target.ranks}")
+    if source.cp > 1 or target.cp > 1:  # two blocks per share: count the plan's cells
+        return redistribution_plan(source, target).busiest_rank_fraction()
     batch_cells = _lcm(source.dp, target.dp)
     seq_cells = _lcm(source.seq_parts, target.seq_parts)
     sb, ss = batch_cells // source.dp, seq_cells // source.seq_parts  # cells per source shard, per axis

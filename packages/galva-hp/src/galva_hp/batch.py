@@ -2,12 +2,14 @@
 
 Every rank receives the same global batch ``[batch, seq]``. Micro-batch ``k`` is the ``k``-th contiguous block of
 ``batch / num_micro_batches`` samples; inside it a rank of a :class:`~galva_comm.layout.ShardLayout` keeps the
-contiguous block of its data-parallel index and, when the layout splits the sequence, the slice of its
-model-parallel index: the same cells :func:`galva_comm.layout.redistribution_plan` moves between layers.
+contiguous block of its data-parallel index and, under context parallelism, its two chunks of the sequence; when
+the layout splits the sequence over its model-parallel group, the slice of its model-parallel index: the same cells
+:func:`galva_comm.layout.redistribution_plan` moves between layers.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from galva_comm.layout import ShardLayout
@@ -21,9 +23,14 @@ def micro_batch(batch: Tensor, index: int, count: int) -> Tensor:
     return batch[contiguous_block(batch.shape[0], count, index)]
 
 
-def shard_for(tensor: Tensor, layout: ShardLayout, rank: int, split_sequence: bool) -> Tensor:
-    """``rank``'s share of a ``[batch, seq, ...]`` tensor under ``layout`` (sequence split only if asked)."""
+def shard_for(
+    tensor: Tensor, layout: ShardLayout, rank: int, split_sequence: bool, *, context: bool = True
+) -> Tensor:
+    """``rank``'s share of a ``[batch, seq, ...]`` tensor under ``layout``: its context-parallel chunks (unless
+    ``context`` is false: a tensor without a sequence), and its slice of them over the model-parallel group only if
+    ``split_sequence``."""
     out = tensor[layout.batch_rows(rank, tensor.shape[0])]
-    if split_sequence:
-        out = out[:, layout.seq_columns(rank, tensor.shape[1])]
+    if split_sequence or (context and layout.cp > 1):
+        blocks = layout.seq_blocks(rank, tensor.shape[1], split=split_sequence)
+        out = torch.cat([out[:, block] for block in blocks], dim=1)
     return out.contiguous()

@@ -117,12 +117,14 @@ def _convert_layer(
 def _context(
     groups: LayerGroups, rank: int, cache: ProcessGroupCache, megatron_sp: bool, vocab_sp: bool
 ) -> ParallelContext:
-    tp, sp = groups.of(GroupKind.TP, rank), groups.of(GroupKind.SP, rank)
+    tp, sp, cp = groups.of(GroupKind.TP, rank), groups.of(GroupKind.SP, rank), groups.of(GroupKind.CP, rank)
     return ParallelContext(
         tp_group=cache.get(tp) if len(tp) > 1 else None,
         sp_group=cache.get(sp) if len(sp) > 1 else None,
         megatron_sp=megatron_sp,
         vocab_sp=vocab_sp,
+        cp_group=cache.get(cp) if len(cp) > 1 else None,
+        cp_index=groups.activation.cp_index(rank),
     )
 
 

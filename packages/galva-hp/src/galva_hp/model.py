@@ -33,13 +33,17 @@ class ParallelContext:
     unless the layer uses Ulysses). With ``megatron_sp`` and tp > 1, activations at the module's boundaries are
     sharded along the sequence over ``tp_group``; a Ulysses layer's boundaries are sharded along the sequence over
     ``sp_group``. ``vocab_sp`` marks vocabulary modules that split the sequence (not the vocabulary) over
-    ``sp_group``.
+    ``sp_group``. ``cp_group`` is the context-parallel ring (None when cp == 1): the module's boundaries hold this
+    rank's two chunks of the sequence (:func:`galva_schema.sharding.context_chunks`), which the above may split
+    further; ``cp_index`` is this rank's place in it.
     """
 
     tp_group: ProcessGroup | None = None
     sp_group: ProcessGroup | None = None
     megatron_sp: bool = False
     vocab_sp: bool = False
+    cp_group: ProcessGroup | None = None
+    cp_index: int = 0
 
     @property
     def tp_size(self) -> int:
@@ -50,8 +54,13 @@ class ParallelContext:
         return 1 if self.sp_group is None else self.sp_group.size()
 
     @property
+    def cp_size(self) -> int:
+        return 1 if self.cp_group is None else self.cp_group.size()
+
+    @property
     def seq_sharded(self) -> bool:
-        """Whether activations at this module's boundaries hold only a slice of the sequence."""
+        """Whether activations at this module's boundaries hold only a slice of the (context-local) sequence of its
+        model-parallel group."""
         degree = max(self.tp_size, self.sp_size)
         return sequence_shards(degree, ulysses=self.sp_size > 1, megatron_sp=self.megatron_sp) > 1
 

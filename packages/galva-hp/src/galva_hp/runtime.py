@@ -175,7 +175,7 @@ class HybridParallelModel(nn.Module):
         ]
         per_token = labels.dim() > 1  # image labels are one per sample: never split along a sequence
         label_parts = [
-            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded and per_token)
+            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded and per_token, context=per_token)
             if self.is_last
             else None
             for k in range(n)

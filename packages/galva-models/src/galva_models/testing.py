@@ -17,11 +17,12 @@ from galva_schema import Strategy
 __all__ = ["hugging_face_run", "hugging_face_task_run", "max_relative", "plan_run", "task_batches"]
 
 
-def hugging_face_run(model: Any, steps: int = STEPS) -> tuple[list[float], list[float]]:
-    """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss."""
+def hugging_face_run(model: Any, steps: int = STEPS, seq: int = SEQ) -> tuple[list[float], list[float]]:
+    """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss (batches of
+    ``seq`` tokens)."""
     params = list(model.parameters())
     optimizer, scheduler = reference_optimizer(params, OPTIM)
-    ids, _ = batch()
+    ids, _ = batch(seq=seq)
     losses, norms = [], []
     for step in range(steps):
         optimizer.zero_grad()
@@ -77,11 +78,11 @@ def plan_run(
     seq_len: int | None = SEQ,
 ) -> tuple[list[float], list[float]]:
     """The same steps trained by galva-hp under ``strategy`` (collective: every rank calls it), on galva-hp's oracle
-    batches or on ``batches`` (one step each)."""
+    batches of ``seq_len`` tokens or on ``batches`` (one step each)."""
     built = build(layered, strategy, BuildOptions(seq_len=seq_len))
     optimizer = GalvaOptimizer(built.param_records(), OPTIM)
     if batches is None:
-        ids, labels = batch()
+        ids, labels = batch(seq=seq_len or SEQ)
         batches = [(ids[step], labels[step]) for step in range(steps)]
     losses: list[float] = []
     norms: list[float] = []

@@ -26,6 +26,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from galva_schema._base import GalvaModel
 from galva_schema.errors import group_problems
+from galva_schema.sharding import sequence_cell_count
 from galva_schema.strategy import Strategy
 from galva_schema.vocabulary import DataParallelType, Precision
 
@@ -41,6 +42,7 @@ class ParallelForm(str, Enum):
     ZERO3 = "zero3"  # parameters sharded over the data-parallel group
     VOCAB_TP = "vocab_tp"  # vocabulary layers split over the vocabulary
     VOCAB_SP = "vocab_sp"  # vocabulary layers split over the sequence
+    CP = "cp"  # context parallelism (ring attention), degree > 1; the vocabulary layers' too
 
     @property
     def label(self) -> str:
@@ -54,6 +56,7 @@ _LABELS = {
     ParallelForm.ZERO3: "ZeRO-3",
     ParallelForm.VOCAB_TP: "vocabulary tensor parallelism",
     ParallelForm.VOCAB_SP: "vocabulary sequence parallelism",
+    ParallelForm.CP: "context parallelism",
 }
 
 
@@ -106,6 +109,11 @@ class ModelConstraints(GalvaModel):
     )
     max_seq_length: PositiveInt | None = Field(None, description="Longest sequence (learned positions).")
     shared_parameters: tuple[SharedParameter, ...] = ()
+    context_parallel: bool = Field(
+        False,
+        description="Whether the model's attention runs context-parallel (ring attention); a layer type may still "
+        "refuse it (`unsupported`). Opt-in: a model whose attention knows nothing of a ring must not get one.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConstraints:
@@ -158,6 +166,8 @@ def layer_forms(strategy: Strategy, index: int) -> list[ParallelForm]:
         forms.append(ParallelForm.ULYSSES if layer.ulysses else ParallelForm.TP)
         if strategy.megatron_sp and not layer.ulysses:
             forms.append(ParallelForm.MEGATRON_SP)
+    if layer.cp > 1:
+        forms.append(ParallelForm.CP)
     if strategy.layer_dp_type(index) is DataParallelType.ZERO3:
         forms.append(ParallelForm.ZERO3)
     return forms
@@ -170,6 +180,8 @@ def vocab_forms(strategy: Strategy) -> list[ParallelForm]:
         forms.append(ParallelForm.VOCAB_SP if strategy.vocab.sp else ParallelForm.VOCAB_TP)
         if strategy.megatron_sp and not strategy.vocab.sp:
             forms.append(ParallelForm.MEGATRON_SP)
+    if strategy.vocab.cp > 1:
+        forms.append(ParallelForm.CP)
     if strategy.vocab_dp_type is DataParallelType.ZERO3:
         forms.append(ParallelForm.ZERO3)
     return forms
@@ -182,6 +194,7 @@ _FORM_FIELD = {
     ParallelForm.ZERO3: ".dp_type",
     ParallelForm.VOCAB_TP: ".tp",
     ParallelForm.VOCAB_SP: ".sp",
+    ParallelForm.CP: ".cp",
 }
 
 
@@ -223,17 +236,19 @@ def _layer_problems(
     for index, layer in enumerate(strategy.layers):
         layer_type = constraints.layer_type_of(index)
         for form in layer_forms(strategy, index):
-            reason = layer_type.unsupported.get(form)
+            reason = layer_type.unsupported.get(form) or _no_ring(constraints, form)
             if reason is not None:
                 found.append(("layers", index, _FORM_FIELD[form], _refusal(layer_type.name, form, reason)))
         heads = head_problem(layer_type, layer.tp, layer.ulysses)
         if heads:
             found.append(("layers", index, ".tp", heads))
         shards = strategy.layer_sequence_shards(index)
+        tokens = layer_type.seq_length or seq_len
+        if layer.cp > 1 and tokens is not None and tokens % sequence_cell_count(layer.cp, shards):
+            found.append(("layers", index, ".cp", _cp_problem(layer.cp, shards, tokens)))
         if shards == 1:
             continue
         kind = "Ulysses" if layer.ulysses else "Megatron-SP"
-        tokens = layer_type.seq_length or seq_len
         if tokens is not None and tokens % shards:
             found.append(
                 ("layers", index, ".tp", f"{kind} degree {shards} does not divide the sequence of {tokens} tokens")
@@ -249,14 +264,29 @@ def _layer_problems(
 def _vocab_problems(strategy: Strategy, constraints: ModelConstraints, seq_len: int | None) -> list[str]:
     found = []
     for form in vocab_forms(strategy):
-        reason = constraints.vocab_unsupported.get(form)
+        reason = constraints.vocab_unsupported.get(form) or _no_ring(constraints, form)
         if reason is not None:
             found.append(f"vocab{_FORM_FIELD[form]}: {_refusal('the vocabulary', form, reason)}")
     shards = strategy.vocab_sequence_shards
+    cp = strategy.vocab.cp
+    if cp > 1 and seq_len is not None and seq_len % sequence_cell_count(cp, shards):
+        found.append(f"vocab.cp: {_cp_problem(cp, shards, seq_len)}")
     if shards > 1 and seq_len is not None and seq_len % shards:
         kind = "sequence-parallel" if strategy.vocab.sp else "Megatron-SP"
         found.append(f"vocab.tp: {kind} degree {shards} does not divide the sequence of {seq_len} tokens")
     return found
+
+
+def _no_ring(constraints: ModelConstraints, form: ParallelForm) -> str | None:
+    if form is ParallelForm.CP and not constraints.context_parallel:
+        return f"{constraints.model_name}'s attention has no ring form (its adapter does not run it)"
+    return None
+
+
+def _cp_problem(cp: int, shards: int, tokens: int) -> str:
+    cells = sequence_cell_count(cp, shards)
+    parts = f"2 x cp {cp}" + (f" x {shards} sequence shards" if shards > 1 else "")
+    return f"the sequence of {tokens} tokens does not divide into {cells} equal chunks ({parts})"
 
 
 def _refusal(what: str, form: ParallelForm, reason: str) -> str:
@@ -273,6 +303,7 @@ def uniform_constraints(
     *,
     unsupported: dict[ParallelForm, str] | None = None,
     max_seq_length: int | None = None,
+    context_parallel: bool = False,
 ) -> ModelConstraints:
     """Constraints of a model whose transformer layers are all of one type (GPT, Llama, BERT, ViT...)."""
     return ModelConstraints(
@@ -287,6 +318,7 @@ def uniform_constraints(
             ),
         ),
         max_seq_length=max_seq_length,
+        context_parallel=context_parallel,
     )
 
 

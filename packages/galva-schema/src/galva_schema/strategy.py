@@ -36,6 +36,11 @@ class LayerStrategy(GalvaModel):
         True, description="Tensor-parallel group of consecutive ranks (true) or ranks strided by W/pp/tp (false)."
     )
     ulysses: bool = Field(False, description="Ulysses sequence parallel (all-to-all) instead of Megatron tp.")
+    cp: PositiveInt = Field(
+        1,
+        description="Context-parallel degree: ring attention over this many groups of the layer's model-parallel "
+        "ranks, each holding two chunks of the sequence (galva_schema.sharding); data parallelism gets the rest.",
+    )
     dp_type: DataParallelType | None = Field(
         None, description="Data-parallel type of this layer; null means the strategy's `default_dp_type`."
     )
@@ -57,6 +62,7 @@ class VocabStrategy(GalvaModel):
 
     tp: PositiveInt = Field(1, description="Vocabulary tensor-parallel degree; the sequence-parallel degree if `sp`.")
     sp: bool = Field(False, description="Split the sequence (Ulysses-style) instead of the vocabulary.")
+    cp: PositiveInt = Field(1, description="Context-parallel degree: each rank holds its two chunks of the sequence.")
     dp_type: DataParallelType | None = Field(
         None, description="Data-parallel type of the vocabulary layers; null means `default_dp_type`."
     )
@@ -137,15 +143,15 @@ class Strategy(GalvaFile):
         micro = self.global_batch_size // self.num_micro_batches
         layer_problems: list[tuple[str, int | None, str, str]] = []
         for index, layer in enumerate(self.layers):
-            problem = _degree_problem(layer.tp, rps, "tp")
+            problem = _degree_problem(layer.tp, rps, "tp") or _model_problem(layer.tp, layer.cp, rps)
             if problem is None and layer.ulysses and layer.tp == 1:
                 problem = ".ulysses", "needs tp > 1 (tp is the Ulysses degree)"
-            if problem is None and not out and micro % (rps // layer.tp):
-                problem = _batch_problem(micro, rps // layer.tp)
+            if problem is None and not out and micro % self.layer_dp(index):
+                problem = _batch_problem(micro, self.layer_dp(index))
             if problem:
                 layer_problems.append(("layers", index, *problem))
         out.extend(group_problems(layer_problems))
-        vocab_problem = _degree_problem(self.vocab.tp, rps, "tp")
+        vocab_problem = _degree_problem(self.vocab.tp, rps, "tp") or _model_problem(self.vocab.tp, self.vocab.cp, rps)
         if vocab_problem is None and self.vocab.sp and self.vocab.tp == 1:
             vocab_problem = ".sp", "needs tp > 1 (tp is the vocabulary sequence-parallel degree)"
         if vocab_problem is None and not out and micro % self.vocab_dp:
@@ -225,8 +231,10 @@ class Strategy(GalvaFile):
         return tuple(index for chunk in self.stage_chunks(stage) for index in self.chunk_layers(chunk))
 
     def layer_dp(self, index: int) -> int:
-        """Data-parallel degree of layer ``index`` (batch split); Ulysses layers shard states over dp * sp."""
-        return self.ranks_per_stage // self.layers[index].tp
+        """Data-parallel degree of layer ``index`` (batch split); Ulysses layers shard states over dp * sp, and
+        every layer over dp * cp."""
+        layer = self.layers[index]
+        return self.ranks_per_stage // (layer.tp * layer.cp)
 
     def layer_dp_type(self, index: int) -> DataParallelType:
         """Effective data-parallel type of layer ``index``."""
@@ -245,7 +253,7 @@ class Strategy(GalvaFile):
     @property
     def vocab_dp(self) -> int:
         """Data-parallel degree of the vocabulary layers."""
-        return self.ranks_per_stage // self.vocab.tp
+        return self.ranks_per_stage // (self.vocab.tp * self.vocab.cp)
 
     @property
     def vocab_dp_type(self) -> DataParallelType:
@@ -261,6 +269,8 @@ class Strategy(GalvaFile):
             text += "-c"
         if layer.ulysses:
             text += "-sp"
+        if layer.cp > 1:
+            text += f"-cp{layer.cp}"
         return text
 
     @classmethod
@@ -298,6 +308,14 @@ def _degree_problem(degree: int, ranks_per_stage: int, name: str) -> tuple[str, 
     if ranks_per_stage % degree:
         return f".{name}", f"{degree} does not divide the {ranks_per_stage} ranks of a pipeline stage"
     return None
+
+
+def _model_problem(degree: int, cp: int, ranks_per_stage: int) -> tuple[str, str] | None:
+    """The context-parallel degree against what the model-parallel ``degree`` leaves of a stage."""
+    problem = _degree_problem(cp, ranks_per_stage, "cp")
+    if problem is None and ranks_per_stage % (degree * cp):
+        return ".cp", f"tp {degree} x cp {cp} does not divide the {ranks_per_stage} ranks of a pipeline stage"
+    return problem
 
 
 def _batch_problem(micro: int, dp: int) -> tuple[str, str]:

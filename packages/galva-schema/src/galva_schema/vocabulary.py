@@ -70,5 +70,6 @@ class GroupKind(str, Enum):
 
     TP = "tp"  # Megatron tensor-parallel group (singletons for Ulysses or tp = 1 layers)
     SP = "sp"  # Ulysses sequence-parallel group (singletons for Megatron layers)
+    CP = "cp"  # context-parallel group: ranks holding different chunks of the same samples (ring attention)
     DP = "dp"  # ranks that see different samples with the same model shard
-    SHARD = "shard"  # where gradients are reduced and ZeRO shards states: dp, or dp x sp for Ulysses layers
+    SHARD = "shard"  # where gradients are reduced and ZeRO shards states: dp x cp, and x sp for Ulysses layers

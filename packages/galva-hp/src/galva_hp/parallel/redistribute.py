@@ -49,10 +49,11 @@ def plan_groups(plans: Iterable[RedistributionPlan]) -> list[Group]:
 
 def local_shard(full: Tensor, layout: ShardLayout, rank: int) -> Tensor:
     """The share of a full ``[batch, seq, ...]`` tensor that ``rank`` holds under ``layout``."""
-    batch_part, seq_part = layout.shard(rank)
+    batch_part = layout.shard(rank)[0]
     _check_cells(full.shape[0], layout.dp, "batch", "data-parallel parts")
-    _check_cells(full.shape[1], layout.seq_parts, "sequence", "sequence parts")
-    return full.chunk(layout.dp, 0)[batch_part].chunk(layout.seq_parts, 1)[seq_part]
+    _check_cells(full.shape[1], layout.seq_cell_count, "sequence", "sequence cells")
+    rows = full.chunk(layout.dp, 0)[batch_part]
+    return torch.cat([rows[:, block] for block in layout.seq_blocks(rank, full.shape[1])], dim=1)
 
 
 def _check_cells(size: int, cells: int, dim: str, what: str) -> None:
@@ -70,23 +71,26 @@ def execute_plan(x: Tensor, plan: RedistributionPlan, rank: int, groups: GroupSo
     """Run ``plan`` on this rank's share ``x`` (no autograd; any dtype). Collective inside ``plan.group_of(rank)``."""
     source, target = plan.source, plan.target
     bc, sc = plan.batch_cells, plan.seq_cells
-    src_batch, src_seq = source.shard(rank)
-    dst_batch, dst_seq = target.shard(rank)
-    src_cells_b, src_cells_s = bc // source.dp, sc // source.seq_parts
+    src_batch = source.shard(rank)[0]
+    dst_batch = target.shard(rank)[0]
+    src_cells_b = bc // source.dp
+    # sequence cells in each side's local order (a context-parallel share is two blocks of the sequence)
+    src_seq = {cell: i for i, cell in enumerate(source.local_seq_cells(rank, sc))}
+    dst_seq = {cell: i for i, cell in enumerate(target.local_seq_cells(rank, sc))}
     _check_cells(x.shape[0], src_cells_b, "local batch", "batch cells")
-    _check_cells(x.shape[1], src_cells_s, "local sequence", "sequence cells")
-    cb, cs = x.shape[0] // src_cells_b, x.shape[1] // src_cells_s
-    b0, s0 = src_batch * src_cells_b, src_seq * src_cells_s  # first cell this rank holds under the source
-    t_cells_b, t_cells_s = bc // target.dp, sc // target.seq_parts
-    tb0, ts0 = dst_batch * t_cells_b, dst_seq * t_cells_s
-    out = x.new_empty((cb * t_cells_b, cs * t_cells_s, *x.shape[2:]))
+    _check_cells(x.shape[1], len(src_seq), "local sequence", "sequence cells")
+    cb, cs = x.shape[0] // src_cells_b, x.shape[1] // len(src_seq)
+    b0 = src_batch * src_cells_b  # first batch cell this rank holds under the source
+    t_cells_b = bc // target.dp
+    tb0 = dst_batch * t_cells_b
+    out = x.new_empty((cb * t_cells_b, cs * len(dst_seq), *x.shape[2:]))
     cell_numel = cb * cs * math.prod(x.shape[2:])
 
     def cell_in(b: int, s: int) -> Tensor:
-        return x[(b - b0) * cb : (b - b0 + 1) * cb, (s - s0) * cs : (s - s0 + 1) * cs]
+        return x[(b - b0) * cb : (b - b0 + 1) * cb, src_seq[s] * cs : (src_seq[s] + 1) * cs]
 
     def cell_out(b: int, s: int) -> Tensor:
-        return out[(b - tb0) * cb : (b - tb0 + 1) * cb, (s - ts0) * cs : (s - ts0 + 1) * cs]
+        return out[(b - tb0) * cb : (b - tb0 + 1) * cb, dst_seq[s] * cs : (dst_seq[s] + 1) * cs]
 
     for transfer in plan.sends(rank):
         if transfer.dst == rank:
@@ -170,4 +174,5 @@ class Redistribute(nn.Module):
 
 def _describe(layout: ShardLayout) -> str:
     order = "consecutive" if layout.consecutive else "strided"
-    return f"degree {layout.degree} {order}{' seq-sharded' if layout.seq_sharded else ''}"
+    cp = f" cp {layout.cp}" if layout.cp > 1 else ""
+    return f"degree {layout.degree} {order}{' seq-sharded' if layout.seq_sharded else ''}{cp}"

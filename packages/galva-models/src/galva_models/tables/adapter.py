@@ -120,6 +120,9 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     if reason:
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
+    ring = ring_refusal(config)
+    if ring:
+        unsupported[ParallelForm.CP] = ring
     longest = config.max_position_embeddings if tables.learned_positions else None
     if tables.tokens is not None:  # the input fixes the sequence: every layer's boundary holds its tokens
         layer_type = LayerTypeConstraints(
@@ -129,10 +132,40 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         return ModelConstraints(
             model_name=config.model_type, layer_types=(layer_type,), vocab_unsupported=_per_sample(config.model_type)
         )
-    return uniform_constraints(
+    made = uniform_constraints(
         config.model_type, config.model_type, config.num_hidden_layers, heads, kv,
-        unsupported=unsupported, max_seq_length=longest,
+        unsupported=unsupported, max_seq_length=longest, context_parallel=True,
     )  # fmt: skip
+    if ring:
+        made = made.model_copy(update={"vocab_unsupported": {**made.vocab_unsupported, ParallelForm.CP: ring}})
+    return made
+
+
+_SINKS = ("s_aux=", "sinks=")
+"""How a family's attention call hands its sinks to the attention function."""
+
+
+def ring_refusal(config: Any) -> str:
+    """Why ring attention (plain scaled dot-product, :mod:`.attention`) would not compute this family's attention
+    ("" when it would): soft-capped scores, attention sinks, attention dropout."""
+    import inspect
+
+    family = config.model_type
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"{family}'s attention soft-caps its scores, which ring attention does not compute"
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return f"{family} drops attention probabilities out, which ring attention does not do"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        import transformers
+
+        source = inspect.getsource(inspect.getmodule(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family])))
+    except (AttributeError, KeyError, OSError, TypeError):
+        source = ""
+    if any(sink in source for sink in _SINKS):
+        return f"{family}'s attention has sinks, which ring attention does not compute"
+    return ""
 
 
 def _per_sample(family: str) -> dict[ParallelForm, str]:

@@ -11,7 +11,12 @@ and, around the inner function,
   all-to-all takes the output back;
 - tp with fewer key/value heads than ranks: the key/value projections are replicated and each rank keeps the heads
   its query heads read;
-- attention-probability dropout draws from this rank's own stream where ranks hold different heads.
+- attention-probability dropout draws from this rank's own stream where ranks hold different heads;
+- context parallelism: ring attention (:mod:`galva_hp.parallel.ring_attention`) over the ring's whole sequence
+  replaces the inner function; each rank holds its two chunks of the sequence, the mask is the whole sequence's
+  (each block reads its part) and, inside a Ulysses group, the ring runs on the heads the all-to-all gave the rank.
+  The ring computes plain scaled dot-product attention: a family whose attention adds to it (soft-capping, sinks,
+  attention dropout) is refused by its constraints (:func:`.adapter.constraints`).
 
 A module without a form calls the inner function unchanged, so a single-process model with ``galva_sdpa`` computes
 what it computes with ``sdpa``. Masks: each name is registered with its inner implementation's mask function too
@@ -30,6 +35,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
+from galva_hp.parallel.ring_attention import RingMask, ring_attention
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.ulysses import ulysses_kv_repeat
 
@@ -50,6 +56,10 @@ class AttentionForm:
     """``(first, count)``: the key/value heads this rank reads when they are replicated over tp."""
     heads_group: ProcessGroup | None = None
     """The group whose ranks hold different heads (their dropout masks must differ)."""
+    cp_group: ProcessGroup | None = None
+    """The context-parallel ring: the module's input holds this rank's two chunks of the sequence."""
+    cp_index: int = 0
+    """This rank's place in the ring."""
 
 
 def galva_implementation(inner: str) -> str:
@@ -114,10 +124,35 @@ def _attention(inner: str) -> Callable[..., tuple[Tensor, Any]]:
             view = _ModuleView(module, groups)
         dropout = float(kwargs.get("dropout", 0.0) or 0.0)
         streams = dropout > 0 and form.heads_group is not None
-        with rank_stream(form.heads_group, query.device) if streams else contextlib.nullcontext():
-            out, weights = fn(view, query, key, value, attention_mask, **kwargs)
+        if form.cp_group is not None:
+            out, weights = _ring(module, query, key, value, attention_mask, form, **kwargs), None
+        else:
+            with rank_stream(form.heads_group, query.device) if streams else contextlib.nullcontext():
+                out, weights = fn(view, query, key, value, attention_mask, **kwargs)
         if sp is not None:
             out = differentiable_all_to_all(out, _OUT_SEQ, _OUT_HEADS, sp)  # [b, s/sp, heads, d]
         return out, weights
 
     return attention
+
+
+_PLAIN = {"dropout", "scaling", "sliding_window", "is_causal", "position_ids", "cache_position"}
+"""Keyword arguments of an attention call that the ring reads or that change nothing in plain attention."""
+
+
+def _ring(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, form: AttentionForm, **kwargs: Any
+) -> Tensor:
+    """Ring attention for one call: ``[b, local, heads, d]`` like the inner functions."""
+    extra = sorted(k for k, v in kwargs.items() if k not in _PLAIN and v is not None and v is not False)
+    if extra or (module.training and float(kwargs.get("dropout", 0.0) or 0.0) > 0):
+        what = ", ".join(extra) or "attention dropout"
+        raise ValueError(f"{type(module).__name__}: ring attention computes plain attention, not with {what}")
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    scale = kwargs.get("scaling")
+    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    window = kwargs.get("sliding_window") if mask is None else None  # a mask has the window in it
+    assert form.cp_group is not None
+    out = ring_attention(query, key, value, RingMask(mask, causal, window), form.cp_group, form.cp_index, scale)
+    return out.transpose(1, 2).contiguous()

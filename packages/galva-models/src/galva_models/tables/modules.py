@@ -33,6 +33,7 @@ from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
 from galva_models.adapters.modules import first_output, token_loss_sum
 from galva_models.tables.sharding import Split, TpRegion, gather_split
+from galva_schema.sharding import sequence_blocks
 
 __all__ = ["LayerInputs", "ModuleForm", "TableEmbedding", "TableHead", "TableLayer"]
 
@@ -201,6 +202,22 @@ class ModuleForm:
     whole: bool = False
     """The module runs on the whole sequence although its boundary is ``seq_group``'s slice: an embedding splits
     its output, a head gathers its input (every rank then computes the same)."""
+    cp: int = 1
+    """Context-parallel degree: the module's boundaries hold this rank's two chunks of the sequence (split further
+    over ``seq_group``)."""
+    cp_index: int = 0
+
+    def positions(self, local: int, device: torch.device, split: bool = True) -> tuple[int, Tensor | None]:
+        """``(seq_len, positions)`` for a boundary of ``local`` tokens: the whole sequence's length and the
+        positions this rank's boundary holds, in order (with ``split`` false, those of its context-local sequence);
+        None where they are the whole sequence."""
+        shards = self.seq_shards if split else 1
+        seq = local * self.cp * self.seq_shards
+        if self.cp == 1 and shards == 1:
+            return seq, None
+        index = group_rank(self.seq_group) if shards > 1 else 0
+        blocks = sequence_blocks(seq, self.cp, shards, self.cp_index, index)
+        return seq, torch.cat([torch.arange(b.start, b.stop, device=device) for b in blocks])
 
 
 class _InPlace(nn.Module):
@@ -251,13 +268,14 @@ class TableEmbedding(_InPlace):
         self._begin()
         extra: dict[str, Any] = {}
         form = self.form
-        sliced = form is not None and form.seq_group is not None and not form.whole
-        if sliced:  # its output is this rank's slice of the sequence
+        sliced = form is not None and (form.seq_group is not None or form.cp > 1) and not form.whole
+        if sliced:  # its output: this rank's positions
             assert form is not None
             # vocabulary sp: the ids are that slice already; Megatron-SP: the token table's sum is scattered
             local = input_ids.shape[1] if form.ulysses else input_ids.shape[1] // form.seq_shards
-            start = group_rank(form.seq_group) * local
-            extra["position_ids"] = torch.arange(start, start + local, device=input_ids.device).unsqueeze(0)
+            _, positions = form.positions(local, input_ids.device)
+            assert positions is not None
+            extra["position_ids"] = positions.unsqueeze(0)
         overrides = {name: getattr(self, name) for name in self._names}
         with self._streams(input_ids.device) if sliced else contextlib.nullcontext():
             recorded = self.inputs.run(0, overrides, **{self._keyword: input_ids}, **extra)
@@ -280,11 +298,16 @@ class TableLayer(_InPlace):
 
     def forward(self, hidden: Tensor) -> Tensor:
         form = self.form
-        shards = form.seq_shards if form is not None else 1
         batch, local = hidden.shape[:2]
-        args, kwargs = self.inputs.layer_call(self.index, batch, local * shards, hidden.dtype, hidden.device)
-        if form is not None and form.ulysses:
-            kwargs = _local_positions(kwargs, local * shards, group_rank(form.seq_group) * local, local)
+        if form is None:
+            args, kwargs = self.inputs.layer_call(self.index, batch, local, hidden.dtype, hidden.device)
+        else:
+            # the positions attention's inputs hold: this rank's slice under Ulysses (its all-to-all gathers the
+            # rest after the rotary embedding); the context-local sequence otherwise (Megatron-SP gathers it first)
+            seq, positions = form.positions(local, hidden.device, split=form.ulysses)
+            args, kwargs = self.inputs.layer_call(self.index, batch, seq, hidden.dtype, hidden.device)
+            if positions is not None:
+                kwargs = _local_positions(kwargs, seq, positions)
         self._begin()
         with self._streams(hidden.device):
             out = first_output(self.layer(hidden, *args, **kwargs))
@@ -292,16 +315,17 @@ class TableLayer(_InPlace):
         return out
 
 
-def _local_positions(kwargs: dict[str, Any], seq: int, start: int, local: int) -> dict[str, Any]:
-    """The layer's arguments for a rank holding positions ``[start, start + local)``: every per-position tensor
-    (position embeddings, position ids) is sliced; masks stay whole (attention sees the whole sequence)."""
+def _local_positions(kwargs: dict[str, Any], seq: int, positions: Tensor) -> dict[str, Any]:
+    """The layer's arguments for a rank holding ``positions`` of a ``seq``-token sequence: every per-position
+    tensor (position embeddings, position ids) is cut to them; masks stay whole (attention, Ulysses or ring, sees
+    the whole sequence and reads each block's part)."""
 
     def cut(value: Any) -> Any:
         if isinstance(value, Tensor):
             if value.dim() >= 2 and value.shape[1] == seq:
-                return value.narrow(1, start, local)
+                return value.index_select(1, positions)
             if value.dim() == 1 and value.shape[0] == seq:
-                return value.narrow(0, start, local)
+                return value.index_select(0, positions)
             return value
         if isinstance(value, tuple):
             return tuple(cut(v) for v in value)

@@ -60,17 +60,20 @@ class TableParallelizer:
 
     def layer(self, module: nn.Module, layer_type: str, ctx: ParallelContext) -> nn.Module:
         assert isinstance(module, TableLayer)
-        if ctx.tp_size == 1 and ctx.sp_size == 1:
+        if ctx.tp_size == 1 and ctx.sp_size == 1 and ctx.cp_size == 1:
             return module
         _once(module)
         attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and _is_attention(p)})
-        if ctx.sp_size > 1:  # Ulysses
-            form = ModuleForm(seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=True)
+        ring = {"cp_group": ctx.cp_group, "cp_index": ctx.cp_index}
+        if ctx.tp_size == 1:  # Ulysses and / or context parallelism: weights whole
             for path in attention:
                 module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                    sp_group=ctx.sp_group, heads_group=ctx.sp_group
+                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, **ring
                 )
-            module.form = form
+            ulysses = ctx.sp_size > 1
+            module.form = ModuleForm(
+                seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=ulysses, cp=ctx.cp_size, cp_index=ctx.cp_index
+            )
             return module
         group = ctx.tp_group
         assert group is not None
@@ -107,11 +110,14 @@ class TableParallelizer:
         for path in attention:
             # heads are this rank's only where the block's projections stay split (not gathered back: Phi-3, Olmo 2)
             styles = [st for p, st in self.tables.tp.items() if p.startswith(path + ".")]
-            if not any(st in ("colwise", "packed_colwise") for st in styles):
+            split = any(st in ("colwise", "packed_colwise") for st in styles)
+            if not split and ctx.cp_size == 1:
                 continue
             first = (rank * (heads // tp)) // (heads // kv)
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                kv_heads=(first, 1) if replicated_kv else None, heads_group=group
+                kv_heads=(first, 1) if replicated_kv and split else None,
+                heads_group=group if split else None,
+                **ring,
             )
         for path in sorted(entries):
             block = _find(module.layer, path)
@@ -130,6 +136,8 @@ class TableParallelizer:
             grad_sums=[(n, group) for n in sorted(summed)],
             seq_group=group if sequence_parallel else None,
             seq_shards=tp if sequence_parallel else 1,
+            cp=ctx.cp_size,
+            cp_index=ctx.cp_index,
         )
         return module
 
@@ -151,10 +159,14 @@ class TableParallelizer:
                 seq_group=group if sequence_parallel else None,
                 seq_shards=tp if sequence_parallel else 1,  # learned positions: this rank's slice (GPT-2's wpe)
                 whole=whole,
+                cp=ctx.cp_size,
+                cp_index=ctx.cp_index,
             )
-        elif ctx.vocab_sp and ctx.sp_size > 1:
+        elif (ctx.vocab_sp and ctx.sp_size > 1) or ctx.cp_size > 1:
             _once(module)
-            module.form = ModuleForm(seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=True)
+            module.form = ModuleForm(
+                seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=True, cp=ctx.cp_size, cp_index=ctx.cp_index
+            )
         return module
 
     def head(self, module: nn.Module, ctx: ParallelContext) -> nn.Module:
