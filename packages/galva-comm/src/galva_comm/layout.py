@@ -13,6 +13,10 @@ Conventions (same as the reference system, so its strategy files mean the same t
   Megatron layers, and the whole stage (``dp * sp`` ranks) for Ulysses layers, whose weights are replicated
   over the sequence-parallel group.
 - Pipeline groups are ``{i, i+R, i+2R, ...}``; the embedding-tying group of a pipeline is its first and last rank.
+- Experts (Megatron's order): a layer's stage, as ``R = edp x ep x etp`` local ranks, etp fastest: expert
+  tensor-parallel groups are blocks of ``etp`` consecutive local ranks, expert-parallel groups are local ranks
+  strided by ``etp`` inside blocks of ``ep x etp``, expert data-parallel groups are local ranks strided by
+  ``ep x etp``. The whole-stage group (all ``R`` ranks) sums a micro-batch's router statistics.
 
 Every group is a tuple of global ranks in ascending order.
 """
@@ -245,6 +249,10 @@ class LayerGroups:
     dp: list[Group]  # data-parallel groups: ranks that see different samples with the same model shard
     shard: list[Group]  # where ZeRO shards and gradients are reduced: dp, or dp x sp for Ulysses
     activation: ShardLayout
+    ep: list[Group]  # expert-parallel groups (singletons for ep = 1)
+    etp: list[Group]  # expert tensor-parallel groups (singletons for etp = 1)
+    edp: list[Group]  # expert data-parallel groups: the same expert shard, where its gradients are reduced
+    whole: list[Group]  # the whole stage
 
     @property
     def ranks(self) -> Group:
@@ -259,10 +267,24 @@ class LayerGroups:
         raise ValueError(f"rank {rank} is not in stage {self.stage}")
 
 
-def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int) -> LayerGroups:
+def expert_groups(ranks: Group, ep: int, etp: int) -> tuple[list[Group], list[Group], list[Group]]:
+    """``(ep, etp, edp)`` groups of a stage's ranks (see the module docstring)."""
+    _check_divides(ep * etp, len(ranks), "ep x etp", "ranks per stage")
+    block = ep * etp
+    edp = len(ranks) // block
+    etp_groups = [tuple(ranks[g * etp + j] for j in range(etp)) for g in range(len(ranks) // etp)]
+    ep_groups = [tuple(ranks[d * block + e * etp + t] for e in range(ep)) for d in range(edp) for t in range(etp)]
+    edp_groups = [tuple(ranks[d * block + i] for d in range(edp)) for i in range(block)]
+    return ep_groups, etp_groups, edp_groups
+
+
+def _groups(
+    ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int, ep: int = 1, etp: int = 1
+) -> LayerGroups:
     mp = model_parallel_groups(ranks, degree, consecutive)
     dp = data_parallel_groups(ranks, degree, consecutive)
     singles: list[Group] = [(r,) for r in ranks]
+    ep_groups, etp_groups, edp_groups = expert_groups(ranks, ep, etp)
     return LayerGroups(
         stage=stage,
         tp=singles if ulysses else mp,
@@ -270,6 +292,10 @@ def _groups(ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: b
         dp=dp,
         shard=[ranks] if ulysses else dp,
         activation=ShardLayout(ranks, degree, consecutive, seq_sharded=seq_parts > 1),
+        ep=ep_groups,
+        etp=etp_groups,
+        edp=edp_groups,
+        whole=[ranks],
     )
 
 
@@ -286,7 +312,9 @@ class RankLayout:
             ranks = stage_ranks(self.world_size, self.pp, stages[index])
             consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
             seq_parts = strategy.layer_sequence_shards(index)
-            self.layers.append(_groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts))
+            self.layers.append(
+                _groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts, layer.ep, layer.etp)
+            )
         vocab, vocab_parts = strategy.vocab, strategy.vocab_sequence_shards
         self.vocab_first = _groups(stage_ranks(self.world_size, self.pp, 0), 0, vocab.tp, True, vocab.sp, vocab_parts)
         last = self.pp - 1
@@ -324,7 +352,7 @@ class RankLayout:
         """
         found: set[Group] = set()
         for groups in [*self.layers, self.vocab_first, self.vocab_last]:
-            for kind in (groups.tp, groups.sp, groups.dp, groups.shard):
+            for kind in (groups.tp, groups.sp, groups.dp, groups.shard, groups.ep, groups.etp, groups.edp, groups.whole):
                 found.update(kind)
         found.update(self.pipelines)
         found.update(self.embedding_ties)

@@ -72,3 +72,7 @@ class GroupKind(str, Enum):
     SP = "sp"  # Ulysses sequence-parallel group (singletons for Megatron layers)
     DP = "dp"  # ranks that see different samples with the same model shard
     SHARD = "shard"  # where gradients are reduced and ZeRO shards states: dp, or dp x sp for Ulysses layers
+    EP = "ep"  # expert-parallel group: ranks holding different experts (token dispatch and combine)
+    ETP = "etp"  # expert tensor-parallel group: ranks holding different parts of the same experts
+    EDP = "edp"  # expert data-parallel group: ranks holding the same expert shard (its gradients are reduced there)
+    WHOLE = "whole"  # every rank of the stage (a micro-batch's router statistics are summed over it)
