@@ -181,4 +181,4 @@ def test_expert_layout_rules_one_line_each() -> None:
         plan(ep=4, etp=2)
     mixed = plan(ep=2, expert_dp_type="zero3")
     assert mixed.layer_expert_dp(1) == 2 and mixed.layer_expert_dp_type(1).value == "zero3"
-    assert mixed.layer_expert_dp_type(0) is mixed.layer_dp_type(0)
+    assert plan(ep=2).layer_expert_dp_type(0) is plan(ep=2).layer_dp_type(0)

@@ -352,7 +352,8 @@ class RankLayout:
         """
         found: set[Group] = set()
         for groups in [*self.layers, self.vocab_first, self.vocab_last]:
-            for kind in (groups.tp, groups.sp, groups.dp, groups.shard, groups.ep, groups.etp, groups.edp, groups.whole):
+            kinds = (groups.tp, groups.sp, groups.dp, groups.shard, groups.ep, groups.etp, groups.edp, groups.whole)
+            for kind in kinds:
                 found.update(kind)
         found.update(self.pipelines)
         found.update(self.embedding_ties)
