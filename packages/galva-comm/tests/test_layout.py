@@ -12,12 +12,13 @@ from galva_comm.layout import (
     ShardLayout,
     data_parallel_groups,
     embedding_tie_groups,
+    expert_groups,
     model_parallel_groups,
     pipeline_groups,
     redistribution_plan,
     stage_ranks,
 )
-from galva_schema import Strategy
+from galva_schema import GroupKind, Strategy
 
 
 def _divisors(n: int) -> list[int]:
@@ -231,3 +232,16 @@ def test_context_parallel_groups_and_shares() -> None:
     plans = dict(layout.boundary_plans())
     assert plans[1].source.cp == 2 and plans[1].target.cp == 4
     _simulate(plans[1].source, plans[1].target)
+
+
+def test_expert_groups_follow_megatron_order() -> None:
+    """edp x ep x etp over a stage's local ranks, etp fastest; each kind partitions the stage."""
+    ep, etp, edp = expert_groups(tuple(range(8, 16)), 2, 2)
+    assert etp == [(8, 9), (10, 11), (12, 13), (14, 15)]
+    assert ep == [(8, 10), (9, 11), (12, 14), (13, 15)]
+    assert edp == [(8, 12), (9, 13), (10, 14), (11, 15)]
+    strategy = Strategy.uniform(world_size=8, num_layers=2, global_batch_size=8, pp=2, layer={"ep": 4})
+    groups = RankLayout(strategy).layers[1]
+    assert groups.of(GroupKind.EP, 5) == (4, 5, 6, 7) and groups.of(GroupKind.EDP, 5) == (5,)
+    assert groups.of(GroupKind.WHOLE, 5) == (4, 5, 6, 7)
+    assert (4, 5, 6, 7) in RankLayout(strategy).all_groups()

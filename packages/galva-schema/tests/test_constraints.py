@@ -186,3 +186,32 @@ def test_context_parallelism_is_checked_by_the_one_function() -> None:
     )
     with pytest.raises(ValueError, match=r"layers\[0\].cp: tp 2 x cp 4 does not divide the 4 ranks"):
         plan([{"tp": 2, "cp": 4}] + [{}] * 3, world_size=4)
+
+
+def test_expert_layout_rules_one_line_each() -> None:
+    """ep divides the experts, etp the expert FFN, ep x etp the stage; dense layers of a model with experts ignore
+    the expert fields; a model without experts refuses them."""
+    moe = ModelConstraints(
+        model_name="deepseek_v3",
+        layer_types=(
+            LayerTypeConstraints(name="dense", num_layers=1, num_heads=4),
+            LayerTypeConstraints(name="moe", num_layers=3, num_heads=4, num_experts=6, expert_ffn=10),
+        ),
+    )
+
+    def plan(**layer: object) -> Strategy:
+        return Strategy.uniform(world_size=4, num_layers=4, global_batch_size=8, layer=dict(layer))
+
+    assert plan_problems(plan(ep=2, etp=2), moe) == []
+    assert plan_problems(plan(ep=2), moe) == []
+    assert plan_problems(plan(ep=4), moe) == ["layers[1..3].ep: ep 4 does not divide the 6 experts of moe layers"]
+    assert plan_problems(plan(etp=4), moe) == [
+        "layers[1..3].etp: etp 4 does not divide the expert FFN (size 10) of moe layers"
+    ]
+    dense = uniform_constraints("llama", "llama", 4, 4)
+    assert plan_problems(plan(ep=2), dense) == ["layers[0..3].ep: llama has no expert layers"]
+    with pytest.raises(ValueError, match=r"layers\[0..3\].ep: ep x etp = 4 x 2 does not divide the 4 ranks"):
+        plan(ep=4, etp=2)
+    mixed = plan(ep=2, expert_dp_type="zero3")
+    assert mixed.layer_expert_dp(1) == 2 and mixed.layer_expert_dp_type(1).value == "zero3"
+    assert plan(ep=2).layer_expert_dp_type(0) is plan(ep=2).layer_dp_type(0)

@@ -16,6 +16,10 @@ Conventions (same as the reference system, so its strategy files mean the same t
   the context-parallel group for Megatron layers, and the whole stage (``dp * cp * sp`` ranks) for Ulysses
   layers, whose weights are replicated over the sequence-parallel group.
 - Pipeline groups are ``{i, i+R, i+2R, ...}``; the embedding-tying group of a pipeline is its first and last rank.
+- Experts (Megatron's order): a layer's stage, as ``R = edp x ep x etp`` local ranks, etp fastest: expert
+  tensor-parallel groups are blocks of ``etp`` consecutive local ranks, expert-parallel groups are local ranks
+  strided by ``etp`` inside blocks of ``ep x etp``, expert data-parallel groups are local ranks strided by
+  ``ep x etp``. The whole-stage group (all ``R`` ranks) sums a micro-batch's router statistics.
 
 Every group is a tuple of global ranks in ascending order.
 """
@@ -299,6 +303,10 @@ class LayerGroups:
     dp: list[Group]  # data-parallel groups: ranks that see different samples with the same model shard
     shard: list[Group]  # where ZeRO shards and gradients are reduced: dp x cp, and x sp for Ulysses
     activation: ShardLayout
+    ep: list[Group]  # expert-parallel groups (singletons for ep = 1)
+    etp: list[Group]  # expert tensor-parallel groups (singletons for etp = 1)
+    edp: list[Group]  # expert data-parallel groups: the same expert shard, where its gradients are reduced
+    whole: list[Group]  # the whole stage
 
     @property
     def ranks(self) -> Group:
@@ -313,13 +321,33 @@ class LayerGroups:
         raise ValueError(f"rank {rank} is not in stage {self.stage}")
 
 
+def expert_groups(ranks: Group, ep: int, etp: int) -> tuple[list[Group], list[Group], list[Group]]:
+    """``(ep, etp, edp)`` groups of a stage's ranks (see the module docstring)."""
+    _check_divides(ep * etp, len(ranks), "ep x etp", "ranks per stage")
+    block = ep * etp
+    edp = len(ranks) // block
+    etp_groups = [tuple(ranks[g * etp + j] for j in range(etp)) for g in range(len(ranks) // etp)]
+    ep_groups = [tuple(ranks[d * block + e * etp + t] for e in range(ep)) for d in range(edp) for t in range(etp)]
+    edp_groups = [tuple(ranks[d * block + i] for d in range(edp)) for i in range(block)]
+    return ep_groups, etp_groups, edp_groups
+
+
 def _groups(
-    ranks: Group, stage: int, degree: int, consecutive: bool, ulysses: bool, seq_parts: int, cp: int
+    ranks: Group,
+    stage: int,
+    degree: int,
+    consecutive: bool,
+    ulysses: bool,
+    seq_parts: int,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
 ) -> LayerGroups:
     mp = model_parallel_groups(ranks, degree, consecutive)
     rest = data_parallel_groups(ranks, degree, consecutive)  # in order of g = dp index * cp + cp index
     _check_divides(cp, len(rest[0]), "cp", "ranks per model-parallel index")
     singles: list[Group] = [(r,) for r in ranks]
+    ep_groups, etp_groups, edp_groups = expert_groups(ranks, ep, etp)
     return LayerGroups(
         stage=stage,
         tp=singles if ulysses else mp,
@@ -328,6 +356,10 @@ def _groups(
         dp=[tuple(sorted(g[i::cp])) for g in rest for i in range(cp)],
         shard=[ranks] if ulysses else rest,
         activation=ShardLayout(ranks, degree, consecutive, seq_sharded=seq_parts > 1, cp=cp),
+        ep=ep_groups,
+        etp=etp_groups,
+        edp=edp_groups,
+        whole=[ranks],
     )
 
 
@@ -345,7 +377,10 @@ class RankLayout:
             consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
             seq_parts = strategy.layer_sequence_shards(index)
             self.layers.append(
-                _groups(ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts, layer.cp)
+                _groups(
+                    ranks, stages[index], layer.tp, consecutive, layer.ulysses, seq_parts,
+                    cp=layer.cp, ep=layer.ep, etp=layer.etp,
+                )
             )
         vocab, vocab_parts = strategy.vocab, strategy.vocab_sequence_shards
         first_ranks = stage_ranks(self.world_size, self.pp, 0)
@@ -385,7 +420,9 @@ class RankLayout:
         """
         found: set[Group] = set()
         for groups in [*self.layers, self.vocab_first, self.vocab_last]:
-            for kind in (groups.tp, groups.sp, groups.cp, groups.dp, groups.shard):
+            kinds = [groups.tp, groups.sp, groups.cp, groups.dp, groups.shard, groups.ep, groups.etp, groups.edp]
+            kinds.append(groups.whole)
+            for kind in kinds:
                 found.update(kind)
         found.update(self.pipelines)
         found.update(self.embedding_ties)

@@ -33,6 +33,7 @@ from galva_hp.deferred_init import is_meta, materialize
 from galva_hp.grad_buckets import BucketReducer
 from galva_hp.model import LayeredModel, ParallelContext, Parallelizer
 from galva_hp.options import BuildOptions
+from galva_hp.parallel.balance import BalanceLedger
 from galva_hp.parallel.redistribute import Redistribute
 from galva_hp.plan_check import check_plan
 from galva_hp.precision import PrecisionPolicy
@@ -59,6 +60,7 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     SharedParameters.create_groups(model.shared, strategy, layout, groups)
 
     out = HybridParallelModel(strategy, layout, groups, rank, options, precision)
+    out.ledger = _ledger(model, out, layout, groups)
     compute_dtype = precision.param_dtype if precision.low_precision else None
     out.shared = SharedParameters.for_stage(model.shared, strategy, layout, groups, rank, compute_dtype, options.device)
     parallelizer = model.parallelizer
@@ -68,7 +70,7 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
         out.embedding = _wrap(out, "embedding", module, layout.vocab_first, ctx, False)
     for index in out.layer_indices():
         name, layer_type = f"layers.{index}", model.layer_types[index]
-        ctx = _context(layout.layers[index], rank, groups, strategy.megatron_sp, False)
+        ctx = _context(layout.layers[index], rank, groups, strategy.megatron_sp, False, out.ledger)
         convert = partial(_convert_layer, parallelizer, layer_type, ctx, out.shared, index)
         module = _convert(name, model.layers[index], options, convert)
         out.shared.release(index, module)  # a shared parameter lives in out.shared, outside data parallelism
@@ -115,9 +117,15 @@ def _convert_layer(
 
 
 def _context(
-    groups: LayerGroups, rank: int, cache: ProcessGroupCache, megatron_sp: bool, vocab_sp: bool
+    groups: LayerGroups,
+    rank: int,
+    cache: ProcessGroupCache,
+    megatron_sp: bool,
+    vocab_sp: bool,
+    ledger: BalanceLedger | None = None,
 ) -> ParallelContext:
     tp, sp, cp = groups.of(GroupKind.TP, rank), groups.of(GroupKind.SP, rank), groups.of(GroupKind.CP, rank)
+    ep, etp = groups.of(GroupKind.EP, rank), groups.of(GroupKind.ETP, rank)
     return ParallelContext(
         tp_group=cache.get(tp) if len(tp) > 1 else None,
         sp_group=cache.get(sp) if len(sp) > 1 else None,
@@ -125,6 +133,28 @@ def _context(
         vocab_sp=vocab_sp,
         cp_group=cache.get(cp) if len(cp) > 1 else None,
         cp_index=groups.activation.cp_index(rank),
+        ep_group=cache.get(ep) if len(ep) > 1 else None,
+        etp_group=cache.get(etp) if len(etp) > 1 else None,
+        ledger=ledger,
+    )
+
+
+def _ledger(
+    model: LayeredModel, out: HybridParallelModel, layout: RankLayout, cache: ProcessGroupCache
+) -> BalanceLedger | None:
+    """The router statistics of a model whose loss takes them over every layer (None for any other model)."""
+    if model.router_loss is None:
+        return None
+    experts, coef = model.router_loss
+    whole = next(g for g in [*layout.layers, layout.vocab_first] if g.stage == out.stage).of(GroupKind.WHOLE, out.rank)
+    pipe = out.pipe
+    return BalanceLedger(
+        experts,
+        coef,
+        out.strategy.num_micro_batches,
+        cache.get(whole) if len(whole) > 1 else None,
+        (pipe.ranks, pipe.group) if pipe.group is not None else None,
+        out.options.device,
     )
 
 
@@ -148,6 +178,25 @@ def _wrap(
     replicas = groups.of(GroupKind.DP, out.rank)
     if len(replicas) > 1:  # ranks holding different samples: each masks its own (galva_hp.parallel.rng)
         out.replica_index[name] = replicas.index(out.rank)
+    experts = _expert_modules(module)
+    if experts:  # before the layer's own unit: FSDP2 nests inner units first
+        assert index is not None
+        edp = groups.of(GroupKind.EDP, out.rank)
+        for path in experts:
+            expert_name = f"{name}.{path}"
+            sub = module.get_submodule(path)
+            out._tp_partitioned[expert_name] = {n for n, _ in sub.named_parameters()}
+            out._unit_tp[expert_name] = ctx.tp_size
+            out.units.append(
+                wrap(
+                    expert_name,
+                    sub,
+                    strategy.layer_expert_dp_type(index),
+                    out.groups.get(edp) if len(edp) > 1 else None,
+                    out.precision,
+                    out.options.reduce_every_micro_batch,
+                )
+            )
     unit = wrap(
         name,
         module,
@@ -155,9 +204,16 @@ def _wrap(
         out.groups.get(shard) if len(shard) > 1 else None,
         out.precision,
         out.options.reduce_every_micro_batch,
+        frozenset(n for n, p in module.named_parameters() if getattr(p, "galva_expert", False)),
     )
     out.units.append(unit)
     return unit.module
+
+
+def _expert_modules(module: nn.Module) -> list[str]:
+    """Paths of the submodules whose parameters are all experts (the parallel form marked them ``galva_expert``)."""
+    owners = {n.rpartition(".")[0] for n, p in module.named_parameters() if getattr(p, "galva_expert", False)}
+    return sorted(owners)
 
 
 def _tp_partitioned(module: nn.Module, ctx: ParallelContext) -> set[str]:

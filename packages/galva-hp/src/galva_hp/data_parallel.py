@@ -58,6 +58,7 @@ class DataParallelUnit(ABC):
     """One module wrapped for data parallelism on ``group`` (None: a single-rank group).
 
     ``reduce_every_micro_batch`` reduces gradients after every micro-batch backward instead of only the last one.
+    ``exclude`` names parameters of ``module`` that another unit holds (a layer's experts, over their own group).
     """
 
     dp_type: DataParallelType
@@ -69,12 +70,18 @@ class DataParallelUnit(ABC):
         group: dist.ProcessGroup | None,
         precision: PrecisionPolicy,
         reduce_every_micro_batch: bool = False,
+        exclude: frozenset[str] = frozenset(),
     ):
         self.name = name
         self.module = module
         self.group = group
         self.precision = precision
         self.reduce_every_micro_batch = reduce_every_micro_batch
+        self.exclude = exclude
+
+    def own_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` of the trainable parameters this unit holds (not those of ``exclude``)."""
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and n not in self.exclude]
 
     @property
     def group_size(self) -> int:
@@ -116,12 +123,12 @@ class DdpUnit(DataParallelUnit):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         module, precision = self.module, self.precision
-        self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._params = self.own_parameters()
         if precision.low_precision:
             # fp32 masters for the optimizer, bf16 compute weights in the module
             self._masters = [(n, nn.Parameter(p.detach().float().clone())) for n, p in self._params]
             module.to(precision.param_dtype)
-            self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+            self._params = self.own_parameters()
         else:
             self._masters = self._params
         self._reduced: list[torch.Tensor | None] | None = None  # per-micro-batch reduction accumulator
@@ -190,7 +197,14 @@ class FsdpUnit(DataParallelUnit):
             param_dtype=precision.param_dtype if precision.low_precision else None,
             reduce_dtype=precision.reduce_dtype if precision.low_precision else None,
         )
-        fully_shard(module, mesh=mesh, reshard_after_forward=dp_type is DataParallelType.ZERO3, mp_policy=policy)
+        ignored = {p for n, p in module.named_parameters() if n in self.exclude} or None
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=dp_type is DataParallelType.ZERO3,
+            mp_policy=policy,
+            ignored_params=ignored,
+        )
         assert isinstance(module, FSDPModule)
         module.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already divided globally
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
@@ -235,7 +249,7 @@ class FsdpUnit(DataParallelUnit):
         state._root_post_backward_final_callback()
 
     def master_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        return self.own_parameters()
 
     def replicas_over_dp(self) -> int:
         return 1
@@ -248,14 +262,16 @@ def wrap(
     group: dist.ProcessGroup | None,
     precision: PrecisionPolicy,
     reduce_every_micro_batch: bool = False,
+    exclude: frozenset[str] = frozenset(),
 ) -> DataParallelUnit:
-    """Wrap ``module`` for data parallelism of type ``dp_type`` over ``group``.
+    """Wrap ``module`` for data parallelism of type ``dp_type`` over ``group`` (``exclude``: parameters another unit
+    holds).
 
     On a one-rank group there is nothing to shard or reduce, so every type is the plain (replicated) unit.
     """
     if dp_type is DataParallelType.DDP or group is None or group.size() == 1:
-        return DdpUnit(name, module, group, precision, reduce_every_micro_batch)
-    return FsdpUnit(dp_type, name, module, group, precision, reduce_every_micro_batch)
+        return DdpUnit(name, module, group, precision, reduce_every_micro_batch, exclude)
+    return FsdpUnit(dp_type, name, module, group, precision, reduce_every_micro_batch, exclude)
 
 
 def all_reduce_flat(grads: Sequence[torch.Tensor], group: dist.ProcessGroup | None, dtype: torch.dtype) -> None:

@@ -24,6 +24,8 @@ from galva_schema.sharding import sequence_shards
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from galva_hp.parallel.balance import BalanceLedger
+
 
 @dataclass(frozen=True)
 class ParallelContext:
@@ -36,6 +38,11 @@ class ParallelContext:
     ``sp_group``. ``cp_group`` is the context-parallel ring (None when cp == 1): the module's boundaries hold this
     rank's two chunks of the sequence (:func:`galva_schema.sharding.context_chunks`), which the above may split
     further; ``cp_index`` is this rank's place in it.
+
+    A layer with experts splits them over ``ep_group`` and each expert's FFN over ``etp_group`` (None: degree 1);
+    the data-parallel unit of the expert parameters reduces over the layer's expert data-parallel group instead of
+    its sharding group. ``ledger`` takes a micro-batch's router statistics where the model's loss has a term over
+    all of them (:class:`~galva_hp.parallel.balance.BalanceLedger`; None otherwise).
     """
 
     tp_group: ProcessGroup | None = None
@@ -44,6 +51,9 @@ class ParallelContext:
     vocab_sp: bool = False
     cp_group: ProcessGroup | None = None
     cp_index: int = 0
+    ep_group: ProcessGroup | None = None
+    etp_group: ProcessGroup | None = None
+    ledger: BalanceLedger | None = None
 
     @property
     def tp_size(self) -> int:
@@ -103,6 +113,11 @@ class LayeredModel:
     - ``constraints``: what the model can run (heads, unsupported forms, shared parameters), which
       :func:`galva_hp.build` checks a plan against with :func:`galva_schema.plan_problems`
     - ``shared``: parameters read by several layers (:class:`~galva_hp.shared_params.SharedWeight`), on any stages
+    - ``router_loss``: ``(experts, coef)`` where the loss adds a load-balancing term over every layer's router
+      statistics of a micro-batch (:mod:`galva_hp.parallel.balance`); layers report them to ``ctx.ledger``
+
+    A layer's parallel form marks its expert parameters (``param.galva_expert = True``): they get their own
+    data-parallel unit over the layer's expert data-parallel group.
     """
 
     embedding: nn.Module
@@ -114,6 +129,7 @@ class LayeredModel:
     name: str = "model"
     constraints: ModelConstraints = field(kw_only=True)
     shared: list[SharedWeight] = field(default_factory=list, kw_only=True)
+    router_loss: tuple[int, float] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.layers):

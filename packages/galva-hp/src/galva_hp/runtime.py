@@ -25,6 +25,7 @@ from galva_hp.hooks import StepMetrics, saved_activation_meter
 from galva_hp.labels import IGNORE_INDEX
 from galva_hp.model import ParallelContext
 from galva_hp.options import BuildOptions
+from galva_hp.parallel.balance import BalanceLedger
 from galva_hp.parallel.mappings import DeferredGradSums, defer_param_grad_sums
 from galva_hp.parallel.rng import member_stream
 from galva_hp.pipeline import PipelineStage, run_schedule, schedule_order
@@ -65,6 +66,7 @@ class HybridParallelModel(nn.Module):
         self.saved_bytes: dict[str, int] = {}
         self.contexts: dict[str, ParallelContext] = {}  # unit name -> the context its module was converted with
         self.replica_index: dict[str, int] = {}  # unit name -> this rank's data-parallel replica (where several)
+        self.ledger: BalanceLedger | None = None  # router statistics over every layer (set by build() where needed)
         pipeline = next(p for p in layout.pipelines if rank in p)
         self.pipe = PipelineStage(
             stage=self.stage,
@@ -193,7 +195,10 @@ class HybridParallelModel(nn.Module):
             totals[1] += float(count)
         if dist.get_world_size() > 1:
             dist.all_reduce(totals)
-        return StepMetrics(loss=float(totals[0]) / max(float(totals[1]), 1.0), tokens=tokens)
+        loss = float(totals[0]) / max(float(totals[1]), 1.0)
+        if self.ledger is not None:  # the load-balancing term, over every layer, rank and stage of each micro-batch
+            loss += self.ledger.finish()
+        return StepMetrics(loss=loss, tokens=tokens)
 
     def finish_gradients(self) -> None:
         """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
@@ -262,12 +267,24 @@ class _StageHooks:
         self.units = {c: model.chunk_units(c) for c in model.strategy.stage_chunks(model.stage)}
 
     def forward(self, chunk: int, received: Tensor | None, k: int) -> Any:
-        return self.model._chunk_forward(chunk, received, self.ids[k], self.labels[k])
+        ledger = self.model.ledger
+        if ledger is not None:
+            ledger.micro_batch = k
+        out = self.model._chunk_forward(chunk, received, self.ids[k], self.labels[k])
+        if ledger is not None:
+            ledger.forward_done(k, chunk)
+        return out
+
+    def _backward_of(self, k: int) -> None:
+        ledger = self.model.ledger
+        if ledger is not None:  # a recomputed (checkpointed) layer records under this micro-batch
+            ledger.before_backward(k, self.model.strategy.num_chunks)
 
     def loss(self, out: Any) -> Tensor:
         return out[0] / max(self.tokens, 1)
 
     def before_backward(self, chunk: int, k: int, final: bool, split: bool) -> None:
+        self._backward_of(k)
         if split:  # FSDP2 units were told at the input pass; their parameters must be gathered for the weight pass
             for unit in self.units[chunk]:
                 unit.before_weight_backward()
@@ -288,6 +305,7 @@ class _StageHooks:
             reducer.launch(self.units[chunk])
 
     def before_input_backward(self, chunk: int, k: int) -> None:
+        self._backward_of(k)
         for unit in self.units[chunk]:
             unit.begin_split_backward()
 

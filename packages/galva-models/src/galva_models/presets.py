@@ -120,9 +120,13 @@ TINY_SIZES: dict[str, Any] = dict(
 
 TINY_EXPERTS: dict[str, Any] = dict(
     num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-    shared_expert_intermediate_size=64,
+    shared_expert_intermediate_size=64, output_router_logits=True, router_aux_loss_coef=0.05, n_group=2,
+    topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+    v_head_dim=16,
 )  # fmt: skip
-"""A tiny mixture of experts (set where the family's config has the field): 4 experts of width 32, 2 per token."""
+"""A tiny mixture of experts (set where the family's config has the field): 4 experts of width 32, 2 per token,
+the router's load-balancing loss in the loss (weight 0.05); DeepSeek's group-limited routing over 2 groups (1
+chosen), one dense first layer and small latent attention."""
 
 
 class UnknownPresetError(ValueError):
@@ -144,6 +148,8 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     for field, value in TINY_EXPERTS.items():
         if getattr(config, field, None) is not None:
             setattr(config, field, value)
+    if getattr(config, "kv_lora_rank", None) is not None:  # latent attention expands keys to every head
+        config.num_key_value_heads = config.num_attention_heads
     types = getattr(config, "layer_types", None)
     if types:  # keep the family's repeating pattern of sliding and full layers
         config.layer_types = [types[i % len(types)] for i in range(config.num_hidden_layers)]

@@ -17,17 +17,24 @@ from galva_schema import Strategy
 __all__ = ["hugging_face_run", "hugging_face_task_run", "max_relative", "plan_run", "task_batches"]
 
 
-def hugging_face_run(model: Any, steps: int = STEPS, seq: int = SEQ) -> tuple[list[float], list[float]]:
+def hugging_face_run(
+    model: Any, steps: int = STEPS, seq: int = SEQ, micro_batches: int = 1
+) -> tuple[list[float], list[float]]:
     """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss (batches of
-    ``seq`` tokens)."""
+    ``seq`` tokens), each step accumulating ``micro_batches`` equal micro-batches (their mean loss: a mixture of
+    experts' router loss is one statistic per micro-batch, as Hugging Face takes it per forward)."""
     params = list(model.parameters())
     optimizer, scheduler = reference_optimizer(params, OPTIM)
     ids, _ = batch(seq=seq)
     losses, norms = [], []
     for step in range(steps):
         optimizer.zero_grad()
-        loss = model(input_ids=ids[step], labels=ids[step]).loss  # Hugging Face shifts the labels itself
-        loss.backward()
+        loss = torch.zeros(())
+        for part in ids[step].chunk(micro_batches):
+            # Hugging Face shifts the labels itself; its loss includes the router loss where the config asks
+            part_loss = model(input_ids=part, labels=part).loss / micro_batches
+            part_loss.backward()
+            loss = loss + part_loss.detach()
         max_norm = float("inf") if OPTIM.max_grad_norm is None else OPTIM.max_grad_norm
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
         optimizer.step()

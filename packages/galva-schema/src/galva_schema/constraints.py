@@ -15,6 +15,11 @@ one-line ``<field path>: <what is wrong>``, with the same problem on several lay
 The head rules, stated once here: a Megatron tp degree must divide the query heads and either divide the key/value
 heads or be a multiple of them (each rank then computes the one K/V head its query heads use); a Ulysses degree
 must divide the query heads only (K/V heads are repeated as needed).
+
+The expert rules: a layer type with experts (``num_experts`` > 0) takes ``ep`` dividing its experts and ``etp``
+dividing each expert's FFN size (``expert_ffn``); ``ep x etp`` divides the stage's ranks (checked by the strategy
+itself). Expert fields on a dense layer of a model with experts elsewhere are ignored (a dense first layer takes the
+plan of its neighbours); on a model without experts they are refused.
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ class LayerTypeConstraints(GalvaModel):
     unsupported: dict[ParallelForm, str] = Field(
         default_factory=dict, description="Parallel forms these layers cannot run, each with the reason."
     )
+    num_experts: NonNegativeInt = Field(0, description="Routed experts per layer; 0 for a dense layer.")
+    expert_ffn: PositiveInt | None = Field(None, description="Each routed expert's FFN (intermediate) size.")
 
     @property
     def kv_heads(self) -> int:
@@ -224,6 +231,7 @@ def plan_problems(
         )
         return problems  # per-layer checks would compare the wrong layers
     problems += group_problems(_layer_problems(strategy, constraints, seq_len))
+    problems += group_problems(_expert_problems(strategy, constraints))
     problems += _vocab_problems(strategy, constraints, seq_len)
     return list(dict.fromkeys(problems))
 
@@ -258,6 +266,33 @@ def _layer_problems(
             found.append(
                 ("layers", index, ".tp", f"{kind} degree {shards} does not divide the {output} tokens of its output")
             )
+    return found
+
+
+def _expert_problems(strategy: Strategy, constraints: ModelConstraints) -> list[tuple[str, int | None, str, str]]:
+    found: list[tuple[str, int | None, str, str]] = []
+    has_experts = any(t.num_experts for t in constraints.layer_types)
+    for index, layer in enumerate(strategy.layers):
+        layer_type = constraints.layer_type_of(index)
+        if not has_experts:
+            for name, degree in (("ep", layer.ep), ("etp", layer.etp)):
+                if degree > 1:
+                    found.append(("layers", index, f".{name}", f"{constraints.model_name} has no expert layers"))
+            continue
+        if not layer_type.num_experts:
+            continue
+        if layer_type.num_experts % layer.ep:
+            found.append(
+                ("layers", index, ".ep",
+                 f"ep {layer.ep} does not divide the {layer_type.num_experts} experts of {layer_type.name} layers")
+            )  # fmt: skip
+        ffn = layer_type.expert_ffn
+        if layer.etp > 1 and (ffn is None or ffn % layer.etp):
+            size = "an unknown size" if ffn is None else f"size {ffn}"
+            found.append(
+                ("layers", index, ".etp",
+                 f"etp {layer.etp} does not divide the expert FFN ({size}) of {layer_type.name} layers")
+            )  # fmt: skip
     return found
 
 
@@ -304,6 +339,8 @@ def uniform_constraints(
     unsupported: dict[ParallelForm, str] | None = None,
     max_seq_length: int | None = None,
     context_parallel: bool = False,
+    num_experts: int = 0,
+    expert_ffn: int | None = None,
 ) -> ModelConstraints:
     """Constraints of a model whose transformer layers are all of one type (GPT, Llama, BERT, ViT...)."""
     return ModelConstraints(
@@ -315,6 +352,8 @@ def uniform_constraints(
                 num_heads=num_heads,
                 num_kv_heads=num_kv_heads,
                 unsupported=unsupported or {},
+                num_experts=num_experts,
+                expert_ffn=expert_ffn,
             ),
         ),
         max_seq_length=max_seq_length,

@@ -45,6 +45,13 @@ class LayerStrategy(GalvaModel):
         None, description="Data-parallel type of this layer; null means the strategy's `default_dp_type`."
     )
     checkpoint: bool = Field(False, description="Recompute this layer's activations in backward.")
+    ep: PositiveInt = Field(
+        1, description="Expert-parallel degree: the layer's experts split over ep ranks (mixture-of-experts layers)."
+    )
+    etp: PositiveInt = Field(1, description="Expert tensor-parallel degree: each expert's FFN split over etp ranks.")
+    expert_dp_type: DataParallelType | None = Field(
+        None, description="Data-parallel type of the expert replicas; null means the layer's own dp type."
+    )
 
     @property
     def tp_degree(self) -> int:
@@ -146,6 +153,11 @@ class Strategy(GalvaFile):
             problem = _degree_problem(layer.tp, rps, "tp") or _model_problem(layer.tp, layer.cp, rps)
             if problem is None and layer.ulysses and layer.tp == 1:
                 problem = ".ulysses", "needs tp > 1 (tp is the Ulysses degree)"
+            if problem is None and rps % (layer.ep * layer.etp):
+                problem = ".ep", (
+                    f"ep x etp = {layer.ep} x {layer.etp} does not divide the {rps} ranks of a pipeline stage "
+                    f"(ep x etp x expert dp must equal them)"
+                )
             if problem is None and not out and micro % self.layer_dp(index):
                 problem = _batch_problem(micro, self.layer_dp(index))
             if problem:
@@ -239,6 +251,15 @@ class Strategy(GalvaFile):
     def layer_dp_type(self, index: int) -> DataParallelType:
         """Effective data-parallel type of layer ``index``."""
         return self.layers[index].dp_type or self.default_dp_type
+
+    def layer_expert_dp(self, index: int) -> int:
+        """Replicas of each expert shard of layer ``index``: ``ranks_per_stage / (ep * etp)``."""
+        layer = self.layers[index]
+        return self.ranks_per_stage // (layer.ep * layer.etp)
+
+    def layer_expert_dp_type(self, index: int) -> DataParallelType:
+        """Effective data-parallel type of layer ``index``'s expert replicas."""
+        return self.layers[index].expert_dp_type or self.layer_dp_type(index)
 
     def layer_sequence_shards(self, index: int) -> int:
         """Sequence slices at layer ``index``'s boundaries (see :func:`galva_schema.sharding.sequence_shards`)."""

@@ -73,3 +73,7 @@ class GroupKind(str, Enum):
     CP = "cp"  # context-parallel group: ranks holding different chunks of the same samples (ring attention)
     DP = "dp"  # ranks that see different samples with the same model shard
     SHARD = "shard"  # where gradients are reduced and ZeRO shards states: dp x cp, and x sp for Ulysses layers
+    EP = "ep"  # expert-parallel group: ranks holding different experts (token dispatch and combine)
+    ETP = "etp"  # expert tensor-parallel group: ranks holding different parts of the same experts
+    EDP = "edp"  # expert data-parallel group: ranks holding the same expert shard (its gradients are reduced there)
+    WHOLE = "whole"  # every rank of the stage (a micro-batch's router statistics are summed over it)

@@ -24,6 +24,7 @@ differentiable_split              keep this rank's chunk      all-gather along `
 differentiable_all_to_all         scatter one dim, gather     the inverse all-to-all
                                   another
 differentiable_gather_replicated  all-gather along ``dim``    keep this rank's chunk
+differentiable_all_to_all_uneven  rows to each rank, uneven   the same exchange reversed
 ================================  ==========================  ==========================
 
 ``differentiable_copy_to_group`` applied to a *parameter* inside ``forward`` makes autograd sum that parameter's
@@ -49,9 +50,11 @@ __all__ = [
     "all_gather_along_dim",
     "all_reduce_sum",
     "all_to_all_along",
+    "all_to_all_uneven",
     "chunk_along_dim",
     "differentiable_all_gather",
     "differentiable_all_to_all",
+    "differentiable_all_to_all_uneven",
     "differentiable_copy_to_group",
     "differentiable_gather_replicated",
     "differentiable_reduce_from_group",
@@ -141,6 +144,16 @@ def all_to_all_along(x: Tensor, scatter_dim: int, gather_dim: int, group: Proces
     dist.all_to_all_single(recv, send, group=group)
     # recv[j] is rank j's chunk, shaped like x with scatter_dim shrunk; put the rank axis just before gather_dim
     return recv.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
+
+
+def all_to_all_uneven(x: Tensor, send: list[int], receive: list[int], group: ProcessGroup | None) -> Tensor:
+    """Send the first ``send[0]`` rows of ``x`` to group rank 0, the next ``send[1]`` to rank 1, ...; receive
+    ``receive[j]`` rows from rank ``j``, concatenated in group-rank order."""
+    if group_size(group) == 1:
+        return x
+    out = x.new_empty((sum(receive), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)
+    return out
 
 
 # ------------------------------------------------------------------- replicated parameters: deferred gradient sums
@@ -270,6 +283,18 @@ class _GatherReplicated(torch.autograd.Function):
         return chunk_along_dim(grad, ctx.dim, ctx.group), None, None
 
 
+class _AllToAllUneven(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, send: list[int], receive: list[int], group: ProcessGroup | None) -> Tensor:
+        ctx.splits, ctx.group = (send, receive), group
+        return all_to_all_uneven(x, send, receive, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        send, receive = ctx.splits
+        return all_to_all_uneven(grad, receive, send, ctx.group), None, None, None
+
+
 def _trivial(group: ProcessGroup | None) -> bool:
     return group_size(group) == 1
 
@@ -315,3 +340,11 @@ def differentiable_gather_replicated(x: Tensor, dim: int, group: ProcessGroup | 
     whole feature dimension): each rank's gradient is already the whole gradient, so no sum is needed.
     """
     return x if _trivial(group) else _GatherReplicated.apply(x, dim, group)
+
+
+def differentiable_all_to_all_uneven(
+    x: Tensor, send: list[int], receive: list[int], group: ProcessGroup | None
+) -> Tensor:
+    """Forward :func:`all_to_all_uneven` (rows of ``x`` to each group rank by ``send``, rows received by
+    ``receive``); backward the same exchange with the splits swapped (token dispatch and combine of experts)."""
+    return x if _trivial(group) else _AllToAllUneven.apply(x, send, receive, group)

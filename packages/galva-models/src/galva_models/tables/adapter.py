@@ -6,18 +6,21 @@ ViT's image classification: :func:`adapter_for`). The model is cut where it stan
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
+from galva_models.tables.experts import expert_paths
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
 from galva_models.tables.parallel import TableParallelizer, head_counts
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
+from galva_models.tables.router import router_class, router_loss
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
-from galva_schema.constraints import uniform_constraints
 
 __all__ = ["ADAPTER", "ADAPTERS", "adapter_for", "supports"]
 
@@ -91,33 +94,33 @@ def decompose(model: Any) -> LayeredModel:
     layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(stack)]
     family = config.model_type
     head = {name: model.get_submodule(name) for name, _ in tables.head}
+    balance = router_loss(model)
+    router = router_class(base) if balance is not None else None
+    model_constraints = constraints(config)
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
         head=TableHead({n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs),
-        layer_types=[family] * len(layers),
-        parallelizer=TableParallelizer(config, tables),
+        layer_types=[t.name for t in model_constraints.layer_types for _ in range(t.num_layers)],
+        parallelizer=TableParallelizer(config, tables, router, int(getattr(model, "num_experts_per_tok", 0) or 0)),
         name=family,
-        constraints=constraints(config),
+        constraints=model_constraints,
+        router_loss=balance,
     )
     return tie_and_check(model, layered)
 
 
 def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: int | None = None) -> ModelConstraints:
-    """Heads and key/value heads from the config; tp refused where the table has a style Galva does not run (or
-    experts, whose layout is its own)."""
+    """Heads and key/value heads from the config; tp refused where the table has a style Galva does not run. A
+    mixture of experts states its experts and their FFN size per run of layers (dense layers, e.g. DeepSeek's first
+    ones, are a type of their own: ``<family>_dense``)."""
     tables = _tables(config)
     heads, kv, _ = head_counts(config)
     unsupported: dict[ParallelForm, str] = {}
-    odd = unsupported_styles(tables)
-    if tables.experts:
-        reason = f"{config.model_type} has expert layers; their tensor-parallel layout is not run yet"
-    elif odd:
+    odd = {p: st for p, st in unsupported_styles(tables).items() if not _inside_experts(p, tables)}
+    if odd:
         path, style = next(iter(odd.items()))
         reason = f"{config.model_type}'s tp table gives {path} the style {style!r}, which Galva does not run"
-    else:
-        reason = ""
-    if reason:
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
     ring = ring_refusal(config)
@@ -132,10 +135,31 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         return ModelConstraints(
             model_name=config.model_type, layer_types=(layer_type,), vocab_unsupported=_per_sample(config.model_type)
         )
-    made = uniform_constraints(
-        config.model_type, config.model_type, config.num_hidden_layers, heads, kv,
-        unsupported=unsupported, max_seq_length=longest, context_parallel=True,
-    )  # fmt: skip
+    kinds = _expert_layers(config.to_json_string()) if tables.experts else [None] * config.num_hidden_layers
+    runs: list[tuple[tuple[int, int] | None, int]] = []
+    for kind in kinds:
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1] + 1)
+        else:
+            runs.append((kind, 1))
+    family = config.model_type
+    made = ModelConstraints(
+        model_name=family,
+        layer_types=tuple(
+            LayerTypeConstraints(
+                name=family if kind is not None or not tables.experts else f"{family}_dense",
+                num_layers=count,
+                num_heads=heads,
+                num_kv_heads=kv,
+                unsupported=unsupported,
+                num_experts=kind[0] if kind else 0,
+                expert_ffn=kind[1] if kind else None,
+            )
+            for kind, count in runs
+        ),
+        max_seq_length=longest,
+        context_parallel=True,
+    )
     if ring:
         made = made.model_copy(update={"vocab_unsupported": {**made.vocab_unsupported, ParallelForm.CP: ring}})
     return made
@@ -174,11 +198,47 @@ def _per_sample(family: str) -> dict[ParallelForm, str]:
     return {ParallelForm.VOCAB_SP: reason}
 
 
+def _inside_experts(path: str, tables: ModelTables) -> bool:
+    """A tp-table entry of the block holding the experts (its layout is the expert layout, not the tp table's)."""
+    blocks = {p.rpartition(".")[0] for p in expert_paths(tables.ep)}
+    return any(path.startswith(b + ".") for b in blocks)
+
+
+@functools.lru_cache(maxsize=8)
+def _expert_layers(config_json: str) -> list[tuple[int, int] | None]:
+    """Per layer, ``(experts, expert FFN size)`` or None for a dense layer: read from the model built on the meta
+    device (which layers have experts is the family's code: DeepSeek's first ones, Qwen's sparse step)."""
+    import json
+
+    from transformers import AutoConfig
+
+    raw = json.loads(config_json)
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        model = build_model(config)
+    tables = _tables(config, model.base_model)
+    out: list[tuple[int, int] | None] = []
+    for layer in getattr(model.base_model, tables.layers):
+        found = None
+        for path in expert_paths(tables.ep):
+            try:
+                experts = layer.get_submodule(path)
+            except AttributeError:
+                continue
+            down: Tensor = experts.down_proj  # type: ignore[assignment]
+            transposed = bool(getattr(experts, "is_transposed", False))
+            found = (int(down.shape[0]), int(down.shape[1] if transposed else down.shape[2]))
+        out.append(found)
+    return out
+
+
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
-    """One spec per layer; ``seq_length`` is ignored where the input fixes the sequence (images)."""
+    """One spec per layer, named by its type (dense and expert layers differ); ``seq_length`` is ignored where the
+    input fixes the sequence (images)."""
     tokens = _tables(config).tokens
     seq = tokens(config) if tokens is not None else seq_length
-    return [LayerSpec(config.model_type, seq, config.hidden_size)] * config.num_hidden_layers
+    types = [t.name for t in constraints(config).layer_types for _ in range(t.num_layers)]
+    return [LayerSpec(name, seq, config.hidden_size) for name in types]
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:

@@ -7,6 +7,11 @@
   inside a block, under either, one used on this rank's features only is summed too (``sum_where_sharded``).
 - A layer under Ulysses: weights unchanged; its attention modules exchange sequence for heads
   (:mod:`.attention`), and each rank's position embeddings are those of its slice.
+- A layer with experts (the expert-parallel table names its experts module): the experts split over ep and etp
+  and dispatched by all-to-all (:mod:`.experts`), whatever the attention's form; the block holding them (router,
+  shared experts) routes distinct tokens on every rank (under plain tp, its ``1/tp`` of the sequence), and reports
+  its router's statistics where the loss takes them over every layer (:mod:`.router`). The tp table's entries inside
+  that block are not applied.
 - Embedding and head under vocabulary tp: the token table and ``lm_head`` split over the vocabulary (padded),
   the loss vocabulary-parallel; under vocabulary sp, this rank's slice of the positions.
 """
@@ -21,8 +26,10 @@ from torch.distributed import ProcessGroup
 from galva_hp.model import ParallelContext
 from galva_hp.parallel.mappings import group_rank
 from galva_models.tables.attention import AttentionForm
+from galva_models.tables.experts import distinct_tokens, expert_paths, split_experts
 from galva_models.tables.modules import ModuleForm, TableEmbedding, TableHead, TableLayer
 from galva_models.tables.plans import ModelTables
+from galva_models.tables.router import watch_routers
 from galva_models.tables.sharding import (
     TpRegion,
     enter_region_at,
@@ -55,14 +62,37 @@ class TableParallelizer:
     """In-place parallel forms of :class:`~.modules.TableEmbedding`, :class:`~.modules.TableLayer` and
     :class:`~.modules.TableHead` (each converted once: the module itself is returned)."""
 
-    def __init__(self, config: Any, tables: ModelTables) -> None:
-        self.config, self.tables = config, tables
+    def __init__(
+        self, config: Any, tables: ModelTables, router: tuple[type[nn.Module], int] | None = None, top_k: int = 0
+    ) -> None:
+        """``router``: the router class and the index of its logits, where the loss takes their statistics over
+        every layer; ``top_k``: experts per token."""
+        self.config, self.tables, self.router, self.top_k = config, tables, router, top_k
+
+    def _experts(self, module: TableLayer, ctx: ParallelContext) -> str | None:
+        """Put the layer's experts (if it has any) in their layout; returns the path of the block holding them."""
+        paths = [p for p in expert_paths(self.tables.ep) if _find(module.layer, p) is not None]
+        if not paths:
+            return None
+        path = paths[0]
+        block_path = path.rpartition(".")[0]
+        experts = module.layer.get_submodule(path)
+        if ctx.ep_group is not None or ctx.etp_group is not None:
+            split_experts(experts, path, ctx.ep_group, ctx.etp_group)
+        for param in experts.parameters(recurse=False):
+            param.galva_expert = True  # type: ignore[attr-defined]
+        block = module.layer.get_submodule(block_path) if block_path else module.layer
+        if ctx.ledger is not None and self.router is not None:
+            watch_routers(block, self.router, ctx.ledger, f"layer{module.index}", self.top_k)
+        return block_path
 
     def layer(self, module: nn.Module, layer_type: str, ctx: ParallelContext) -> nn.Module:
         assert isinstance(module, TableLayer)
+        moe = self._experts(module, ctx)
         if ctx.tp_size == 1 and ctx.sp_size == 1 and ctx.cp_size == 1:
             return module
         _once(module)
+        tp_table = {p: st for p, st in self.tables.tp.items() if moe is None or not p.startswith(moe + ".")}
         attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and _is_attention(p)})
         ring = {"cp_group": ctx.cp_group, "cp_index": ctx.cp_index}
         if ctx.tp_size == 1:  # Ulysses and / or context parallelism: weights whole
@@ -84,12 +114,12 @@ class TableParallelizer:
         replicate_kv = kv < heads and tp > kv
         summed: set[str] = set()
         replicated_kv = False  # key/value projections kept whole: each rank reads its heads in attention
-        entries = {p.rsplit(".", 1)[0] for p, st in self.tables.tp.items() if "colwise" in st and "." in p}
+        entries = {p.rsplit(".", 1)[0] for p, st in tp_table.items() if "colwise" in st and "." in p}
         for path in sorted(entries):
             block = _find(module.layer, path)
             if block is not None:
                 enter_region_at(block, region)
-        for path, style in self.tables.tp.items():
+        for path, style in tp_table.items():
             sub = _find(module.layer, path)
             if sub is None:  # an optional module this config does not build (e.g. a bias-free norm)
                 continue
@@ -109,27 +139,36 @@ class TableParallelizer:
                 setattr(owner, name, getattr(owner, name) // tp)
         for path in attention:
             # heads are this rank's only where the block's projections stay split (not gathered back: Phi-3, Olmo 2)
-            styles = [st for p, st in self.tables.tp.items() if p.startswith(path + ".")]
-            split = any(st in ("colwise", "packed_colwise") for st in styles)
-            if not split and ctx.cp_size == 1:
+            styles = [st for p, st in tp_table.items() if p.startswith(path + ".")]
+            heads_split = any(st in ("colwise", "packed_colwise") for st in styles)
+            if not heads_split and ctx.cp_size == 1:
                 continue
             first = (rank * (heads // tp)) // (heads // kv)
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                kv_heads=(first, 1) if replicated_kv and split else None,
-                heads_group=group if split else None,
+                kv_heads=(first, 1) if replicated_kv and heads_split else None,
+                heads_group=group if heads_split else None,
                 **ring,
             )
         for path in sorted(entries):
             block = _find(module.layer, path)
             if block is not None:
-                inner = {p[len(path) + 1 :]: st for p, st in self.tables.tp.items() if p.startswith(path + ".")}
+                inner = {p[len(path) + 1 :]: st for p, st in tp_table.items() if p.startswith(path + ".")}
                 sum_where_sharded(block, {p: st for p, st in inner.items() if _find(block, p) is not None}, group)
+        if moe is not None and not sequence_parallel:  # the block's router and shared experts see 1/tp of the tokens
+            block = module.layer.get_submodule(moe) if moe else module.layer
+            distinct_tokens(block, group)
+            prefix = f"layer.{moe}." if moe else "layer."
+            summed |= {prefix + n for n, p in block.named_parameters() if not getattr(p, "galva_expert", False)}
         if sequence_parallel:  # replicated parameters outside the blocks (norms, row-parallel biases) see a slice
             split = _split_names(module)
             inside = tuple(f"layer.{path}." for path in entries)
-            biases = {f"layer.{p}.bias" for p, st in self.tables.tp.items() if "rowwise" in st}
+            biases = {f"layer.{p}.bias" for p, st in tp_table.items() if "rowwise" in st}
             summed |= {
-                n for n, _ in module.named_parameters() if n not in split and (not n.startswith(inside) or n in biases)
+                n
+                for n, p in module.named_parameters()
+                if n not in split
+                and not getattr(p, "galva_expert", False)
+                and (not n.startswith(inside) or n in biases)
             }
         module.form = ModuleForm(
             region=region,

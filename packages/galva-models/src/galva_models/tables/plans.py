@@ -3,7 +3,9 @@ Galva's, in the same format, for a family that has none (:data:`GALVA_TABLES`).
 
 The pipeline table names the base model's modules in order: those before the repeated layers (the embedding side),
 the layer list, and those after it (the final norm). The tensor-parallel table says, per module path inside one
-layer (``self_attn.q_proj``), which form it takes (:data:`STYLES`).
+layer (``self_attn.q_proj``), which form it takes (:data:`STYLES`). The expert-parallel table
+(``base_model_ep_plan``) says, per module path inside one layer, which module holds the routed experts
+(:mod:`.experts`).
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ class ModelTables:
     """The base model's layer list."""
     after: tuple[str, ...]
     """Base-model modules after the layers (final norm)."""
-    experts: bool
-    """The config also has an expert-parallel table (a mixture of experts)."""
+    ep: dict[str, str]
+    """Module path inside one layer -> expert-parallel style (empty without experts)."""
     blocks: dict[str, int]
     """Module path inside one layer -> packed blocks (a ``packed_*`` style; 2 where not given)."""
     per_rank: tuple[str, ...]
@@ -139,6 +141,11 @@ class ModelTables:
     """Under Megatron-SP the embedding side runs on the whole sequence; its output is split after."""
     tokens: Callable[[Any], int] | None = None
     """``config -> sequence length`` where the input fixes it (images); None: the run's sequence length."""
+
+    @property
+    def experts(self) -> bool:
+        """The config has an expert-parallel table (a mixture of experts)."""
+        return bool(self.ep)
 
 
 def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | None:
@@ -166,7 +173,11 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         before=tuple(names[:at]),
         layers=layers,
         after=tuple(names[at + 1 :]),
-        experts=bool(getattr(config, "base_model_ep_plan", None)),
+        ep={
+            key[len(prefix) :]: style
+            for key, style in (getattr(config, "base_model_ep_plan", None) or {}).items()
+            if key.startswith(prefix)
+        },
         blocks=dict(extra.get("blocks", {})),
         per_rank=tuple(extra.get("per_rank", ())),
         learned_positions=bool(extra.get("learned_positions", False)),
