@@ -19,7 +19,6 @@ from galva_search.cost_model import (
     CostSettings,
     VocabOption,
     interleaved_chunks_in_flight,
-    iteration_time,
     pipeline_time,
 )
 from galva_search.evaluation import evaluate_strategy
@@ -84,7 +83,7 @@ def test_pipeline_time_per_schedule():
     # 1F1B: c U_max + the other stages once + the sync tail of stage 1 (3.5 less stage 0's 1.0 lead)
     t = pipeline_time(u, e, 4)
     assert (t.total, t.steady, t.bubble, t.tail, t.slowest) == pytest.approx((12.5, 8.0, 2.0, 2.5, 1))
-    assert iteration_time(u, e, 4) == pytest.approx(4 + 3 * 2 + 2.5)
+    assert pipeline_time(u, e, 4).total == pytest.approx(4 + 3 * 2 + 2.5)
     assert pipeline_time(u, e, 4, GPIPE).total == pytest.approx(12.5)
     # interleaved, v = 2: fill and drain walk half of each other stage; stage 1 leads by 0.5 only
     t = pipeline_time(u, e, 4, INTER, 2)
@@ -96,9 +95,9 @@ def test_pipeline_time_per_schedule():
     # fewer micro-batches than stages: no weight gradient can be deferred, 1F1B's bubble
     assert pipeline_time(u, e, 2, ZB, 1, w).total == pytest.approx(pipeline_time(u, e, 2).total)
     # equal stages: Megatron's (pp - 1) U / v, the paper's (pp - 1)(F + B - W)
-    assert iteration_time([1.0] * 4, [0.0] * 4, 8, INTER, 2) == pytest.approx(8 + 3 / 2)
-    assert iteration_time([3.0] * 4, [0.0] * 4, 8, ZB, 1, [1.0] * 4) == pytest.approx(8 * 3 + 3 * (1 + 1 - 1))
-    assert iteration_time([3.0] * 4, [0.0] * 4, 8) == pytest.approx(8 * 3 + 3 * 3)
+    assert pipeline_time([1.0] * 4, [0.0] * 4, 8, INTER, 2).total == pytest.approx(8 + 3 / 2)
+    assert pipeline_time([3.0] * 4, [0.0] * 4, 8, ZB, 1, [1.0] * 4).total == pytest.approx(8 * 3 + 3 * (1 + 1 - 1))
+    assert pipeline_time([3.0] * 4, [0.0] * 4, 8).total == pytest.approx(8 * 3 + 3 * 3)
 
 
 def test_weight_gradient_is_half_the_backward_compute(tiny, tiny_hw):
