@@ -8,4 +8,4 @@ code (:mod:`.adapter`). Families without tables get one entry in :data:`.plans.G
 from galva_models.tables.adapter import ADAPTER, ADAPTERS, adapter_for, supports
 from galva_models.tables.plans import GALVA_TABLES, ModelTables, model_tables
 
-__all__ = ["ADAPTER", "ADAPTERS", "GALVA_TABLES", "adapter_for", "ModelTables", "model_tables", "supports"]
+__all__ = ["ADAPTER", "ADAPTERS", "GALVA_TABLES", "ModelTables", "adapter_for", "model_tables", "supports"]

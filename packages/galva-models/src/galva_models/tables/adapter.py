@@ -1,7 +1,8 @@
 """One adapter per task for every family whose tables say how it splits (transformers' own, or Galva's): no family
 code. Causal LMs (:data:`ADAPTER`), and the encoder families of :data:`~.plans.GALVA_TABLES` (BERT's masked LM,
-ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized in place from its tables
-(:mod:`.parallel`), and its attention runs through Galva's registered functions (:mod:`.attention`).
+ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized
+in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered functions
+(:mod:`.attention`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def supports(config: Any) -> bool:
     tables = model_tables(config)
     if tables is None:
         return False
-    if tables.task == Task.CAUSAL_LM.value and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    causal = tables.task == Task.CAUSAL_LM.value
+    if causal and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return False
     return getattr(config, "num_attention_heads", None) is not None and getattr(config, "hidden_size", None) is not None
 
@@ -94,7 +96,9 @@ def decompose(model: Any) -> LayeredModel:
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
-        head=TableHead({n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs),
+        head=TableHead(
+            {n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs
+        ),
         layer_types=[family] * len(layers),
         parallelizer=TableParallelizer(config, tables),
         name=family,
