@@ -324,7 +324,7 @@ def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     constraints = adapter_for(vit).constraints(vit)
     problems = plan_problems(PLANS["ulysses2"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
-    assert any("vit scores one label per sample" in p for p in problems), problems
+    assert any("vit scores one label per image" in p for p in problems), problems
     problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
     assert any("17" in p for p in problems), problems

@@ -140,8 +140,8 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
 
 
 def _per_sample(family: str) -> dict[ParallelForm, str]:
-    """A head scoring one label per sample runs vocab tp (its classifier split over the labels), not vocab sp."""
-    reason = f"{family} scores one label per sample, not per token: there is no sequence to split; use vocab sp off"
+    """A head scoring one label per image runs vocab tp (its classifier split over the labels), not vocab sp."""
+    reason = f"{family} scores one label per image, not per token: there is no sequence to split; use vocab sp off"
     return {ParallelForm.VOCAB_SP: reason}
 
 
