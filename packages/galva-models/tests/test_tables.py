@@ -305,6 +305,7 @@ def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> 
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_encoder_families_train_like_hugging_face():
     """BERT (masked LM) and ViT (image classification) from Galva's tables, no adapter class: tp2, Megatron-SP,
