@@ -7,8 +7,11 @@
   inside a block, under either, one used on this rank's features only is summed too (``sum_where_sharded``).
 - A layer under Ulysses: weights unchanged; its attention modules exchange sequence for heads
   (:mod:`.attention`), and each rank's position embeddings are those of its slice.
-- Embedding and head under vocabulary tp: the token table and ``lm_head`` split over the vocabulary (padded),
-  the loss vocabulary-parallel; under vocabulary sp, this rank's slice of the positions.
+- Embedding and head under vocabulary tp: the token table and ``lm_head`` (the table's head projection: BERT's
+  decoder, an image classifier over its labels) split over the vocabulary (padded), the loss vocabulary-parallel;
+  under vocabulary sp, this rank's slice of the positions. An embedding side without a vocabulary (pixels) or whose
+  forward needs the whole input (BERT's token types) runs whole under Megatron-SP and splits its output; a head
+  scoring one label per image gathers the sequence first (``ModuleForm.whole``).
 """
 
 from __future__ import annotations
