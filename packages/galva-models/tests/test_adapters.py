@@ -135,7 +135,8 @@ def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
 
 
 def test_unknown_model_type():
-    with pytest.raises(ValueError, match="model_type 'mamba' has no Galva adapter: supported are bert, swin, t5, vit"):
+    expected = "model_type 'mamba' has no Galva adapter: supported are bert, gpt2, swin, t5, vit"
+    with pytest.raises(ValueError, match=expected):
         adapter_for("mamba")
 
 

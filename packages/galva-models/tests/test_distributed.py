@@ -361,12 +361,12 @@ def _vocab_gathered(family: str, group) -> dict[str, str]:
     from galva_hp import ParallelContext
     from galva_hp.parallel.tensor_parallel import gather_full_state
 
-    _, layered = _encoder_models(family)
     problems = {}
     for form, ctx in {
         "vtp": ParallelContext(tp_group=group),
         "vtp-sp": ParallelContext(tp_group=group, megatron_sp=True),
     }.items():
+        _, layered = _encoder_models(family)  # a model per form: the table families are parallelized in place, once
         for part, module in (("embedding", layered.embedding), ("head", layered.head)):
             expected = {name: p.detach() for name, p in module.named_parameters()}
             convert = layered.parallelizer.embedding if part == "embedding" else layered.parallelizer.head

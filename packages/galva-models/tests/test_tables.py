@@ -363,6 +363,7 @@ def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> 
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_encoder_families_train_like_hugging_face():
     """BERT (masked LM) and ViT (image classification) from Galva's tables, no adapter class: tp2, Megatron-SP,
@@ -382,7 +383,7 @@ def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     constraints = adapter_for(vit).constraints(vit)
     problems = plan_problems(PLANS["ulysses2"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
-    assert any("vit scores one label per sample" in p for p in problems), problems
+    assert any("vit scores one label per image" in p for p in problems), problems
     problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
     assert any("17" in p for p in problems), problems

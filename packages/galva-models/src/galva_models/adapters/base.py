@@ -192,11 +192,6 @@ def tie_and_check(hf_model: nn.Module, model: LayeredModel) -> LayeredModel:
     return model
 
 
-def set_num_hidden_layers(config: Any, num_layers: int) -> None:
-    """``set_num_layers`` of a family whose config counts its layers in ``num_hidden_layers``."""
-    config.num_hidden_layers = num_layers
-
-
 def hf_init_fn(hf_model: Any, seed: int) -> Callable[[str, nn.Module], None]:
     """galva-hp ``init_fn`` for a model built on the meta device: Hugging Face's own initialiser, module by module.
 

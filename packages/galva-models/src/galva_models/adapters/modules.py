@@ -39,18 +39,6 @@ class HFEmbeddings(nn.Module):
         return first_output(self.embeddings(inputs))
 
 
-class HFLayer(nn.Module):
-    """One Hugging Face encoder layer as it is (``layer``), called on the hidden state alone: no mask, so it attends
-    both ways."""
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return first_output(self.layer(hidden))
-
-
 class LMHead(nn.Module):
     """Final norm (optional) + output projection + token loss: ``(hidden, labels) -> (loss_sum, count)``."""
 

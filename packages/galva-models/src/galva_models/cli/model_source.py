@@ -137,7 +137,8 @@ def seq_lengths(config: Any, adapter: FamilyAdapter, args: argparse.Namespace) -
         raise ConfigError(f"--decoder-seq-length: {family} has no decoder stream; use --seq-length")
     if adapter.task is Task.IMAGE_CLASSIFICATION:
         if args.seq_length is not None:
-            raise ConfigError(f"--seq-length: {adapter.name} takes images; its sequence follows image and patch size")
+            family = family_name(adapter, config)
+            raise ConfigError(f"--seq-length: {family} takes images; its sequence follows image and patch size")
         return 0, None
     default = min(1024, getattr(config, "max_position_embeddings", None) or 1024)
     seq = args.seq_length or default

@@ -1,7 +1,8 @@
 """One adapter per task for every family whose tables say how it splits (transformers' own, or Galva's): no family
 code. Causal LMs (:data:`ADAPTER`), and the encoder families of :data:`~.plans.GALVA_TABLES` (BERT's masked LM,
-ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized in place from its tables
-(:mod:`.parallel`), and its attention runs through Galva's registered functions (:mod:`.attention`).
+ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized
+in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered functions
+(:mod:`.attention`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def supports(config: Any) -> bool:
     tables = model_tables(config)
     if tables is None:
         return False
-    if tables.task == Task.CAUSAL_LM.value and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    causal = tables.task == Task.CAUSAL_LM.value
+    if causal and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return False
     return getattr(config, "num_attention_heads", None) is not None and getattr(config, "hidden_size", None) is not None
 
@@ -100,7 +102,9 @@ def decompose(model: Any) -> LayeredModel:
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
-        head=TableHead({n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs),
+        head=TableHead(
+            {n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs
+        ),
         layer_types=[t.name for t in model_constraints.layer_types for _ in range(t.num_layers)],
         parallelizer=TableParallelizer(config, tables, router, int(getattr(model, "num_experts_per_tok", 0) or 0)),
         name=family,
@@ -193,8 +197,8 @@ def ring_refusal(config: Any) -> str:
 
 
 def _per_sample(family: str) -> dict[ParallelForm, str]:
-    """A head scoring one label per sample runs vocab tp (its classifier split over the labels), not vocab sp."""
-    reason = f"{family} scores one label per sample, not per token: there is no sequence to split; use vocab sp off"
+    """A head scoring one label per image runs vocab tp (its classifier split over the labels), not vocab sp."""
+    reason = f"{family} scores one label per image, not per token: there is no sequence to split; use vocab sp off"
     return {ParallelForm.VOCAB_SP: reason}
 
 

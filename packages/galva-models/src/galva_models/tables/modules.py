@@ -178,7 +178,7 @@ class LayerInputs(nn.Module):
             base = self._base.value
             n = len(base.get_submodule(self._layers))
             # the embedding side may live on another stage (or the meta device): stand-ins of the right width
-            quiet: dict[str, nn.Module] = {name: _Zeros(hidden, dtype, base.get_submodule(name)) for name in self._before}
+            quiet: dict[str, nn.Module] = {n: _Zeros(hidden, dtype, base.get_submodule(n)) for n in self._before}
             with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
                 recorded = self.run(n - 1, quiet, **{self._embeds: embeds})
             self._cache = {key: {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}}
@@ -395,6 +395,7 @@ class TableHead(_InPlace):
         self._task = _Shared(task_model)
         self._base_name = base
         self._keyword = embeds_keyword(keyword)
+        self.aliases = _aliases(self)
         self.form = None
 
     def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -413,6 +414,18 @@ class TableHead(_InPlace):
             sequence_split = form.seq_group is not None and not form.whole
             return vocab_parallel_loss_sum(logits, labels, form.vocab_group, vocab, sequence_split)
         return token_loss_sum(logits, labels)
+
+
+def _aliases(module: nn.Module) -> dict[str, str]:
+    """Second name -> first name of every parameter ``module`` holds under two names (a tie inside it)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            out[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return out
 
 
 def _classes(config: Any, labels: Tensor) -> int:

@@ -12,8 +12,11 @@
   shared experts) routes distinct tokens on every rank (under plain tp, its ``1/tp`` of the sequence), and reports
   its router's statistics where the loss takes them over every layer (:mod:`.router`). The tp table's entries inside
   that block are not applied.
-- Embedding and head under vocabulary tp: the token table and ``lm_head`` split over the vocabulary (padded),
-  the loss vocabulary-parallel; under vocabulary sp, this rank's slice of the positions.
+- Embedding and head under vocabulary tp: the token table and ``lm_head`` (the table's head projection: BERT's
+  decoder, an image classifier over its labels) split over the vocabulary (padded), the loss vocabulary-parallel;
+  under vocabulary sp, this rank's slice of the positions. An embedding side without a vocabulary (pixels) or whose
+  forward needs the whole input (BERT's token types) runs whole under Megatron-SP and splits its output; a head
+  scoring one label per image gathers the sequence first (``ModuleForm.whole``).
 """
 
 from __future__ import annotations
@@ -222,9 +225,8 @@ class TableParallelizer:
             classes = config.num_labels if per_sample else config.get_text_config().vocab_size
             for _, path in self.tables.head:
                 projection = module.get_submodule(path)
-                before = {n: p for n, p in projection.named_parameters(recurse=False)}
                 split_vocab_rows(projection, ("weight", "bias"), group, classes)
-                _follow_ties(module, before, projection)
+                _follow_ties(module, path)
                 enter_region_at(projection, region)
             module.form = ModuleForm(
                 region=region,
@@ -239,15 +241,15 @@ class TableParallelizer:
         return module
 
 
-def _follow_ties(root: nn.Module, before: dict[str, nn.Parameter], projection: nn.Module) -> None:
-    """A parameter ``projection`` shared with another attribute in ``root`` before it was split (BERT's decoder bias
-    is ``cls.predictions.bias``): that attribute takes the split one too, so the tie holds."""
-    for name, old in before.items():
-        new = getattr(projection, name)
-        for sub in root.modules():
-            for attribute, param in list(sub._parameters.items()):
-                if param is old:
-                    sub._parameters[attribute] = new
+def _follow_ties(head: TableHead, path: str) -> None:
+    """A parameter of the projection at ``path`` that the head also holds under another name (BERT's decoder bias is
+    ``cls.predictions.bias``) is that split parameter under both names, so the tie holds. The names were taken when
+    the head was cut (a module moved off the meta device has lost its ties)."""
+    for alias, name in head.aliases.items():
+        for one, other in ((alias, name), (name, alias)):
+            if one.startswith(path + "."):
+                owner, _, attribute = other.rpartition(".")
+                head.get_submodule(owner)._parameters[attribute] = head.get_parameter(one)
 
 
 def _slice_sums(module: nn.Module, group: ProcessGroup) -> list[tuple[str, ProcessGroup]]:
