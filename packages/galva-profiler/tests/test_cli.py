@@ -150,12 +150,15 @@ def test_check_refuses_a_profile_of_the_same_shape_but_another_family(
 
 
 
-@pytest.mark.parametrize("command", ["model", "hardware"])
-@pytest.mark.parametrize("flag", ["--output", "--report"])
+FULL_DISK = [("model", "--output"), ("model", "--report"), ("hardware", "--output"), ("hardware", "--report"),
+             ("check", "--output"), ("check", "--table"), ("check", "--calibration-output")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "flag"), FULL_DISK)
 def test_a_full_disk_fails_before_measuring(tmp_path: Path, command: str, flag: str, small_disk, capsys) -> None:
     """Issue #22: a real 64 KiB tmpfs, filled. An empty probe file still fits there; the check writes 64 KiB, so the
-    run ends in one line before the sweep (in this process: nothing is launched or built) instead of a traceback
-    after it."""
+    run ends in one line before the sweep or the runs (in this process: nothing is launched or built) instead of a
+    traceback after it."""
     from galva_profiler.cli import main
 
     disk = small_disk("64k", full=True)
@@ -163,11 +166,35 @@ def test_a_full_disk_fails_before_measuring(tmp_path: Path, command: str, flag: 
     outputs = ["-o", str(target)] if flag == "--output" else ["-o", str(tmp_path / "p.json"), flag, str(target)]
     if command == "model":
         argv = ["model", "--preset", "tiny-llama", "--seq-lengths", "16", "--quick", *outputs]
-    else:
+    elif command == "hardware":
         argv = ["hardware", "--nproc-per-node", "2", *HW_FLAGS, *outputs]
+    else:
+        argv = ["check", "--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
+                str(SEARCH_DATA / "llama7b_model.json"), "--preset", "tiny-llama", "--search", *outputs]  # fmt: skip
     code = main(argv)
     err = capsys.readouterr().err
     line = _one_error_line(subprocess.CompletedProcess(argv, code, "", err))
     assert f"{flag} {target}" in line and "No space left on device" in line, line
     assert [p.name for p in disk.iterdir()] == ["filler"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"]
+
+
+@pytest.mark.parametrize("failing", ["--table", "--output"])
+def test_check_outputs_on_a_disk_that_filled_up_are_one_line_and_none_is_left(tmp_path, small_disk, failing) -> None:
+    """Issue #22: the disk fills up while the strategies run (after the up-front check): the write that fails is one
+    line naming its flag, and the outputs already written are removed again (the report, written last, is never
+    alone). A real 64 KiB tmpfs, filled; the outputs that fit go to ``tmp_path``."""
+    import argparse
+
+    from galva_profiler.check_cli import write_outputs
+    from galva_profiler.errors import ProfileError
+
+    disk = small_disk("64k", full=True)
+    paths = {"--table": tmp_path / "t.md", "--output": tmp_path / "check.json", failing: disk / "out"}
+    args = argparse.Namespace(table=str(paths["--table"]), output=str(paths["--output"]), calibration_output=None)
+    with pytest.raises(ProfileError) as raised:
+        write_outputs(args, {"rows": ["x" * 100_000]}, "| table |\n", None)
+    line = str(raised.value)
+    assert line.startswith(f"{failing} {disk / 'out'}: cannot write: ") and "No space left on device" in line, line
+    assert "\n" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"] and [p.name for p in disk.iterdir()] == ["filler"]
