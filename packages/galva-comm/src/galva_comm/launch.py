@@ -166,10 +166,11 @@ def _failure(failures: dict[int, Any], notes: Path, prog: str) -> tuple[int, str
     codes = {rank: failure.exitcode for rank, failure in sorted(failures.items())}
     if (notes / "said").exists():  # a rank raised, printed its traceback and line (rank_failed)
         return next((c for c in codes.values() if c > 0 and c not in _INTERRUPTED), 1), ""
+    # the agent stops the other ranks of a failed job with SIGTERM, which ends a rank whose interpreter is already
+    # shutting down (its handlers gone): a kill by SIGTERM explains the job only when nothing else does
     for rank, code in codes.items():
-        if code < 0:
-            name = signal.Signals(-code).name if -code in _SIGNALS else str(-code)
-            return 128 - code, f"{prog}: rank {rank} was killed by {name}"
+        if code < 0 and code != -signal.SIGTERM:
+            return 128 - code, _killed(prog, rank, code)
     for rank, code in codes.items():
         if code > 0 and code not in _INTERRUPTED and not (notes / f"collective-{rank}").exists():
             return code, ""  # the rank said why on its way out (its own PROG: error: line)
@@ -177,11 +178,19 @@ def _failure(failures: dict[int, Any], notes: Path, prog: str) -> tuple[int, str
         line = _read(notes / f"collective-{rank}")
         if line:
             return codes[rank], line
+    for rank, code in codes.items():
+        if code < 0:
+            return 128 - code, _killed(prog, rank, code)
     rank, code = next(iter(codes.items()))  # a rank alone got a signal
     if code in _INTERRUPTED:
         said = _read(notes / "interrupted")
         return code, said or f"{prog}: rank {rank} was interrupted ({signal.Signals(code - 128).name})"
     return code or 1, ""
+
+
+def _killed(prog: str, rank: int, code: int) -> str:
+    name = signal.Signals(-code).name if -code in _SIGNALS else str(-code)
+    return f"{prog}: rank {rank} was killed by {name}"
 
 
 def is_collective_error(err: BaseException) -> bool:
