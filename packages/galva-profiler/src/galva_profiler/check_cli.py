@@ -52,6 +52,7 @@ def _strategies(paths: list[str]) -> list[tuple[str, Path]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from galva_comm.testing import DistributedTestError
     from galva_profiler.check import CheckOptions, StrategyCheck, compare, measure, report, table
     from galva_profiler.model_source import load_config
     from galva_schema import HardwareProfile, ModelProfile, SchemaError, Strategy, plan_problems
@@ -99,7 +100,10 @@ def run_check(args: argparse.Namespace) -> int:
     for i, (name, strategy) in enumerate(named):
         print(f"[{i + 1}/{len(named)}] {name}: {strategy.world_size} ranks", file=sys.stderr, flush=True)
         check = StrategyCheck(name, strategy)
-        check.ranks = measure(config, strategy, options)
+        try:
+            check.ranks = measure(config, strategy, options)
+        except DistributedTestError as err:  # a rank raised, or hung: one line naming it, no traceback
+            raise ProfileError(f"{name}: {err.summary}") from None
         compare(check, hardware, model, options)
         checks.append(check)
     calibration = None
