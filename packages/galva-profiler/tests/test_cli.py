@@ -219,6 +219,7 @@ if os.environ.get("RANK") == "1":
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # about 20 s each on a loaded 2-core machine: a launcher, two ranks, part of a sweep
 @pytest.mark.parametrize("fault", ["raises", "killed"])
 def test_a_failed_hardware_rank_ends_the_job_with_one_line(tmp_path: Path, fault: str) -> None:
     """Issue #22: rank 1 of a two-rank sweep raises (its traceback, then one line naming it and its exception), or is
