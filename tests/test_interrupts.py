@@ -207,6 +207,24 @@ def test_galva_profile_hardware_on_two_ranks(tmp_path):
     assert list(out.iterdir()) == []
 
 
+def _ranks_started(proc: subprocess.Popen[str], *_: object) -> bool:
+    """Both ranks of the launcher are running (its only child processes)."""
+    found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    return len(found.stdout.split()) >= 2
+
+
+@pytest.mark.distributed
+def test_ctrl_c_while_the_ranks_start(tmp_path):
+    """Ctrl-C the moment the launcher has started its ranks, while they start Python and import torch: they hold the
+    signal back until a handler is in place (galva_comm.launch, which galva-train's ranks start through too), so no
+    rank prints a KeyboardInterrupt traceback."""
+    cmd = [str(BIN / "galva-profile"), "hardware", "--nproc-per-node", "2", "--quick", "--quiet", "-o", "hw.json"]
+    ended = _interrupt(cmd, _ranks_started, whole_group=True, cwd=tmp_path)
+    _check(ended, "galva-profile", signal.SIGINT)
+    assert ended.before == [] and ended.after == ["galva-profile: interrupted (SIGINT)"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def _metrics_lines(path: Path) -> Callable[..., bool]:
     return lambda *_: path.exists() and len(path.read_text().splitlines()) >= 1
 

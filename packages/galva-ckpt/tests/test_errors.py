@@ -126,6 +126,18 @@ def test_refuses_a_non_empty_output_unless_forced(galva: Path, tmp_path: Path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["back", "galva", "hf"]  # no .tmp-/.old- leftovers
 
 
+@pytest.mark.parametrize(("out", "problem"), [("/proc/galva-out", "No such file or directory"),
+                                               ("{tmp}/file/out", "Not a directory"),
+                                               ("{tmp}/file", "exists and is not a directory")])  # fmt: skip
+def test_an_output_that_cannot_be_created_is_named(tmp_path: Path, cli, tiny, out: str, problem: str) -> None:
+    """Issue #22: the line names the output asked for, not the temporary directory beside it."""
+    tiny.save(tmp_path / "hf", "tiny-gpt2")
+    (tmp_path / "file").write_text("x")
+    out = out.format(tmp=tmp_path)
+    _fails(cli("h2g", tmp_path / "hf", out), f"galva-ckpt: error: {out}: {problem}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf"] and (tmp_path / "file").read_text() == "x"
+
+
 def test_output_inside_the_input_is_refused(galva: Path, cli) -> None:
     _fails(cli("g2h", galva, galva / "hf_out"), "must not be, contain or lie inside the input")
 

@@ -44,6 +44,8 @@ def test_failing_rank_is_named_with_its_traceback() -> None:
         run_distributed(_fail_on_rank_two, 4, timeout=120)
     assert 2 in info.value.failed_ranks
     assert "rank two disagrees" in str(info.value)
+    # the one line galva-profile check prints: the first rank to fail and its traceback's last line
+    assert info.value.summary == "rank 2: AssertionError: rank two disagrees"
     assert time.monotonic() - start < 90  # the healthy ranks' barrier is abandoned, not waited out
 
 
@@ -53,4 +55,5 @@ def test_hung_rank_times_out() -> None:
     with pytest.raises(DistributedTestError, match=r"did not finish within 15 s") as info:
         run_distributed(_sleep_forever, 2, timeout=15)
     assert 1 in info.value.failed_ranks  # (rank 0 may be named too on a loaded machine: it waits for rank 1)
+    assert "\n" not in info.value.summary and "did not finish within 15 s" in info.value.summary
     assert time.monotonic() - start < 40

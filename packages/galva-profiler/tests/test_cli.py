@@ -150,12 +150,15 @@ def test_check_refuses_a_profile_of_the_same_shape_but_another_family(
 
 
 
-@pytest.mark.parametrize("command", ["model", "hardware"])
-@pytest.mark.parametrize("flag", ["--output", "--report"])
+FULL_DISK = [("model", "--output"), ("model", "--report"), ("hardware", "--output"), ("hardware", "--report"),
+             ("check", "--output"), ("check", "--table"), ("check", "--calibration-output")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "flag"), FULL_DISK)
 def test_a_full_disk_fails_before_measuring(tmp_path: Path, command: str, flag: str, small_disk, capsys) -> None:
     """Issue #22: a real 64 KiB tmpfs, filled. An empty probe file still fits there; the check writes 64 KiB, so the
-    run ends in one line before the sweep (in this process: nothing is launched or built) instead of a traceback
-    after it."""
+    run ends in one line before the sweep or the runs (in this process: nothing is launched or built) instead of a
+    traceback after it."""
     from galva_profiler.cli import main
 
     disk = small_disk("64k", full=True)
@@ -163,11 +166,103 @@ def test_a_full_disk_fails_before_measuring(tmp_path: Path, command: str, flag: 
     outputs = ["-o", str(target)] if flag == "--output" else ["-o", str(tmp_path / "p.json"), flag, str(target)]
     if command == "model":
         argv = ["model", "--preset", "tiny-llama", "--seq-lengths", "16", "--quick", *outputs]
-    else:
+    elif command == "hardware":
         argv = ["hardware", "--nproc-per-node", "2", *HW_FLAGS, *outputs]
+    else:
+        argv = ["check", "--hardware-profile", str(SEARCH_DATA / "hw_1x8.json"), "--model-profile",
+                str(SEARCH_DATA / "llama7b_model.json"), "--preset", "tiny-llama", "--search", *outputs]  # fmt: skip
     code = main(argv)
     err = capsys.readouterr().err
     line = _one_error_line(subprocess.CompletedProcess(argv, code, "", err))
     assert f"{flag} {target}" in line and "No space left on device" in line, line
     assert [p.name for p in disk.iterdir()] == ["filler"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"]
+
+
+@pytest.mark.parametrize("failing", ["--table", "--output"])
+def test_check_outputs_on_a_disk_that_filled_up_are_one_line_and_none_is_left(tmp_path, small_disk, failing) -> None:
+    """Issue #22: the disk fills up while the strategies run (after the up-front check): the write that fails is one
+    line naming its flag, and the outputs already written are removed again (the report, written last, is never
+    alone). A real 64 KiB tmpfs, filled; the outputs that fit go to ``tmp_path``."""
+    import argparse
+
+    from galva_profiler.check_cli import write_outputs
+    from galva_profiler.errors import ProfileError
+
+    disk = small_disk("64k", full=True)
+    paths = {"--table": tmp_path / "t.md", "--output": tmp_path / "check.json", failing: disk / "out"}
+    args = argparse.Namespace(table=str(paths["--table"]), output=str(paths["--output"]), calibration_output=None)
+    with pytest.raises(ProfileError) as raised:
+        write_outputs(args, {"rows": ["x" * 100_000]}, "| table |\n", None)
+    line = str(raised.value)
+    assert line.startswith(f"{failing} {disk / 'out'}: cannot write: ") and "No space left on device" in line, line
+    assert "\n" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"] and [p.name for p in disk.iterdir()] == ["filler"]
+
+
+# a rank's own fault, injected into every rank's interpreter at start-up: rank 1's third timed collective raises
+FAULT = """
+import os
+if os.environ.get("RANK") == "1":
+    import galva_profiler.hardware as hardware
+
+    original, calls = hardware.time_collective, []
+
+    def time_collective(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("injected fault")
+        return original(*args, **kwargs)
+
+    hardware.time_collective = time_collective
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # about 20 s each on a loaded 2-core machine: a launcher, two ranks, part of a sweep
+@pytest.mark.parametrize("fault", ["raises", "killed"])
+def test_a_failed_hardware_rank_ends_the_job_with_one_line(tmp_path: Path, fault: str) -> None:
+    """Issue #22: rank 1 of a two-rank sweep raises (its traceback, then one line naming it and its exception), or is
+    killed (one line from the launcher); rank 0's collective that fails with it says nothing, nor does the stop the
+    launcher sends it; nothing is written."""
+    import os
+    import signal
+    import threading
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    if fault == "raises":
+        (tmp_path / "inject").mkdir()
+        (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path / "inject"), env.get("PYTHONPATH")]))
+    flags = [flag for flag in HW_FLAGS if flag != "--quiet"]  # its progress lines say when the sweep is running
+    proc = subprocess.Popen([*PROFILE, "hardware", "--nproc-per-node", "2", *flags, "-o", str(tmp_path / "hw.json")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stderr), daemon=True)
+    reader.start()
+    try:
+        if fault == "killed":
+            deadline = time.monotonic() + 300
+            while not any(line.startswith("hardware (2 ranks") for line in lines):
+                assert proc.poll() is None and time.monotonic() < deadline, lines
+                time.sleep(0.05)
+            ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            rank1 = [pid for pid in ranks if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text()]
+            os.kill(int(rank1[0]), signal.SIGKILL)
+        proc.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = [line for line in lines if not line.startswith("hardware (2 ranks")]
+    if fault == "raises":
+        assert proc.returncode == 1, said
+        assert said[0] == "Traceback (most recent call last):" and said[-2] == "ValueError: injected fault", said
+        assert said[-1] == "galva-profile: error: rank 1: ValueError: injected fault", said
+        assert sum("Traceback" in line for line in said) == 1  # rank 1's own; rank 0's failed collective is quiet
+    else:
+        assert proc.returncode == 128 + signal.SIGKILL, said
+        assert said == ["galva-profile: rank 1 was killed by SIGKILL"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["inject"] if fault == "raises" else [])

@@ -147,7 +147,10 @@ def atomic_directory(target: str | os.PathLike[str], force: bool = False) -> Ite
         raise CheckpointError(f"{target}: directory is not empty; pass --force to replace it")
     token = secrets.token_hex(4)
     tmp = target.parent / f"{target.name}.tmp-{token}"
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as err:  # the error names the target, not the temporary directory nobody asked for
+        raise OSError(err.errno, err.strerror, str(target)) from None
     try:
         yield tmp
     except BaseException:

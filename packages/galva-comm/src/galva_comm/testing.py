@@ -33,11 +33,13 @@ __all__ = ["DistributedTestError", "free_port", "run_distributed"]
 
 
 class DistributedTestError(RuntimeError):
-    """One or more ranks failed or did not finish in time. The message names them, with the first traceback."""
+    """One or more ranks failed or did not finish in time. The message names them, with the first traceback;
+    ``summary`` says it in one line (the first rank to fail and its exception: its traceback's last line)."""
 
-    def __init__(self, message: str, failed_ranks: list[int]) -> None:
+    def __init__(self, message: str, failed_ranks: list[int], summary: str | None = None) -> None:
         super().__init__(message)
         self.failed_ranks = failed_ranks
+        self.summary = summary or (message.splitlines() or [""])[0]
 
 
 def free_port() -> int:
@@ -216,7 +218,9 @@ def run_distributed(
         # usually fail because it left a collective
         first = next(iter(errors))
         names = ", ".join(str(r) for r in sorted(errors))
+        cause = ([line for line in errors[first].splitlines() if line.strip()] or ["no message"])[-1]
         raise DistributedTestError(
-            f"rank(s) {names} failed; first to fail was rank {first}:\n{errors[first]}", sorted(errors)
+            f"rank(s) {names} failed; first to fail was rank {first}:\n{errors[first]}", sorted(errors),
+            summary=f"rank {first}: {cause.strip()}",
         )
     return [results[rank] for rank in range(world_size)]

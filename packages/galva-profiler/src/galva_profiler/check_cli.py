@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from galva_profiler.errors import ProfileError
-from galva_profiler.outputs import check_writable_file
+from galva_profiler.outputs import check_writable_file, writing
 
 if TYPE_CHECKING:
     from galva_schema import HardwareProfile, ModelProfile, Strategy
@@ -52,9 +52,10 @@ def _strategies(paths: list[str]) -> list[tuple[str, Path]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from galva_comm.testing import DistributedTestError
     from galva_profiler.check import CheckOptions, StrategyCheck, compare, measure, report, table
     from galva_profiler.model_source import load_config
-    from galva_schema import HardwareProfile, ModelProfile, SchemaError, Strategy, plan_problems, write_json_atomic
+    from galva_schema import HardwareProfile, ModelProfile, SchemaError, Strategy, plan_problems
 
     if args.steps < 1 or args.warmup < 0:
         raise ProfileError("--steps must be >= 1 and --warmup >= 0")
@@ -99,7 +100,10 @@ def run_check(args: argparse.Namespace) -> int:
     for i, (name, strategy) in enumerate(named):
         print(f"[{i + 1}/{len(named)}] {name}: {strategy.world_size} ranks", file=sys.stderr, flush=True)
         check = StrategyCheck(name, strategy)
-        check.ranks = measure(config, strategy, options)
+        try:
+            check.ranks = measure(config, strategy, options)
+        except DistributedTestError as err:  # a rank raised, or hung: one line naming it, no traceback
+            raise ProfileError(f"{name}: {err.summary}") from None
         compare(check, hardware, model, options)
         checks.append(check)
     calibration = None
@@ -108,15 +112,34 @@ def run_check(args: argparse.Namespace) -> int:
 
         calibration = fit_calibration(checks, hardware, model, options)
     text = table([row for check in checks for row in check.rows])
-    write_json_atomic(args.output, report(checks, calibration))
-    if args.table:
-        from galva_schema import write_text_atomic
-
-        write_text_atomic(args.table, text)
-    if calibration is not None:
-        calibration.save(args.calibration_output)
+    write_outputs(args, report(checks, calibration), text, calibration)
     print(text)
     return 0
+
+
+def write_outputs(args: argparse.Namespace, data: dict[str, Any], text: str, calibration: Any) -> None:
+    """Write the report (``--output``, last: its presence means the whole check succeeded), the ``--table`` and the
+    ``--calibration-output``. A write that fails (a disk that filled up during the runs) is one line, and the files
+    this call already wrote are removed again: all of them or none."""
+    from galva_schema import write_json_atomic, write_text_atomic
+
+    writes = []
+    if args.table:
+        writes.append(("--table", args.table, lambda: write_text_atomic(args.table, text)))
+    if calibration is not None:
+        writes.append(("--calibration-output", args.calibration_output,
+                       lambda: calibration.save(args.calibration_output)))  # fmt: skip
+    writes.append(("--output", args.output, lambda: write_json_atomic(args.output, data)))
+    written: list[Path] = []
+    try:
+        for flag, path, write in writes:
+            with writing(flag, path):
+                write()
+            written.append(Path(path))
+    except ProfileError:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfile) -> None:

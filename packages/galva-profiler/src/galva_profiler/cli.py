@@ -100,6 +100,12 @@ def _main(argv: Sequence[str] | None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank of a job: one line for the job, naming this rank
+            from galva_comm.launch import rank_failed
+
+            return rank_failed(PROG, err)
+        raise
 
 
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:

@@ -11,10 +11,11 @@ until that call returns, which may be minutes. A helper thread, woken by the sig
 run :data:`GRACE_S` seconds after the signal. Code that installs its own handler for the signal meanwhile (torch's
 elastic agent in :func:`galva_comm.launch.launch_local`, galva-hp's training watchdog) owns it and is left alone.
 
-In a job of several ranks one process says it (:func:`say_interrupted`): Ctrl-C reaches every rank, the job prints one
-line. A command's process, once unwound, ends without interpreter finalization (``end_process``). Forked
-workers are started inside :func:`forking` and call :func:`forked_worker` first: the parent alone decides how the job
-ends (it stops them), and no worker prints a traceback of its own.
+In a job of several ranks one process says it (:func:`say_interrupted`; under galva-comm's launcher, the launcher
+prints what the first rank wrote): Ctrl-C reaches every rank, the job prints one line. A command's process, once
+unwound, ends without interpreter finalization (``end_process``). Forked workers are started inside :func:`forking`
+and call :func:`forked_worker` first: the parent alone decides how the job ends (it stops them), and no worker prints
+a traceback of its own.
 """
 
 from __future__ import annotations
@@ -79,28 +80,33 @@ def interrupted_line(prog: str, signum: int) -> str:
 
 NOTE_ENV = "GALVA_INTERRUPT_NOTE"
 """Set by a launcher (:func:`galva_comm.launch.launch_local`) for its ranks: a file path that the first process of the
-job to say that it was interrupted creates, so that no other says it again and the launcher knows it was said."""
+job to be interrupted creates, writing its line into it; the launcher, the job's one voice, prints it (or not: a job
+that failed and whose other ranks the launcher then stopped was not interrupted)."""
 
 
 def say_interrupted(prog: str, signum: int, detail: str = "") -> bool:
-    """Print ``PROG: interrupted (SIGNAL)`` + ``detail`` unless another process of the job says it; True if printed.
+    """Say ``PROG: interrupted (SIGNAL)`` + ``detail`` unless another process of the job says it; True if said.
 
-    Under a launcher that names a note file (:data:`NOTE_ENV`) the first process to create it says it; otherwise a
-    lone process or rank 0 of a job of several (``$RANK`` unset or 0) does.
+    Under a launcher that names a note file (:data:`NOTE_ENV`) the first process to create it writes the line there
+    for the launcher to print; otherwise a lone process or rank 0 of a job of several (``$RANK`` unset or 0) prints it.
     """
+    line = interrupted_line(prog, signum) + detail
     note = os.environ.get(NOTE_ENV)
-    first = os.environ.get("RANK", "0") == "0"
     if note:
         try:
-            os.close(os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            first = True
+            fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            first = False
-        except OSError:  # an unwritable note: rank 0 says it, as without a note
-            first = os.environ.get("RANK", "0") == "0"
-    if first:
-        print(interrupted_line(prog, signum) + detail, file=sys.stderr, flush=True)
-    return first
+            return False
+        except OSError:  # an unwritable note: rank 0 prints it, as without a note
+            pass
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(line)
+            return True
+    if os.environ.get("RANK", "0") != "0":
+        return False
+    print(line, file=sys.stderr, flush=True)
+    return True
 
 
 @contextlib.contextmanager

@@ -82,18 +82,6 @@ def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _is_collective_error(err: BaseException) -> bool:
-    """A failed or timed-out collective (a peer stopped, left or timed out), as opposed to a bug in this rank."""
-    import torch.distributed as dist
-
-    if isinstance(err, getattr(dist, "DistError", ())):
-        return True
-    text = str(err).lower()
-    return isinstance(err, RuntimeError) and any(
-        word in text for word in ("gloo", "nccl", "timed out", "connection reset", "connection closed")
-    )
-
-
 def banner(cfg: TrainConfig, world: int) -> str:
     """The start-of-run line: model, ranks and the plan actually used (with what a flag changed in a plan file)."""
     from galva_models.cli.plan_source import describe
@@ -168,7 +156,7 @@ def run(cfg: TrainConfig) -> int:
     A watchdog runs beside the loop (:mod:`galva_hp.watchdog`): a rank that stops making progress for
     ``--collective-timeout`` seconds ends the job with one line naming it; Ctrl-C ends every rank with one line.
     """
-    from galva_comm.launch import running_under_launcher
+    from galva_comm.launch import is_collective_error, running_under_launcher
     from galva_hp.watchdog import Watchdog
 
     if cfg.world_size > 1 and not running_under_launcher():
@@ -184,7 +172,7 @@ def run(cfg: TrainConfig) -> int:
     try:
         return _run(cfg, rank, world, watchdog)
     except Exception as err:
-        if world > 1 and _is_collective_error(err):
+        if world > 1 and is_collective_error(err):
             return watchdog.fail(err)  # one line naming the stuck rank (or the one that raised); exits
         if world > 1:
             return watchdog.crash(err)  # this rank raised: its traceback, one line naming it; exits
