@@ -20,7 +20,7 @@ from galva_schema import (
     SchemaError,
 )
 from galva_search.collectives import Collectives
-from galva_search.cost_model import CostModel, CostSettings, VocabOption, iteration_time
+from galva_search.cost_model import CostModel, CostSettings, VocabOption, pipeline_time
 from galva_search.space import Candidate
 
 DDP, ZERO2, ZERO3 = DataParallelType.DDP, DataParallelType.ZERO2, DataParallelType.ZERO3
@@ -257,10 +257,10 @@ def test_vocab_terms_split_over_first_and_last_stage(tiny, tiny_hw):
 
 
 # ------------------------------------------------------------------------------------------------ pipeline
-def test_iteration_time_bubble_and_sync_tail():
-    assert iteration_time([1.0, 2.0, 1.0], [0.5, 3.5, 0.0], 4) == pytest.approx(4 + 3 * 2 + 2.5)
-    assert iteration_time([2.0], [0.5], 3) == pytest.approx(6.5)
-    assert iteration_time([2.0, 2.0], [0.0, 1.0], 1) == pytest.approx(4.0)  # tail hidden by stage 0's backward
+def test_pipeline_time_bubble_and_sync_tail():
+    assert pipeline_time([1.0, 2.0, 1.0], [0.5, 3.5, 0.0], 4).total == pytest.approx(4 + 3 * 2 + 2.5)
+    assert pipeline_time([2.0], [0.5], 3).total == pytest.approx(6.5)
+    assert pipeline_time([2.0, 2.0], [0.0, 1.0], 1).total == pytest.approx(4.0)  # tail hidden by stage 0's backward
 
 
 # ------------------------------------------------------------------------------------------------ reference §4.6

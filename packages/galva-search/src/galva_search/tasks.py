@@ -16,6 +16,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from galva_comm.layout import ranks_per_stage
 from galva_schema import DataParallelType, PipelineSchedule
 from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
 from galva_search.options import SearchOptions, TaskRecord
@@ -291,7 +292,7 @@ class TaskEnumerator:
                         continue
                     schedules = self.schedules(pp, c)
                     for option in vocab_by_pp[pp]:
-                        if micro % (self.cost.world_size // pp // option.tp):
+                        if micro % (ranks_per_stage(self.cost.world_size, pp) // option.tp):  # vocabulary dp
                             continue
                         for schedule, v in schedules:
                             vt = self.vocab_terms(pp, option, micro, c, schedule, v)
