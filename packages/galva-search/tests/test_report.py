@@ -172,7 +172,8 @@ def test_layer_cells_mark_tp_ulysses_zero_and_checkpointing(make_hw, make_model,
     # stage 0 is over the budget, stage 1 fits; the legend lists both degrees
     bar0, bar1 = (re.search(r'fill="(#[0-9A-F]{6})" rx', g).group(1)
                   for g in re.findall(r'<g class="mem-bar".*?</g>', text))
-    assert hand.summary.memory_budget_mib < 17000.0 and (bar0, bar1) == ("#D1495B", "#2E9E5B")  # red over budget, green fits
+    assert hand.summary.memory_budget_mib < 17000.0
+    assert (bar0, bar1) == ("#D1495B", "#2E9E5B")  # red over budget, green fits
     legend = {a["data-kind"] for a, _ in page.by_class("legend-item")}
     assert {"tp-1", "tp-2"} <= legend
     slow = [inner for a, inner in page.by_class("time-bar") if "slowest" in inner]
@@ -228,7 +229,7 @@ def test_a_run_page_has_plan_training_and_measured_sections(make_hw, make_model)
     assert bars[("memory", "predicted")] == pytest.approx(result.summary.stage_memory_mib[0], rel=1e-5)
     with pytest.raises(ReportError, match="nothing to report"):
         render_page()
-    with pytest.raises(SchemaError, match="kind: expected 'galva.search_summary', got 'galva.strategy'"):
+    with pytest.raises(SchemaError, match=r"kind: expected 'galva\.search_summary', got 'galva\.strategy'"):
         SearchSummary.from_dict({"kind": "galva.strategy"})
     n = result.strategy.num_micro_batches
     other = SearchSummary.from_dict({**result.summary.to_dict(), "num_micro_batches": n + 1})

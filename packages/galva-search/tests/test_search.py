@@ -155,7 +155,8 @@ def test_llama7b_on_one_node(hw_1x8, llama7b):
     assert s.num_layers == 32 and s.world_size == 8
     assert all(m <= result.summary.usable_memory_mib for m in result.summary.stage_memory_mib)
     assert result.summary.usable_memory_mib == pytest.approx(0.95 * budget)  # the default reserve: 5% for fragmentation
-    assert result.summary.throughput_samples_per_s == pytest.approx(s.global_batch_size / result.summary.iteration_time_s)
+    summary = result.summary
+    assert summary.throughput_samples_per_s == pytest.approx(s.global_batch_size / summary.iteration_time_s)
     counts = result.summary.counts
     assert counts.tasks == counts.solved + counts.infeasible + counts.pruned_bound + counts.pruned_memory
     assert len(result.log) == counts.tasks
@@ -167,10 +168,10 @@ def test_llama7b_on_one_node(hw_1x8, llama7b):
     assert evaluation.stage_memory_mib == pytest.approx(result.summary.stage_memory_mib, rel=1e-9)
     text = text_summary(result.strategy, result.summary)
     assert "samples/s" in text and "stage 0" in text
-    summary = json.loads(json.dumps(result.summary.to_dict()))
-    assert summary["pp"] == s.pp and len(summary["stage_memory_mib"]) == s.pp
-    assert SearchSummary.from_dict(summary) == result.summary  # the file reads back as what was written
-    assert result.summary.mismatch(s) is None
+    written = json.loads(json.dumps(summary.to_dict()))
+    assert written["pp"] == s.pp and len(written["stage_memory_mib"]) == s.pp
+    assert SearchSummary.from_dict(written) == summary  # the file reads back as what was written
+    assert summary.mismatch(s) is None
 
 
 def test_global_mode_uses_one_strategy(hw_1x8, llama7b):
