@@ -59,7 +59,8 @@ def test_run_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     records = [{"step": t, "loss": 10.0 / (1 + 0.2 * t), "tokens_per_s": 9000.0 + 50 * t,
                 "step_time_s": 14.0 - 0.01 * t, "peak_memory_mib": 30000.0 + t} for t in range(1, 31)]
     page = tmp_path / "report.html"
-    page.write_text(render_page(PlanFacts.from_result(result), records, {"model": "llama-7b"}), encoding="utf-8")
+    plan = PlanFacts(result.strategy, result.summary)
+    page.write_text(render_page(plan, records, {"model": "llama-7b"}), encoding="utf-8")
 
     shot = tmp_path / "report.png"
     run = _chromium("--window-size=1100,3200", f"--screenshot={shot}", page.as_uri())

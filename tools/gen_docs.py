@@ -76,6 +76,10 @@ FILES: dict[str, tuple[str, str]] = {
     "cluster": ("Cluster spec", "nodes and devices; embedded in hardware profiles"),
     "checkpoint_manifest": ("Checkpoint manifest", "`manifest.json` of a layerwise checkpoint (galva-ckpt)"),
     "calibration": ("Calibration file", "per-term factors for galva-search `--calibration`"),
+    "search_summary": (
+        "Search summary",
+        "the plan's predicted cost: written by `galva-search --summary-json`, read by galva-report and `galva run`",
+    ),
 }
 
 

@@ -58,7 +58,7 @@ class Case:
     memory_gb: int
     layers: int
     batch_size: int
-    chunks: int | None = None  # None: every micro-batch count (Galvatron's default), else fixed
+    micro_batches: int | None = None  # None: every micro-batch count (Galvatron's default), else fixed
     gpus_per_node: int = 8
     capture: int = 300  # Galvatron DP calls replayed through galva_search.dp
 
@@ -68,7 +68,7 @@ CASES = [
     Case("llama7b-1x8-36GB", 1, 36, 32, 32),
     Case("llama7b-1x8-80GB", 1, 80, 32, 32),
     Case("llama7b-2x8-40GB", 2, 40, 32, 64),
-    Case("llama80L-8x8-80GB", 8, 80, 80, 128, chunks=8),
+    Case("llama80L-8x8-80GB", 8, 80, 80, 128, micro_batches=8),
 ]
 
 
@@ -153,8 +153,8 @@ def run_galvatron(case: Case, timeout_s: int) -> dict[str, Any]:
         for f in os.listdir(d["capture"]):
             os.remove(os.path.join(d["capture"], f))
     search = dict(COMMON, settle_bsz=case.batch_size)
-    if case.chunks is not None:
-        search["settle_chunk"] = case.chunks
+    if case.micro_batches is not None:
+        search["settle_chunk"] = case.micro_batches
     spec = {
         "num_nodes": case.nodes,
         "num_gpus_per_node": case.gpus_per_node,
@@ -218,7 +218,7 @@ def galva_cost_model(case: Case):
     return CostModel(hardware, model, settings)
 
 
-def galva_options(case: Case, batch_size: int | tuple[int, ...], chunks: int | None):
+def galva_options(case: Case, batch_size: int | tuple[int, ...], micro_batches: int | None):
     """The planner's options equal to COMMON and the case (Galvatron's memory_constraint GB = GB * 1024 MiB)."""
     from galva_schema import DataParallelType
     from galva_search.search import SearchOptions
@@ -230,7 +230,7 @@ def galva_options(case: Case, batch_size: int | tuple[int, ...], chunks: int | N
         memory_reserve_mib=reference_reserve_mib(case) if RESERVE == "reference" else None,
         batch_sizes=batch_size if isinstance(batch_size, tuple) else (batch_size,),
         space=space,
-        num_micro_batches=chunks,
+        num_micro_batches=micro_batches,
     )
 
 
@@ -249,7 +249,7 @@ def run_galva(case: Case) -> tuple[float, Any]:
 
     t0 = time.perf_counter()
     cost = galva_cost_model(case)
-    result = search(cost, galva_options(case, case.batch_size, case.chunks))
+    result = search(cost, galva_options(case, case.batch_size, case.micro_batches))
     return time.perf_counter() - t0, result
 
 
@@ -301,7 +301,7 @@ def galva_breakdown(case: Case, strategy) -> dict[str, Any]:
         "stage_vocab_mib": [v.memory_mib for v in vt],  # vocabulary states + in-flight activations
         "stage_layer_states_mib": layer_states,
         "stage_layer_activation_mib": layer_act,  # in-flight micro-batches included
-        "throughput": ev.throughput,
+        "throughput": ev.throughput_samples_per_s,
         "iteration_s": ev.iteration_time_s,
         "stage_memory_mib": list(ev.stage_memory_mib),
         "stage_states_mib": list(d.stage_states_mib),  # layers + vocabulary
@@ -421,10 +421,10 @@ def run_case(case: Case, args: argparse.Namespace) -> Row:
         print(f"[{case.name}] galva planner failed: {e!r}", flush=True)
         return row
     row.galva_s = galva_s
-    row.galva_throughput = float(result.throughput)
+    row.galva_throughput = float(result.summary.throughput_samples_per_s)
     row.galva_plan = describe(result.strategy)
-    row.usable_mib = float(result.usable_memory_mib)
-    print(f"[{case.name}] Galva: {galva_s:.3f} s, {result.throughput:.3f} samples/s", flush=True)
+    row.usable_mib = float(result.summary.usable_memory_mib)
+    print(f"[{case.name}] Galva: {galva_s:.3f} s, {result.summary.throughput_samples_per_s:.3f} samples/s", flush=True)
     from galva_schema.reference import read_galvatron_strategy, to_galvatron_strategy
 
     row.galva_model["galva"] = galva_breakdown(case, result.strategy)
@@ -457,22 +457,22 @@ def run_wide() -> list[dict[str, Any]]:
 
     out = []
     by_name = {c.name: c for c in CASES}
-    for name, batches, chunks in WIDE:
+    for name, batches, micro_batches in WIDE:
         case = by_name[name]
         t0 = time.perf_counter()
-        result = search(galva_cost_model(case), galva_options(case, batches, chunks))
+        result = search(galva_cost_model(case), galva_options(case, batches, micro_batches))
         wall = time.perf_counter() - t0
         out.append({
             "case": name,
             "batch_sizes": f"{batches[0]}..{batches[-1]} step {batches[1] - batches[0]}",
-            "micro_batches": "all" if chunks is None else str(chunks),
-            "tasks": result.counts.get("tasks"),
-            "solved": result.counts.get("solved"),
+            "micro_batches": "all" if micro_batches is None else str(micro_batches),
+            "tasks": result.summary.counts.tasks,
+            "solved": result.summary.counts.solved,
             "galva_s": wall,
-            "throughput": float(result.throughput),
+            "throughput": float(result.summary.throughput_samples_per_s),
             "plan": f"bsz {result.strategy.global_batch_size}, " + describe(result.strategy),
         })
-        print(f"[wide {name}] {wall:.3f} s, {result.throughput:.3f} samples/s", flush=True)
+        print(f"[wide {name}] {wall:.3f} s, {result.summary.throughput_samples_per_s:.3f} samples/s", flush=True)
     return out
 
 

@@ -44,7 +44,7 @@ class Case:
     nodes: int
     memory_mib: float
     batch_sizes: tuple[int, ...]
-    chunks: int | None = None  # fixed micro-batch count, None: every count
+    micro_batches: int | None = None  # fixed micro-batch count, None: every count
     layers: int = 32
     reserve_mib: float | None = None  # None: Galva's default 5%
     sp_space: str = "tp"
@@ -63,7 +63,8 @@ CASES = [
     Case("llama7b-1x8-24GB", "work", 1, 24 * 1024.0, (32,), reserve_mib=_reference_reserve(24)),
     Case("llama7b-1x8-36GB", "work", 1, 36 * 1024.0, (32,), reserve_mib=_reference_reserve(36)),
     Case("llama7b-2x8-40GB", "work", 2, 40 * 1024.0, (64,), reserve_mib=_reference_reserve(40)),
-    Case("llama80L-8x8-80GB", "work", 8, 80 * 1024.0, (128,), chunks=8, layers=80, reserve_mib=_reference_reserve(80)),
+    Case("llama80L-8x8-80GB", "work", 8, 80 * 1024.0, (128,), micro_batches=8, layers=80,
+         reserve_mib=_reference_reserve(80)),
     Case("llama80L-8x8-80GB-wide", "work", 8, 80 * 1024.0, tuple(range(64, 1025, 64)), layers=80,
          reserve_mib=_reference_reserve(80)),
 ]
@@ -122,7 +123,7 @@ def run_case(case: Case, repeat: int) -> dict[str, Any]:
             options = SearchOptions(
                 memory_budget_mib=case.memory_mib, memory_reserve_mib=case.reserve_mib, batch_sizes=case.batch_sizes,
                 space=SpaceOptions(preset="full", sp_space=case.sp_space, default_dp_type=dp_type),
-                num_micro_batches=case.chunks, schedules=schedules, virtual_stages=(2, 4),
+                num_micro_batches=case.micro_batches, schedules=schedules, virtual_stages=(2, 4),
             )
             t0, c0 = time.perf_counter(), time.process_time()
             try:
@@ -136,13 +137,13 @@ def run_case(case: Case, repeat: int) -> dict[str, Any]:
         }
         if result is not None:
             entry.update(
-                throughput=result.throughput,
-                iteration_time_s=result.iteration_time_s,
+                throughput=result.summary.throughput_samples_per_s,
+                iteration_time_s=result.summary.iteration_time_s,
                 plan=plan_label(result.strategy),
                 schedule=result.strategy.pipeline_schedule.value,
                 virtual_stages=result.strategy.virtual_stages,
-                tasks=result.counts.get("tasks", 0),
-                solved=result.counts.get("solved", 0),
+                tasks=result.summary.counts.tasks,
+                solved=result.summary.counts.solved,
             )
         out["searches"][name] = entry
         print(f"{case.name:28s} {name:17s} {entry.get('plan', 'infeasible')}  "

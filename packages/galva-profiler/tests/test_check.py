@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from galva_schema import Calibration, HardwareProfile, LayerStrategy, ModelProfile, Strategy
+from galva_schema import Calibration, HardwareProfile, LayerStrategy, ModelProfile, SearchSummary, Strategy
 
 PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
 HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125"]
@@ -83,9 +83,9 @@ def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_pat
     assert search([*common, "--summary-json", str(tmp_path / "plain.json")]) == 0
     assert search([*common, "--calibration", str(tmp_path / "cal.json"), "--summary-json",
                    str(tmp_path / "cal_summary.json")]) == 0
-    plain = json.loads((tmp_path / "plain.json").read_text())
-    calibrated = json.loads((tmp_path / "cal_summary.json").read_text())
-    assert calibrated["iteration_time_s"] != pytest.approx(plain["iteration_time_s"], rel=1e-6)
+    plain = SearchSummary.load(tmp_path / "plain.json")  # the summary is read through its class
+    calibrated = SearchSummary.load(tmp_path / "cal_summary.json")
+    assert calibrated.iteration_time_s != pytest.approx(plain.iteration_time_s, rel=1e-6)
 
 
 @pytest.mark.distributed

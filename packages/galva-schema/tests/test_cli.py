@@ -66,6 +66,7 @@ def test_export_schemas_command(tmp_path, capsys):
             "cluster.schema.json",
             "checkpoint_manifest.schema.json",
             "calibration.schema.json",
+            "search_summary.schema.json",
         ]
     )
 

@@ -257,7 +257,7 @@ def test_vocab_terms_split_over_first_and_last_stage(tiny, tiny_hw):
 
 
 # ------------------------------------------------------------------------------------------------ pipeline
-def test_iteration_time_bubble_and_sync_tail():
+def test_pipeline_time_bubble_and_sync_tail():
     assert pipeline_time([1.0, 2.0, 1.0], [0.5, 3.5, 0.0], 4).total == pytest.approx(4 + 3 * 2 + 2.5)
     assert pipeline_time([2.0], [0.5], 3).total == pytest.approx(6.5)
     assert pipeline_time([2.0, 2.0], [0.0, 1.0], 1).total == pytest.approx(4.0)  # tail hidden by stage 0's backward

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from galva_schema import Strategy
+from galva_schema import SchemaError, SearchSummary, Strategy
 from galva_search.cli import main
 from galva_search.cost_model import CostModel
 from galva_search.report import PlanFacts, ReportError, html_report, render_page, tp_colour, write_html_report
@@ -146,8 +146,11 @@ def test_layer_cells_mark_tp_ulysses_zero_and_checkpointing(make_hw, make_model,
         {"tp": 2, "tp_consecutive": False, "dp_type": "zero3"},
     ])
     strategy = Strategy.from_dict(s)
-    hand = dataclasses.replace(result, strategy=strategy, stage_memory_mib=[17000.0, 900.0],
-                               stage_time_s=[0.004, 0.006], usable_memory_mib=12000.0)
+    summary = SearchSummary.from_dict({
+        **result.summary.to_dict(), "pp": 2, "pp_division": [2, 2], "stage_memory_mib": [17000.0, 900.0],
+        "stage_micro_batch_time_s": [0.004, 0.006], "usable_memory_mib": 12000.0,
+    })
+    hand = dataclasses.replace(result, strategy=strategy, summary=summary)
     path = write_html_report(tmp_path / "r.html", hand)
     text = path.read_text(encoding="utf-8")
     page = parse(text)
@@ -169,7 +172,8 @@ def test_layer_cells_mark_tp_ulysses_zero_and_checkpointing(make_hw, make_model,
     # stage 0 is over the budget, stage 1 fits; the legend lists both degrees
     bar0, bar1 = (re.search(r'fill="(#[0-9A-F]{6})" rx', g).group(1)
                   for g in re.findall(r'<g class="mem-bar".*?</g>', text))
-    assert hand.memory_budget_mib < 17000.0 and (bar0, bar1) == ("#D1495B", "#2E9E5B")  # red over budget, green fits
+    assert hand.summary.memory_budget_mib < 17000.0
+    assert (bar0, bar1) == ("#D1495B", "#2E9E5B")  # red over budget, green fits
     legend = {a["data-kind"] for a, _ in page.by_class("legend-item")}
     assert {"tp-1", "tp-2"} <= legend
     slow = [inner for a, inner in page.by_class("time-bar") if "slowest" in inner]
@@ -203,7 +207,7 @@ def test_time_breakdown_sums_to_the_iteration_and_is_drawn(data_dir, tmp_path):
     assert {"compute", "tp", "dp", "p2p", "bubble"} <= set(parts) and data["pp"] > 1
     assert parts["p2p"] > 0 and parts["bubble"] > 0 and parts["compute"] > max(parts["tp"], parts["dp"])
     assert sum(parts.values()) == pytest.approx(data["iteration_time_s"], rel=1e-12)
-    plan = PlanFacts.from_summary(Strategy.load(tmp_path / "plan.json"), data)
+    plan = PlanFacts.matched(Strategy.load(tmp_path / "plan.json"), SearchSummary.load(summary))
     page = parse(render_page(plan))
     drawn = {a["data-kind"]: float(a["data-s"]) for a, _ in page.by_class("time-part")}
     assert drawn == pytest.approx({k: v for k, v in parts.items() if v > 0}, rel=1e-5)
@@ -214,31 +218,36 @@ def test_a_run_page_has_plan_training_and_measured_sections(make_hw, make_model)
     result = search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,)))
     records = [{"step": t, "loss": 5.0 - 0.1 * t, "step_time_s": 0.5 + 0.01 * t, "tokens_per_s": 1000.0,
                 "peak_memory_mib": 700.0 + t} for t in range(1, 11)]
-    text = render_page(PlanFacts.from_result(result), records, {"model": "m"})
+    text = render_page(PlanFacts(result.strategy, result.summary), records, {"model": "m"})
     page = parse(text)
     ids = {attrs.get("id") for _, attrs, _ in page.elements}
     assert {"plan", "memory", "time", "training", "measured", "chart-loss", "chart-tokens_per_s"} <= ids
     bars = {(a["data-kind"], a["data-which"]): float(a["data-value"]) for a, _ in page.by_class("mvp-bar")}
     assert bars[("step_time", "measured")] == pytest.approx(0.56)  # median of steps 2..10
-    assert bars[("step_time", "predicted")] == pytest.approx(result.iteration_time_s, rel=1e-5)
+    assert bars[("step_time", "predicted")] == pytest.approx(result.summary.iteration_time_s, rel=1e-5)
     assert bars[("memory", "measured")] == 710.0
-    assert bars[("memory", "predicted")] == pytest.approx(result.stage_memory_mib[0], rel=1e-5)
+    assert bars[("memory", "predicted")] == pytest.approx(result.summary.stage_memory_mib[0], rel=1e-5)
     with pytest.raises(ReportError, match="nothing to report"):
         render_page()
-    with pytest.raises(ReportError, match="not a galva-search summary"):
-        PlanFacts.from_summary(result.strategy, {"kind": "galva.strategy"})
+    with pytest.raises(SchemaError, match=r"kind: expected 'galva\.search_summary', got 'galva\.strategy'"):
+        SearchSummary.from_dict({"kind": "galva.strategy"})
+    n = result.strategy.num_micro_batches
+    other = SearchSummary.from_dict({**result.summary.to_dict(), "num_micro_batches": n + 1})
+    with pytest.raises(ReportError, match=rf"num_micro_batches is {n + 1}, but {n} in strategy: the summary of anoth"):
+        PlanFacts.matched(result.strategy, other)
 
 
 def test_usable_and_budget_labels_never_overlap(make_hw, make_model):
     """However close the two lines (the reserve from 1 MiB to a third of the budget, stage memory below, at and above
     them), the labels' baselines are at least a font height apart and each stays inside the chart."""
     cost = CostModel(make_hw(4), make_model(4))
-    plan = PlanFacts.from_result(search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,))))
+    result = search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,)))
+    plan = PlanFacts(result.strategy, result.summary)
     budget = 16384.0
     for reserve in (1.0, 20.0, 100.0, 300.0, 500.0, 819.2, 1000.0, 2000.0, 5000.0):
         for stage_mib in (budget - 2 * reserve, budget - reserve / 2, budget + 500.0):
-            facts = dataclasses.replace(plan, memory_budget_mib=budget, usable_memory_mib=budget - reserve,
-                                        stage_memory_mib=[stage_mib] * len(plan.stage_memory_mib))
+            facts = _with(plan, memory_budget_mib=budget, usable_memory_mib=budget - reserve,
+                          stage_memory_mib=[stage_mib] * len(plan.summary.stage_memory_mib))
             labels = {a["data-kind"]: a for a, _ in parse(render_page(facts)).by_class("line-label")}
             assert set(labels) == {"usable", "budget"}
             font = float(labels["usable"]["font-size"])
@@ -246,6 +255,11 @@ def test_usable_and_budget_labels_never_overlap(make_hw, make_model):
             gap = float(labels["usable"]["y"]) - float(labels["budget"]["y"])
             assert gap >= font, (reserve, stage_mib, gap)  # the budget label above the usable one, a line apart
             assert all(font <= float(a["y"]) <= 300 - 40 for a in labels.values()), (reserve, labels)
-    equal = dataclasses.replace(plan, memory_budget_mib=budget, usable_memory_mib=budget)
+    equal = _with(plan, memory_budget_mib=budget, usable_memory_mib=budget)
     [(attrs, text)] = parse(render_page(equal)).by_class("line-label")
     assert attrs["data-kind"] == "usable" and text == "usable = budget 16384 MiB"
+
+
+def _with(plan: PlanFacts, **changes: object) -> PlanFacts:
+    """``plan`` with some summary fields changed (validated as a file would be)."""
+    return dataclasses.replace(plan, summary=SearchSummary.from_dict({**plan.summary.to_dict(), **changes}))

@@ -25,7 +25,7 @@ from galva_search.evaluation import evaluate_strategy
 from galva_search.report import html_report
 from galva_search.search import NoFeasibleStrategy, SearchOptions, search
 from galva_search.space import SpaceOptions, generate_space
-from galva_search.summary import json_summary, text_summary
+from galva_search.summary import text_summary
 
 ONE = PipelineSchedule.ONE_F_ONE_B
 GPIPE = PipelineSchedule.GPIPE
@@ -224,13 +224,13 @@ def test_search_chooses_the_cheapest_schedule(make_hw, make_model, budget):
             search(cost, options)
         return
     result = search(cost, options)
-    assert result.iteration_time_s == pytest.approx(expected[0], rel=1e-9)
+    assert result.summary.iteration_time_s == pytest.approx(expected[0], rel=1e-9)
     # 1F1B on one stage, zb-h1 and interleaved each win at some budget
     assert (result.strategy.pipeline_schedule, result.strategy.virtual_stages) == expected[1:] or (
-        result.iteration_time_s == pytest.approx(expected[0], rel=1e-12)
+        result.summary.iteration_time_s == pytest.approx(expected[0], rel=1e-12)
     )
     got = evaluate_strategy(cost, result.strategy)
-    assert got.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+    assert got.iteration_time_s == pytest.approx(result.summary.iteration_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("budget", [600.0, 900.0, 1500.0, 4000.0])
@@ -251,13 +251,13 @@ def test_auto_is_the_best_of_the_single_schedule_searches(make_hw, make_model, b
         return
     both = search(cost, SearchOptions(**common, schedules=(ONE, INTER, ZB)))
     every = search(cost, SearchOptions(**common, schedules=(ONE, INTER, ZB), exhaustive=True))
-    per_sample = {k: r.iteration_time_s / r.strategy.global_batch_size for k, r in singles.items()}
+    per_sample = {k: r.summary.iteration_time_s / r.strategy.global_batch_size for k, r in singles.items()}
     best = min(per_sample.values())
-    assert both.iteration_time_s / both.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
-    assert every.iteration_time_s / every.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
+    assert both.summary.iteration_time_s / both.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
+    assert every.summary.iteration_time_s / every.strategy.global_batch_size == pytest.approx(best, rel=1e-9)
     s = both.strategy
-    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(both.iteration_time_s, rel=1e-12)
-    assert max(both.stage_memory_mib) <= budget
+    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(both.summary.iteration_time_s, rel=1e-12)
+    assert max(both.summary.stage_memory_mib) <= budget
     if s.pipeline_schedule is INTER:
         assert s.virtual_stages >= 2 and len(s.pp_division) == s.pp * s.virtual_stages
         assert s.num_micro_batches % s.pp == 0
@@ -273,14 +273,14 @@ def test_interleaved_search_partitions_into_chunks(hw_1x8, llama7b):
     assert s.pp > 1
     assert s.pipeline_schedule is INTER and s.virtual_stages == 2
     assert len(s.pp_division) == 2 * s.pp
-    assert "interleaved-1f1b (2 chunks per stage)" in text_summary(result)
+    assert "interleaved-1f1b (2 model chunks per stage)" in text_summary(s, result.summary)
     assert any(r.schedule == "interleaved-1f1b:2" for r in result.log)
     assert any("schedule=interleaved-1f1b:2" in r.line() for r in result.log)
     assert "interleaved-1f1b × 2" in html_report(result)
-    summary = json_summary(result)
+    summary = result.summary.to_dict()
     assert summary["pipeline_schedule"] == s.pipeline_schedule.value
     assert summary["virtual_stages"] == s.virtual_stages
-    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+    assert evaluate_strategy(cost, s).iteration_time_s == pytest.approx(result.summary.iteration_time_s, rel=1e-12)
     assert len(result.candidates) == s.num_layers
 
 
@@ -328,8 +328,8 @@ def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, m
         except NoFeasibleStrategy:
             continue
         every = search(cost, SearchOptions(**common, exhaustive=True))
-        assert pruned.iteration_time_s / pruned.strategy.global_batch_size == pytest.approx(
-            every.iteration_time_s / every.strategy.global_batch_size, rel=1e-9)
+        assert pruned.summary.iteration_time_s / pruned.strategy.global_batch_size == pytest.approx(
+            every.summary.iteration_time_s / every.strategy.global_batch_size, rel=1e-9)
 
 
 def test_stage_dp_over_chunks_matches_brute_force(make_hw, make_model):

@@ -16,13 +16,14 @@ from galva_schema import (
     ModelProfile,
     PipelineSchedule,
     SchemaError,
+    SearchSummary,
     Strategy,
 )
 from galva_search.cost_model import CostModel, CostSettings
 from galva_search.partition import balanced_division, even_division
 from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, evaluate_strategy, search
 from galva_search.space import SpaceOptions, generate_space
-from galva_search.summary import json_summary, layer_runs, text_summary
+from galva_search.summary import layer_runs, text_summary
 
 
 def test_batch_size_range_matches_the_reference_rule():
@@ -96,8 +97,8 @@ def test_search_finds_the_brute_force_optimum_on_one_stage(make_hw, make_model, 
             search(cost, options)
         return
     result = search(cost, options)
-    assert result.iteration_time_s == pytest.approx(expected[1], rel=1e-7)
-    assert max(result.stage_memory_mib) <= budget
+    assert result.summary.iteration_time_s == pytest.approx(expected[1], rel=1e-7)
+    assert max(result.summary.stage_memory_mib) <= budget
     Strategy.from_dict(result.strategy.to_dict())
 
 
@@ -131,7 +132,7 @@ def test_pipeline_memory_follows_the_schedule(make_hw, make_model):
         result = search(cost, SearchOptions(memory_budget_mib=16384.0, batch_sizes=(8,), num_micro_batches=8,
                                             space=SpaceOptions(preset="pp"), partitions=("even",)))
         assert result.strategy.pp == 4 and result.strategy.pp_division == (1, 1, 1, 1)
-        per_stage[schedule] = result.stage_memory_mib
+        per_stage[schedule] = result.summary.stage_memory_mib
     states = 64 / 4 * 18  # 16 Mi parameters x 18 bytes (galva-hp's ddp: bf16 weight, fp32 gradient, master, Adam)
     act = 10.0  # one sample per micro-batch
     vocab_states, vocab_act = 400.0, 40.0
@@ -152,23 +153,25 @@ def test_llama7b_on_one_node(hw_1x8, llama7b):
                                         space=SpaceOptions(sp_space="tp+sp")))
     s = Strategy.from_dict(result.strategy.to_dict())
     assert s.num_layers == 32 and s.world_size == 8
-    assert all(m <= result.usable_memory_mib for m in result.stage_memory_mib)
-    assert result.usable_memory_mib == pytest.approx(0.95 * budget)  # the default reserve: 5% for fragmentation
-    assert result.throughput == pytest.approx(s.global_batch_size / result.iteration_time_s)
-    counts = result.counts
-    assert counts["tasks"] == counts["solved"] + counts["infeasible"] + counts["pruned_bound"] + \
-        counts["pruned_memory"]
-    assert len(result.log) == counts["tasks"]
+    assert all(m <= result.summary.usable_memory_mib for m in result.summary.stage_memory_mib)
+    assert result.summary.usable_memory_mib == pytest.approx(0.95 * budget)  # the default reserve: 5% for fragmentation
+    summary = result.summary
+    assert summary.throughput_samples_per_s == pytest.approx(s.global_batch_size / summary.iteration_time_s)
+    counts = result.summary.counts
+    assert counts.tasks == counts.solved + counts.infeasible + counts.pruned_bound + counts.pruned_memory
+    assert len(result.log) == counts.tasks
     assert sum(r.status == "best" for r in result.log) == 1
     # the plan re-evaluated from the written strategy alone gives the same time and memory
     assert len(result.candidates) == 32
     evaluation = evaluate_strategy(cost, s)
-    assert evaluation.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-9)
-    assert evaluation.stage_memory_mib == pytest.approx(result.stage_memory_mib, rel=1e-9)
-    text = text_summary(result)
+    assert evaluation.iteration_time_s == pytest.approx(result.summary.iteration_time_s, rel=1e-9)
+    assert evaluation.stage_memory_mib == pytest.approx(result.summary.stage_memory_mib, rel=1e-9)
+    text = text_summary(result.strategy, result.summary)
     assert "samples/s" in text and "stage 0" in text
-    summary = json.loads(json.dumps(json_summary(result)))
-    assert summary["pp"] == s.pp and len(summary["stage_memory_mib"]) == s.pp
+    written = json.loads(json.dumps(summary.to_dict()))
+    assert written["pp"] == s.pp and len(written["stage_memory_mib"]) == s.pp
+    assert SearchSummary.from_dict(written) == summary  # the file reads back as what was written
+    assert summary.mismatch(s) is None
 
 
 def test_global_mode_uses_one_strategy(hw_1x8, llama7b):
@@ -176,7 +179,7 @@ def test_global_mode_uses_one_strategy(hw_1x8, llama7b):
     result = search(cost, SearchOptions(memory_budget_mib=36 * 1024, batch_sizes=(32,), fine_grained=False))
     assert len({layer for layer in result.strategy.layers}) == 1
     fine = search(cost, SearchOptions(memory_budget_mib=36 * 1024, batch_sizes=(32,)))
-    assert fine.throughput >= result.throughput * (1 - 1e-9)
+    assert fine.summary.throughput_samples_per_s >= result.summary.throughput_samples_per_s * (1 - 1e-9)
 
 
 def test_several_layer_types(hw_1x8, llama7b):
@@ -205,9 +208,10 @@ def test_runs_in_summary(hw_1x8, llama7b):
     cost = CostModel(hw_1x8, llama7b)
     result = search(cost, SearchOptions(memory_budget_mib=24 * 1024, batch_sizes=(64,)))
     runs = layer_runs(result.strategy)
-    assert runs[0][1] == 0 and runs[-1][2] == 31
-    covered = sum(last - first + 1 for _, first, last, _ in runs)
+    assert runs[0].first == 0 and runs[-1].last == 31
+    covered = sum(run.last - run.first + 1 for run in runs)
     assert covered == 32
+    assert list(result.summary.layer_runs) == runs
 
 
 def test_importing_and_searching_never_imports_torch(data_dir, tmp_path):
@@ -246,10 +250,10 @@ def test_pruning_by_bound_never_loses_the_best_task(make_hw, make_model, schedul
                       memory_reserve_mib=0.0)
         pruned = search(cost, SearchOptions(**common))
         every = search(cost, SearchOptions(**common, exhaustive=True))
-        assert pruned.iteration_time_s / pruned.strategy.global_batch_size == pytest.approx(
-            every.iteration_time_s / every.strategy.global_batch_size, rel=1e-9)
-        assert every.counts["pruned_bound"] == 0
-        assert every.counts["solved"] >= pruned.counts["solved"]
+        assert pruned.summary.iteration_time_s / pruned.strategy.global_batch_size == pytest.approx(
+            every.summary.iteration_time_s / every.strategy.global_batch_size, rel=1e-9)
+        assert every.summary.counts.pruned_bound == 0
+        assert every.summary.counts.solved >= pruned.summary.counts.solved
         degrees.add(pruned.strategy.pp)
     assert len(degrees) >= 2
 
@@ -261,7 +265,7 @@ def test_partition_refinement_only_improves(hw_1x8, llama7b):
     plain = search(cost, SearchOptions(**common, refine_division=False))
     refined = search(cost, SearchOptions(**common))
     assert plain.strategy.pp > 1
-    assert refined.throughput >= plain.throughput * (1 - 1e-12)
+    assert refined.summary.throughput_samples_per_s >= plain.summary.throughput_samples_per_s * (1 - 1e-12)
     assert sum(refined.strategy.pp_division) == 32
     if refined.strategy.pp_division != plain.strategy.pp_division:
         assert any(r.status.endswith("(refined)") or r.status == "best" for r in refined.log)
@@ -274,7 +278,7 @@ def test_evaluate_strategy_scores_pipelines_and_rejects_mismatches(hw_1x8, llama
     result = search(cost, options)
     assert result.strategy.pp > 1  # a tight budget and max_tp 2 force a pipeline
     evaluation = evaluate_strategy(cost, Strategy.from_dict(result.strategy.to_dict()))
-    assert evaluation.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-9)
+    assert evaluation.iteration_time_s == pytest.approx(result.summary.iteration_time_s, rel=1e-9)
     wrong_world = Strategy.uniform(world_size=4, num_layers=32, global_batch_size=8)
     with pytest.raises(SchemaError, match="world_size: the strategy has 4 ranks, the cluster 8"):
         evaluate_strategy(cost, wrong_world)
@@ -293,9 +297,9 @@ def test_stage_boundary_refinement_prices_what_crosses_stages(hw_1x8, llama7b):
     plain = search(cost, SearchOptions(**common, refine_division=False))
     refined = search(cost, SearchOptions(**common))
     assert plain.strategy.pp == refined.strategy.pp == 4
-    assert refined.iteration_time_s < plain.iteration_time_s
-    assert refined.counts["refined"] >= 1
-    assert evaluate_strategy(cost, refined.strategy).iteration_time_s == pytest.approx(refined.iteration_time_s,
+    assert refined.summary.iteration_time_s < plain.summary.iteration_time_s
+    assert refined.summary.counts.refined >= 1
+    assert evaluate_strategy(cost, refined.strategy).iteration_time_s == pytest.approx(refined.summary.iteration_time_s,
                                                                                      rel=1e-12)
     assert sum(r.status == "best" for r in refined.log) == 1
 

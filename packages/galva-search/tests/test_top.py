@@ -20,7 +20,7 @@ def test_top_plans_are_distinct_ranked_and_start_with_the_search_answer(make_hw,
     assert plans[0].strategy == best.strategy
     keys = {p.strategy.model_dump_json(exclude={"description"}) for p in plans}
     assert len(keys) == 5
-    throughputs = [p.throughput for p in plans]
+    throughputs = [p.throughput_samples_per_s for p in plans]
     assert throughputs == sorted(throughputs, reverse=True)
     for plan in plans:  # every plan is scored as evaluate_strategy scores it, and fits
         got = evaluate_strategy(cost, plan.strategy)
@@ -28,7 +28,7 @@ def test_top_plans_are_distinct_ranked_and_start_with_the_search_answer(make_hw,
         assert max(plan.stage_memory_mib) <= options.usable_mib + 1e-6
     # pruning keeps the same ranking as solving every task
     every = top_plans(cost, SearchOptions(**{**options.__dict__, "exhaustive": True}), 5)
-    assert [p.throughput for p in every] == pytest.approx(throughputs, rel=1e-12)
+    assert [p.throughput_samples_per_s for p in every] == pytest.approx(throughputs, rel=1e-12)
     assert top_plans(cost, options, 1)[0].strategy == best.strategy
     with pytest.raises(ValueError):
         top_plans(cost, options, 0)

@@ -16,6 +16,7 @@ import pytest
 
 from galva.cli import main
 from galva.data import documents, train_tokenizer, write_corpus
+from galva.pipeline import _search_note
 
 
 def test_corpus_is_a_function_of_the_seed(tmp_path: Path) -> None:
@@ -145,9 +146,32 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     generation = json.loads((out / "generation.json").read_text())
     assert generation["model_class"] == "LlamaForCausalLM" and generation["new_tokens"] == 4
     assert generation["text"].startswith(generation["prompt"])
+    search_line = next(line for line in stage_lines if "] search" in line)
+    assert re.search(r"micro-batch\(es\), predicted [0-9.]+ samples/s", search_line), search_line  # the summary, read
     report = (out / "report.html").read_text()
     for section in ('id="plan"', 'id="memory"', 'id="time"', 'id="training"', 'id="measured"', 'id="chart-loss"'):
         assert section in report, section
+
+
+def test_the_search_stage_reads_the_summary_through_its_class(tmp_path: Path) -> None:
+    """galva run's search note comes from the SearchSummary galva-search wrote, checked against the strategy beside
+    it; the summary of another plan is refused in one line naming both files."""
+    from galva_schema import Strategy
+    from galva_search.cli import main as search_main
+
+    data = Path(__file__).resolve().parents[2] / "galva-search" / "tests" / "data"
+    plan, summary = tmp_path / "plan.json", tmp_path / "summary.json"
+    assert search_main(["--hardware-profile", str(data / "hw_1x8.json"), "--model-profile",
+                        str(data / "llama7b_model.json"), "--memory", "36GB", "--global-batch-size", "32", "--quiet",
+                        "--output", str(plan), "--summary-json", str(summary)]) == 0  # fmt: skip
+    note = _search_note(plan, summary)
+    s = Strategy.load(plan)
+    assert note.startswith(f"pp {s.pp}, layers ") and f"{s.num_micro_batches} micro-batch(es), predicted" in note
+    assert sum(int(n) for n in re.findall(r" x(\d+)", note)) == s.num_layers  # every layer in one run
+    other = tmp_path / "other.json"
+    s.model_copy(update={"global_batch_size": 2 * s.global_batch_size}).save(other)
+    with pytest.raises(ValueError, match=rf"{summary}: global_batch_size is 32, but 64 in {other}: the summary of"):
+        _search_note(other, summary)
 
 
 class _Terminal(io.StringIO):

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import cache
 
 from galva_schema import GroupKind, Strategy
 from galva_schema.sharding import contiguous_block, sequence_blocks, sequence_cell_count, sequence_cells
@@ -374,7 +375,7 @@ class RankLayout:
         self.layers: list[LayerGroups] = []
         for index, layer in enumerate(strategy.layers):
             ranks = stage_ranks(self.world_size, self.pp, stages[index])
-            consecutive = layer.tp_consecutive or layer.tp in (1, len(ranks))
+            consecutive = tp_consecutive(layer.tp, len(ranks), layer.tp_consecutive)
             seq_parts = strategy.layer_sequence_shards(index)
             self.layers.append(
                 _groups(
@@ -485,3 +486,32 @@ def _lcm(a: int, b: int) -> int:
     from math import gcd
 
     return a * b // gcd(a, b)
+
+
+# ------------------------------------------------------------------------------------------------ asked by planners
+# A planner prices a layer before any Strategy exists; it asks these instead of restating the conventions above.
+def ranks_per_stage(world_size: int, pp: int) -> int:
+    """Ranks in one pipeline stage, ``world_size // pp`` (``Strategy.ranks_per_stage`` of a plan not yet written);
+    ``ValueError`` when ``pp`` does not divide ``world_size``."""
+    _check_divides(pp, world_size, "pp", "world_size")
+    return world_size // pp
+
+
+def tp_consecutive(degree: int, stage_size: int, consecutive: bool) -> bool:
+    """Whether a layer's model-parallel group of ``degree`` ranks, on a stage of ``stage_size`` ranks, is a block of
+    consecutive ranks: as its ``tp_consecutive`` flag says, except that a group of one rank or of the whole stage is
+    the same group either way, and counts as consecutive (as :class:`RankLayout` builds it)."""
+    return consecutive or degree in (1, stage_size)
+
+
+@cache
+def sharding_group_shape(stage_size: int, degree: int, consecutive: bool, ulysses: bool) -> tuple[int, bool]:
+    """``(ranks, consecutive)`` of a layer's sharding group (where its gradients are reduced and ZeRO shards its
+    states) on a stage of ``stage_size`` ranks, read off the groups :class:`RankLayout` builds: a Megatron layer's
+    data-parallel group (strided when its tp group is a block, a block when its tp group is strided or of one
+    rank), a Ulysses layer's whole stage. The vocabulary layers' groups are always consecutive (``consecutive``
+    True, ``ulysses`` their ``sp``)."""
+    ranks = tuple(range(stage_size))
+    groups = _groups(ranks, 0, degree, tp_consecutive(degree, stage_size, consecutive), ulysses, 1)
+    group = groups.shard[0]
+    return len(group), group == tuple(range(group[0], group[0] + len(group)))

@@ -3,7 +3,7 @@
     galva-report metrics.jsonl -o report.html
     galva-report metrics.jsonl --strategy plan.json --summary summary.json -o report.html   # with the plan
 
-The page is galva-search's report (``galva_search.report``: one module and one look for the search, training and
+The page is galva-search's report (``galva_search.report``: one package and one look for the search, training and
 whole-run pages): no scripts and no external assets, one chart per metric (loss with a smoothed line, tokens/s,
 learning rate, grad norm, step time, TFLOP/s, peak memory), a header with run facts, and with ``--strategy`` and
 ``--summary`` also the plan, predicted memory and time, and measured against predicted. ``galva-train
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from galva_schema import SchemaError, Strategy, load_json_object, write_text_atomic
+from galva_schema import SchemaError, SearchSummary, Strategy, write_text_atomic
 from galva_search.report import CHARTS, PlanFacts, ReportError, render_page
 
 __all__ = ["CHARTS", "ReportError", "load_metrics", "load_plan", "main", "render_report", "write_report"]
@@ -70,16 +70,14 @@ def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def load_plan(strategy_path: str | os.PathLike[str], summary_path: str | os.PathLike[str]) -> PlanFacts:
-    """A strategy file and the ``galva-search --summary-json`` written with it, as the report's plan facts."""
+    """A strategy file and the ``galva-search --summary-json`` (a :class:`galva_schema.SearchSummary`) written with
+    it, as the report's plan facts; a bad file, or a summary of another plan, is one line."""
     try:
         strategy = Strategy.load(strategy_path)
+        summary = SearchSummary.load(summary_path)
     except (SchemaError, OSError) as err:
         raise ReportError(str(err).splitlines()[0]) from None
-    try:
-        summary = load_json_object(summary_path)  # galva-schema's reader: duplicate keys refused, one line
-    except SchemaError as err:
-        raise ReportError(str(err).splitlines()[0]) from None
-    return PlanFacts.from_summary(strategy, summary, str(summary_path), str(strategy_path))
+    return PlanFacts.matched(strategy, summary, str(summary_path), str(strategy_path))
 
 
 def render_report(

@@ -27,6 +27,7 @@ from galva_schema.model_profile import (
     VocabMemory,
     VocabProfile,
 )
+from galva_schema.search_summary import LayerRun, SearchCounts, SearchSummary, SummaryVocab, TimeBreakdown
 from galva_schema.strategy import MAX_BATCH_SIZE, LayerStrategy, Strategy, VocabStrategy, even_division
 from galva_schema.vocabulary import (
     SCHEMA_VERSION,
@@ -46,6 +47,7 @@ FILE_TYPES: dict[str, type[GalvaFile]] = {
     "cluster": ClusterSpec,
     "checkpoint_manifest": CheckpointManifest,
     "calibration": Calibration,
+    "search_summary": SearchSummary,
 }
 """Every top-level file type, by the name used for its JSON Schema under ``docs/schemas/``."""
 
@@ -63,6 +65,7 @@ __all__ = [
     "DataParallelType",
     "GroupKind",
     "HardwareProfile",
+    "LayerRun",
     "LayerStrategy",
     "LayerTypeConstraints",
     "LayerTypeProfile",
@@ -75,11 +78,15 @@ __all__ = [
     "PipelineSchedule",
     "Precision",
     "SchemaError",
+    "SearchCounts",
+    "SearchSummary",
     "SequenceTime",
     "SharedParameter",
     "StaticTime",
     "Strategy",
+    "SummaryVocab",
     "TensorInfo",
+    "TimeBreakdown",
     "TimeFactors",
     "TimeModelForm",
     "VocabMemory",

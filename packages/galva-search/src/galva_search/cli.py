@@ -22,19 +22,17 @@ from galva_schema import (
     write_json_atomic,
     write_text_atomic,
 )
+from galva_schema.reference import PIPELINE_TYPES
 from galva_search.cost_model import CostModel, CostSettings, TermFactors
 from galva_search.profiles import load_hardware, load_model, parse_memory
 from galva_search.report import write_html_report
-from galva_search.search import NoFeasibleStrategy, SearchOptions, batch_size_range, search
+from galva_search.search import NoFeasibleStrategy, SearchOptions, SearchResult, batch_size_range, search
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
-from galva_search.summary import json_summary, text_summary
+from galva_search.summary import text_summary
 
 _SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
-    "1f1b": (PipelineSchedule.ONE_F_ONE_B,),
-    "pipedream_flush": (PipelineSchedule.ONE_F_ONE_B,),
-    "gpipe": (PipelineSchedule.GPIPE,),
-    "interleaved-1f1b": (PipelineSchedule.INTERLEAVED_1F1B,),
-    "zb-h1": (PipelineSchedule.ZB_H1,),
+    **{schedule.value: (schedule,) for schedule in PipelineSchedule},
+    **{name: (schedule,) for name, schedule in PIPELINE_TYPES.items()},  # the reference's names (pipedream_flush)
     # the search chooses: 1F1B, interleaved 1F1B and zb-h1 (GPipe is never faster than 1F1B and holds more)
     "auto": (PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.ZB_H1),
     "all": (
@@ -209,9 +207,10 @@ def check_arguments(args: argparse.Namespace) -> None:
                 f"{_flag(dest)} must be <= {MAX_BATCH_SIZE} (2**31 - 1, galva_schema.MAX_BATCH_SIZE; no real job "
                 f"comes near it), got {value}"
             )
-    if args.galvatron_output and args.pipeline_schedule not in ("1f1b", "pipedream_flush", "gpipe"):
+    if args.galvatron_output and not set(_SCHEDULES[args.pipeline_schedule]) <= set(PIPELINE_TYPES.values()):
         raise _UsageError(
-            f"--galvatron-output: the reference's strategy format holds gpipe and 1f1b plans only; "
+            f"--galvatron-output: the reference's strategy format holds "
+            f"{' and '.join(schedule.value for schedule in PIPELINE_TYPES.values())} plans only; "
             f"--pipeline-schedule {args.pipeline_schedule} may choose another schedule"
         )
     from galva_schema import output_problem
@@ -328,11 +327,11 @@ def run(args: argparse.Namespace) -> int:
         _write_outputs(args, result)
     except OSError as err:  # checked before the search; a disk that filled up since is still an output error
         raise _UsageError(f"cannot write {err.filename or 'an output'}: {err.strerror or err}") from None
-    print(text_summary(result))
+    print(text_summary(result.strategy, result.summary))
     return 0
 
 
-def _write_outputs(args: argparse.Namespace, result: Any) -> None:
+def _write_outputs(args: argparse.Namespace, result: SearchResult) -> None:
     if args.log:
         write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
     if args.output:
@@ -342,7 +341,7 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
 
         write_json_atomic(args.galvatron_output, to_galvatron_strategy(result.strategy))
     if args.summary_json:
-        write_json_atomic(args.summary_json, json_summary(result))
+        result.summary.save(args.summary_json)
     if args.report_html:
         write_html_report(args.report_html, result)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from galva_comm.layout import ranks_per_stage, tp_consecutive
 from galva_schema import DataParallelType, LayerStrategy, Strategy, VocabStrategy
 from galva_search.cost_model import CostSettings
 from galva_search.space import Candidate
@@ -21,12 +22,12 @@ def to_strategy(
     """The plan of a solved task (``choices[s]``: candidate index of every layer of stage ``s``, its model chunks in
     model order), validated. The schedule and model chunks per stage are the task's."""
     layers = []
-    stage_ranks = world_size // task.pp
+    stage_ranks = ranks_per_stage(world_size, task.pp)
     for cand in model_order(task, choices):
         layers.append(
             LayerStrategy(
                 tp=cand.tp,
-                tp_consecutive=cand.consecutive or cand.tp in (1, stage_ranks),
+                tp_consecutive=tp_consecutive(cand.tp, stage_ranks, cand.consecutive),
                 ulysses=cand.ulysses,
                 dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
                 checkpoint=cand.checkpoint,
@@ -80,7 +81,7 @@ def candidate_of(strategy: Strategy, index: int) -> Candidate:
         pp=strategy.pp,
         tp=layer.tp,
         dp=ranks // layer.tp,
-        consecutive=layer.tp_consecutive or layer.tp in (1, ranks),
+        consecutive=tp_consecutive(layer.tp, ranks, layer.tp_consecutive),
         dp_type=strategy.layer_dp_type(index),
         ulysses=layer.ulysses,
         checkpoint=layer.checkpoint,

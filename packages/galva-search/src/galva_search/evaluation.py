@@ -12,7 +12,9 @@ from dataclasses import dataclass, field, replace
 from galva_schema import DataParallelType, PipelineSchedule, SchemaError, Strategy
 from galva_search.convert import candidate_of
 from galva_search.cost_model import CostModel, VocabOption, interleaved_chunks_in_flight, pipeline_time
-from galva_search.tasks import LayerSequence, Task, build_tables
+from galva_search.cost_tables import build_tables
+from galva_search.layer_sequence import LayerSequence
+from galva_search.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class Evaluation:
     """Predicted cost of one given strategy."""
 
     iteration_time_s: float
-    throughput: float  # samples per second
+    throughput_samples_per_s: float
     stage_memory_mib: list[float]
     detail: PlanCost | None = None  # the per-stage breakdown (states, activations, transients, times)
 

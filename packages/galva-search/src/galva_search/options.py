@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from galva_schema import PipelineSchedule, Strategy
+from galva_schema import PipelineSchedule, SearchSummary, Strategy
 from galva_search.space import Candidate, SpaceOptions
 
 GIB = 1024.0  # MiB per GiB
@@ -19,7 +19,7 @@ class SearchOptions:
     memory_budget_mib: float
     batch_sizes: tuple[int, ...]
     space: SpaceOptions = field(default_factory=SpaceOptions)
-    num_micro_batches: int | None = None  # fixed micro-batch count (the reference's settle_chunk)
+    num_micro_batches: int | None = None  # fixed micro-batch count (the reference's ``settle_chunk``)
     fine_grained: bool = True  # per-layer strategies (True) or one strategy for every layer (False)
     memory_reserve_mib: float | None = None  # None: DEFAULT_RESERVE_FRACTION of the budget
     threads: int = 0  # DP threads, 0 = all cores
@@ -67,14 +67,14 @@ class TaskRecord:
     bound_s: float
     status: str  # "best", "solved", "infeasible", "pruned-bound", "pruned-memory", "... (refined)"
     time_s: float | None = None
-    schedule: str = "1f1b"  # pipeline schedule, with ":v" chunks per stage when interleaved
+    schedule: str = "1f1b"  # pipeline schedule, with ":v" model chunks per stage when interleaved
 
     def line(self) -> str:
         t = f"{self.time_s:.6f}s" if self.time_s is not None else "-"
         thr = f"{self.batch_size / self.time_s:.3f}/s" if self.time_s else "-"
         div = ",".join(map(str, self.division))
         return (
-            f"bsz={self.batch_size} chunks={self.micro_batches} pp={self.pp} division=[{div}] "
+            f"bsz={self.batch_size} micro_batches={self.micro_batches} pp={self.pp} division=[{div}] "
             f"schedule={self.schedule} {self.vocab} "
             f"bound={self.bound_s:.6f}s status={self.status} time={t} throughput={thr}"
         )
@@ -82,20 +82,13 @@ class TaskRecord:
 
 @dataclass
 class SearchResult:
-    """The best plan, its predicted cost, and what the search did."""
+    """The best plan, its predicted cost and what the search did (the summary ``--summary-json`` writes), the
+    candidate of every layer, and the search log."""
 
     strategy: Strategy
-    iteration_time_s: float
-    throughput: float  # samples per second
-    stage_memory_mib: list[float]
-    stage_time_s: list[float]  # per micro-batch
-    memory_budget_mib: float
-    usable_memory_mib: float
-    search_time_s: float
+    summary: SearchSummary
     candidates: list[Candidate]  # the chosen candidate of every layer
     log: list[TaskRecord] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    time_breakdown_s: dict[str, float] = field(default_factory=dict)  # PlanCost.time_breakdown_s
 
 
 class NoFeasibleStrategy(RuntimeError):

@@ -34,6 +34,7 @@ from galva_search.refine import Best, refine_boundaries, refine_division
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate, generate_space
 from galva_search.stages import StageSolver
+from galva_search.summary import search_summary
 from galva_search.tasks import Task, TaskEnumerator
 
 __all__ = [
@@ -106,9 +107,9 @@ class _Planner:
         tasks = self.tasks.enumerate()
         self.counts["tasks"] = len(tasks)
         if not tasks:
-            chunks = f", {o.num_micro_batches} micro-batches" if o.num_micro_batches else ""
+            fixed = f", {o.num_micro_batches} micro-batches" if o.num_micro_batches else ""
             raise NoFeasibleStrategy(
-                f"no feasible strategy: no valid combination for global batch sizes {list(o.batch_sizes)}{chunks} "
+                f"no feasible strategy: no valid combination for global batch sizes {list(o.batch_sizes)}{fixed} "
                 f"on {self.cost.world_size} devices (a micro-batch must split evenly over the data-parallel degree "
                 f"of some strategy and of the vocabulary layers); change the batch size or the number of "
                 f"micro-batches"
@@ -172,20 +173,18 @@ class _Planner:
         choices = [sol.choice for sol in best_sols]
         strategy = to_strategy(self.cost.settings, self.cost.world_size, self.cost.model.model_name, task, choices, t)
         self.rules.check(strategy)  # the model's own check of the whole plan: a problem is a bug of the search
-        return SearchResult(
-            strategy=strategy,
+        summary = search_summary(
+            strategy,
             iteration_time_s=t,
-            throughput=task.batch_size / t,
             stage_memory_mib=got.stage_memory_mib,
-            stage_time_s=got.stage_time_s,
+            stage_micro_batch_time_s=got.stage_time_s,
+            time_breakdown_s=got.time_breakdown_s(task.micro_batches),
             memory_budget_mib=o.memory_budget_mib,
             usable_memory_mib=o.usable_mib,
             search_time_s=time.perf_counter() - start,
-            candidates=model_order(task, choices),
-            log=log,
-            counts=dict(self.counts),
-            time_breakdown_s=got.time_breakdown_s(task.micro_batches),
+            counts=self.counts,
         )
+        return SearchResult(strategy=strategy, summary=summary, candidates=model_order(task, choices), log=log)
 
     def _infeasible_message(self) -> str:
         o = self.options

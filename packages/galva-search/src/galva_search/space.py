@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from galva_comm.layout import ranks_per_stage, sharding_group_shape, tp_consecutive
 from galva_schema import DataParallelType
 
 PRESETS = ("full", "3d", "dp+tp", "dp+pp", "dp", "sdp", "tp", "pp")
@@ -42,14 +43,9 @@ class Candidate:
         """Ulysses degree (1 for Megatron layers)."""
         return self.tp if self.ulysses else 1
 
-    @property
-    def shard_degree(self) -> int:
-        """Size of the group over which ZeRO shards this layer's states: dp, times the Ulysses degree."""
-        return self.dp * self.sp_degree
-
     def label(self, default_dp_type: DataParallelType = DataParallelType.DDP) -> str:
         """Compact form of the reference's logs: ``pp-tp[*]-dp[f|z2|d]-c-sp`` (``*`` = consecutive tp group)."""
-        star = "*" if self.consecutive and 1 < self.tp < self.tp * self.dp else ""
+        star = "*" if self.consecutive and not tp_consecutive(self.tp, self.tp * self.dp, False) else ""
         suffix = ""
         if self.dp_type is not default_dp_type or self.dp_type is DataParallelType.ZERO3:
             suffix = {DataParallelType.DDP: "d", DataParallelType.ZERO2: "z2", DataParallelType.ZERO3: "f"}[
@@ -126,8 +122,8 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
     dp_types = [default] if default is zero3 else [default, zero3]
     preset = o.preset
 
-    def layouts(pp: int, tp: int) -> Iterable[bool]:
-        return (True, False) if 1 < tp < world_size // pp else (True,)
+    def layouts(pp: int, tp: int) -> Iterable[bool]:  # both only where they are different groups
+        return (True,) if tp_consecutive(tp, ranks_per_stage(world_size, pp), False) else (True, False)
 
     def ulysses_flags(tp: int) -> Iterable[bool]:
         if tp == 1:
@@ -137,12 +133,12 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
     base: list[Candidate] = []
     if preset in ("full", "dp+tp", "dp+pp"):
         for pp in powers_of_two(world_size):
-            for tp in powers_of_two(world_size // pp):
+            for tp in powers_of_two(ranks_per_stage(world_size, pp)):
                 dp = world_size // (pp * tp)
                 if (preset == "dp+tp" and pp > 1) or (preset == "dp+pp" and tp > 1):
                     continue
                 for ulysses in ulysses_flags(tp):
-                    shard = dp * (tp if ulysses else 1)
+                    shard = sharding_group_shape(tp * dp, tp, True, ulysses)[0]
                     types = dp_types if shard > 1 else [default]
                     if dp == 1 and not (ulysses and o.ulysses_zero3_at_full_sp):
                         types = [default]
@@ -183,7 +179,7 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
         tp = min(o.max_tp, world_size)
         return [Candidate(1, tp, world_size // tp, True, default)]
     pp = min(o.max_pp, world_size)  # preset == "pp"
-    return [Candidate(pp, 1, world_size // pp, True, default)]
+    return [Candidate(pp, 1, ranks_per_stage(world_size, pp), True, default)]
 
 
 def _with_checkpoint(candidate: Candidate) -> Candidate:

@@ -1,25 +1,61 @@
-"""Human and machine summaries of a search result."""
+"""The search summary: built for the best plan (a :class:`galva_schema.SearchSummary`, the ``--summary-json`` file),
+and told to a person (the lines ``galva-search`` prints)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
-from galva_schema import SCHEMA_VERSION, Strategy
-from galva_search.search import SearchResult
+from galva_schema import LayerRun, SearchCounts, SearchSummary, Strategy, SummaryVocab, TimeBreakdown
 
 
-def layer_runs(strategy: Strategy) -> list[tuple[int, int, int, str]]:
-    """Runs of consecutive layers with the same plan inside each stage: ``(stage, first, last, label)``, where the
-    label is the reference's compact form, e.g. ``1-2*-4f-c``."""
-    out: list[tuple[int, int, int, str]] = []
+def layer_runs(strategy: Strategy) -> list[LayerRun]:
+    """Runs of consecutive layers with the same plan inside each stage, the label being the reference's compact
+    form, e.g. ``1-2*-4f-c``."""
+    out: list[LayerRun] = []
     for stage in range(strategy.pp):
         for index in strategy.stage_layers(stage):
             label = strategy.layer_summary(index)
-            if out and out[-1][0] == stage and out[-1][3] == label and out[-1][2] == index - 1:
-                out[-1] = (stage, out[-1][1], index, label)
+            last = out[-1] if out else None
+            if last is not None and last.stage == stage and last.strategy == label and last.last == index - 1:
+                out[-1] = last.model_copy(update={"last": index})
             else:
-                out.append((stage, index, index, label))
+                out.append(LayerRun(stage=stage, first=index, last=index, strategy=label))
     return out
+
+
+def search_summary(
+    strategy: Strategy,
+    *,
+    iteration_time_s: float,
+    stage_memory_mib: list[float],
+    stage_micro_batch_time_s: list[float],
+    time_breakdown_s: Mapping[str, float],
+    memory_budget_mib: float,
+    usable_memory_mib: float,
+    search_time_s: float | None,
+    counts: Mapping[str, int],
+) -> SearchSummary:
+    """The summary of ``strategy`` with its predicted cost and what the search did."""
+    s = strategy
+    return SearchSummary(
+        iteration_time_s=iteration_time_s,
+        throughput_samples_per_s=s.global_batch_size / iteration_time_s,
+        global_batch_size=s.global_batch_size,
+        num_micro_batches=s.num_micro_batches,
+        pp=s.pp,
+        pp_division=s.pp_division,
+        pipeline_schedule=s.pipeline_schedule,
+        virtual_stages=s.virtual_stages,
+        vocab=SummaryVocab(tp=s.vocab.tp, sp=s.vocab.sp, dp_type=s.vocab_dp_type),
+        memory_budget_mib=memory_budget_mib,
+        usable_memory_mib=usable_memory_mib,
+        stage_memory_mib=tuple(stage_memory_mib),
+        stage_micro_batch_time_s=tuple(stage_micro_batch_time_s),
+        time_breakdown_s=TimeBreakdown(**time_breakdown_s) if time_breakdown_s else None,
+        layer_runs=tuple(layer_runs(s)),
+        search_time_s=search_time_s,
+        counts=SearchCounts(**counts),
+    )
 
 
 def vocab_label(strategy: Strategy) -> str:
@@ -29,14 +65,14 @@ def vocab_label(strategy: Strategy) -> str:
 
 
 def schedule_label(strategy: Strategy) -> str:
-    """``1f1b``, ``zb-h1``, ``interleaved-1f1b (2 chunks per stage)``, ..."""
+    """``1f1b``, ``zb-h1``, ``interleaved-1f1b (2 model chunks per stage)``, ..."""
     v = strategy.virtual_stages
-    return strategy.pipeline_schedule.value + (f" ({v} chunks per stage)" if v > 1 else "")
+    return strategy.pipeline_schedule.value + (f" ({v} model chunks per stage)" if v > 1 else "")
 
 
-def text_summary(result: SearchResult) -> str:
+def text_summary(strategy: Strategy, summary: SearchSummary) -> str:
     """Multi-line report: the plan as runs of layers per stage, predicted time, throughput and memory."""
-    s = result.strategy
+    s = strategy
     lines = [
         f"galva-search: {s.world_size} devices, pp {s.pp}, division {list(s.pp_division)}, "
         f"{schedule_label(s)}, global batch {s.global_batch_size} in {s.num_micro_batches} micro-batches "
@@ -44,50 +80,22 @@ def text_summary(result: SearchResult) -> str:
         f"  {vocab_label(s)}; default dp type {s.default_dp_type.value}; precision {s.mixed_precision.value}"
         f"{'; Megatron-SP' if s.megatron_sp else ''}",
     ]
-    for stage, first, last, label in layer_runs(s):
-        span = f"{first}" if first == last else f"{first}-{last}"
-        lines.append(f"  stage {stage}, layers {span}: {label}")
+    for run in summary.layer_runs:
+        span = f"{run.first}" if run.first == run.last else f"{run.first}-{run.last}"
+        lines.append(f"  stage {run.stage}, layers {span}: {run.strategy}")
     lines.append(
-        f"  predicted {result.iteration_time_s:.4f} s per iteration, {result.throughput:.3f} samples/s"
+        f"  predicted {summary.iteration_time_s:.4f} s per iteration, "
+        f"{summary.throughput_samples_per_s:.3f} samples/s"
     )
-    for stage, (mem, u) in enumerate(zip(result.stage_memory_mib, result.stage_time_s)):
+    for stage, (mem, u) in enumerate(zip(summary.stage_memory_mib, summary.stage_micro_batch_time_s)):
         lines.append(
-            f"  stage {stage}: {mem:.0f} MiB of {result.usable_memory_mib:.0f} MiB usable "
-            f"(budget {result.memory_budget_mib:.0f} MiB), {u * 1e3:.2f} ms per micro-batch"
+            f"  stage {stage}: {mem:.0f} MiB of {summary.usable_memory_mib:.0f} MiB usable "
+            f"(budget {summary.memory_budget_mib:.0f} MiB), {u * 1e3:.2f} ms per micro-batch"
         )
-    c = result.counts
+    c = summary.counts
+    searched = f"{summary.search_time_s:.2f} s" if summary.search_time_s is not None else "an unknown time"
     lines.append(
-        f"  searched in {result.search_time_s:.2f} s: {c.get('tasks', 0)} tasks, {c.get('solved', 0)} solved, "
-        f"{c.get('infeasible', 0)} infeasible, {c.get('pruned_bound', 0)} pruned by bound, "
-        f"{c.get('pruned_memory', 0)} pruned by memory, {c.get('dp_problems', 0)} stage DPs"
+        f"  searched in {searched}: {c.tasks} tasks, {c.solved} solved, {c.infeasible} infeasible, "
+        f"{c.pruned_bound} pruned by bound, {c.pruned_memory} pruned by memory, {c.dp_problems} stage DPs"
     )
     return "\n".join(lines)
-
-
-def json_summary(result: SearchResult) -> dict[str, Any]:
-    """The ``--summary-json`` content (``kind: galva.search_summary``; a report, not an input to other stages)."""
-    s = result.strategy
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "galva.search_summary",
-        "iteration_time_s": result.iteration_time_s,
-        "throughput_samples_per_s": result.throughput,
-        "global_batch_size": s.global_batch_size,
-        "num_micro_batches": s.num_micro_batches,
-        "pp": s.pp,
-        "pp_division": list(s.pp_division),
-        "pipeline_schedule": s.pipeline_schedule.value,
-        "virtual_stages": s.virtual_stages,
-        "vocab": {"tp": s.vocab.tp, "sp": s.vocab.sp, "dp_type": s.vocab_dp_type.value},
-        "memory_budget_mib": result.memory_budget_mib,
-        "usable_memory_mib": result.usable_memory_mib,
-        "stage_memory_mib": result.stage_memory_mib,
-        "stage_micro_batch_time_s": result.stage_time_s,
-        "time_breakdown_s": result.time_breakdown_s,
-        "layer_runs": [
-            {"stage": stage, "first": first, "last": last, "strategy": label}
-            for stage, first, last, label in layer_runs(s)
-        ],
-        "search_time_s": result.search_time_s,
-        "counts": result.counts,
-    }

@@ -11,155 +11,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
+from dataclasses import dataclass
 
 import numpy as np
 
+from galva_comm.layout import ranks_per_stage
 from galva_schema import DataParallelType, PipelineSchedule
-from galva_search.cost_model import CostModel, LayerTerms, VocabOption, VocabTerms
+from galva_search.cost_model import CostModel, VocabOption, VocabTerms
+from galva_search.cost_tables import LAMBDAS, CostTables, build_tables
+from galva_search.layer_sequence import LayerSequence
 from galva_search.options import SearchOptions, TaskRecord
 from galva_search.partition import balanced_division, even_division
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate
 
-LAMBDAS = np.concatenate([[0.0], np.logspace(-10, -2, 49)])
-"""Multipliers (seconds per MiB) of the Lagrangian lower bound: any value gives a valid bound, more a tighter one."""
-
-
-class LayerSequence:
-    """The model's layers as layer-type indices, and which types a partition puts on each stage."""
-
-    def __init__(self, num_layers_per_type: Sequence[int]) -> None:
-        self.runs = [(t, count) for t, count in enumerate(num_layers_per_type)]  # (type, layers), in model order
-        self.type_of = [t for t, count in self.runs for _ in range(count)]
-        self.type_ends = [i + 1 == len(self.type_of) or self.type_of[i + 1] != t for i, t in enumerate(self.type_of)]
-        self._counts: dict[tuple[tuple[int, ...], int | None], list[list[tuple[int, int]]]] = {}
-        self._p2p: dict[tuple[tuple[int, ...], int], list[list[int]]] = {}
-
-    def __len__(self) -> int:
-        return len(self.type_of)
-
-    def chunk_layers(self, division: Sequence[int]) -> list[range]:
-        """Per model chunk (per stage when there is one chunk per stage), the global indices of its layers."""
-        starts = np.cumsum([0, *division])
-        return [range(int(a), int(b)) for a, b in pairwise(starts)]
-
-    def stage_layers(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
-        """Per stage, the global indices of its layers in model order: the chunks ``s, s + pp, ...`` (chunk ``c``
-        runs on stage ``c % pp``, galva_schema's ``Strategy.chunk_stage``); ``pp`` defaults to one chunk per stage."""
-        pp = len(division) if pp is None else pp
-        chunks = self.chunk_layers(division)
-        return [[i for k in range(stage, len(chunks), pp) for i in chunks[k]] for stage in range(pp)]
-
-    def stage_types(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
-        """Per stage, the type index of each layer it holds."""
-        return [[self.type_of[i] for i in indices] for indices in self.stage_layers(division, pp)]
-
-    def stage_chunk_starts(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
-        """Per stage, the positions (in :meth:`stage_layers` order) where one of its chunks begins."""
-        pp = len(division) if pp is None else pp
-        out: list[list[int]] = [[] for _ in range(pp)]
-        sizes = [0] * pp
-        for k, count in enumerate(division):
-            out[k % pp].append(sizes[k % pp])
-            sizes[k % pp] += count
-        return out
-
-    def stage_p2p_types(self, division: tuple[int, ...], pp: int) -> list[list[int]]:
-        """Per stage, the layer type of every p2p send it makes per micro-batch: at each boundary between model
-        chunks the sender's stage sends the activation forward, the receiver's stage sends its gradient back, both
-        sized by the layer before the boundary (cached)."""
-        key = (division, -pp)
-        hit = self._p2p.get(key)
-        if hit is None:
-            hit = [[] for _ in range(pp)]
-            end = 0
-            for k, count in enumerate(division[:-1]):
-                end += count
-                t = self.type_of[end - 1]
-                hit[k % pp].append(t)
-                hit[(k + 1) % pp].append(t)
-            self._p2p[key] = hit
-        return hit
-
-    def stage_type_counts(self, division: tuple[int, ...], pp: int | None = None) -> list[list[tuple[int, int]]]:
-        """Per stage, ``(type, count)`` of the layers it holds (cached: bounds ask for it per task)."""
-        key = (division, pp)
-        hit = self._counts.get(key)
-        if hit is None:
-            hit = []
-            for types in self.stage_types(division, pp):
-                counts: dict[int, int] = {}
-                for t in types:
-                    counts[t] = counts.get(t, 0) + 1
-                hit.append(sorted(counts.items()))
-            self._counts[key] = hit
-        return hit
-
-
-@dataclass
-class CostTables:
-    """Layer terms of every layer type for one (pp, micro-batch, accumulating), over the candidates ``candidates``."""
-
-    candidates: list[Candidate]
-    terms: list[LayerTerms]  # per layer type
-    redistribution: list[np.ndarray]  # per layer type (of the receiving layer): [from][to] seconds per micro-batch
-    penalty: list[np.ndarray]  # per layer type: [from][to] tie-breaker seconds
-    fastest: list[int]  # per layer type: allowed candidate of least micro-batch time
-    allowed: list[np.ndarray]  # per layer type: candidates the model can run (ModelRules.allowed)
-    allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
-    dual_cache: dict[tuple[int, float], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
-
-    def min_p2p(self, t: int) -> float:
-        """The cheapest p2p send of a layer of type ``t`` over every candidate (a lower bound on any plan's)."""
-        key = (t, -1.0)
-        hit = self.dual_cache.get(key)
-        if hit is None:
-            p2p = self.terms[t].p2p_s
-            hit = self.dual_cache[key] = (p2p, float(p2p.min()) if len(p2p) else 0.0)
-        return hit[1]
-
-    def dual(self, t: int, in_flight: float) -> tuple[np.ndarray, float]:
-        """``g(lam) = min_s (U(s) + lam * M(s))`` over :data:`LAMBDAS`, and ``min_s M(s)``, for one layer of type
-        ``t`` holding ``in_flight`` micro-batches (U: seconds per micro-batch, M: MiB)."""
-        key = (t, in_flight)
-        hit = self.dual_cache.get(key)
-        if hit is None:
-            terms, allowed = self.terms[t], self.allowed[t]
-            mem = terms.memory_mib(in_flight)
-            # refused candidates never enter a plan (their memory may be unknown: +inf, and 0 * inf is nan)
-            with np.errstate(invalid="ignore"):
-                priced = terms.micro_batch_s[None, :] + LAMBDAS[:, None] * mem[None, :]
-            g = np.where(allowed[None, :], priced, np.inf).min(axis=1)
-            hit = (g, float(mem[allowed].min()) if allowed.any() else math.inf)
-            self.dual_cache[key] = hit
-        return hit
-
-
-def build_tables(
-    cost: CostModel,
-    candidates: Sequence[Candidate],
-    micro_batch: int,
-    accumulating: bool,
-    rules: ModelRules | None = None,
-) -> CostTables:
-    """Cost tables of every layer type of ``cost.model`` for a global micro-batch of ``micro_batch`` samples;
-    ``rules`` says which candidates each layer type may run (all of them when None)."""
-    pool = list(candidates)
-    c = 2 if accumulating else 1  # only "more than one micro-batch" matters for the terms themselves
-    terms, redis, penalty, fastest, allowed, allowed_at_end = [], [], [], [], [], []
-    for t in range(len(cost.model.layer_types)):
-        lt = cost.layer_terms(t, pool, micro_batch, c)
-        terms.append(lt)
-        redis.append(cost.redistribution(t, pool, micro_batch))
-        penalty.append(cost.switch_penalties(t, pool))
-        mask = rules.allowed(t, pool, False) if rules else np.ones(len(pool), dtype=bool)
-        allowed.append(mask)
-        allowed_at_end.append(rules.allowed(t, pool, True) if rules else mask)
-        fastest.append(int(np.argmin(np.where(mask, lt.micro_batch_s, np.inf))))
-    return CostTables(pool, terms, redis, penalty, fastest, allowed, allowed_at_end)
-
+__all__ = ["CostTables", "LayerSequence", "Task", "TaskEnumerator", "bound_time", "build_tables"]
 
 _LABELS: dict[tuple[PipelineSchedule, int], str] = {}
 
@@ -291,7 +157,7 @@ class TaskEnumerator:
                         continue
                     schedules = self.schedules(pp, c)
                     for option in vocab_by_pp[pp]:
-                        if micro % (self.cost.world_size // pp // option.tp):
+                        if micro % (ranks_per_stage(self.cost.world_size, pp) // option.tp):  # vocabulary dp
                             continue
                         for schedule, v in schedules:
                             vt = self.vocab_terms(pp, option, micro, c, schedule, v)

@@ -15,6 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from galva_comm.layout import tp_consecutive
 from galva_schema import Strategy
 from galva_search.convert import to_strategy
 from galva_search.cost_model import CostModel
@@ -35,7 +36,7 @@ class RankedPlan:
 
     strategy: Strategy
     iteration_time_s: float
-    throughput: float  # samples per second
+    throughput_samples_per_s: float
     stage_memory_mib: list[float]
 
 
@@ -43,12 +44,11 @@ def _key(strategy: Strategy) -> str:
     """Two plans are the same when they run the same: a data-parallel type over a data-parallel degree of 1 and the
     consecutive flag of a tp group that is 1 or the whole stage change nothing."""
     data = strategy.model_dump(mode="json", exclude={"description"})
-    stage = strategy.world_size // strategy.pp
+    stage = strategy.ranks_per_stage
     for layer in data["layers"]:
         if stage // layer["tp"] == 1:
             layer["dp_type"] = None
-        if layer["tp"] in (1, stage):
-            layer["tp_consecutive"] = True
+        layer["tp_consecutive"] = tp_consecutive(layer["tp"], stage, layer["tp_consecutive"])
     if stage // data["vocab"]["tp"] == 1:
         data["vocab"]["dp_type"] = None
     return json.dumps(data, sort_keys=True)
@@ -64,7 +64,10 @@ def top_plans(cost: CostModel, options: SearchOptions, n: int) -> list[RankedPla
     if n < 1:
         raise ValueError("top_plans: n must be >= 1")
     best = search(cost, options)
-    first = RankedPlan(best.strategy, best.iteration_time_s, best.throughput, list(best.stage_memory_mib))
+    summary = best.summary
+    first = RankedPlan(
+        best.strategy, summary.iteration_time_s, summary.throughput_samples_per_s, list(summary.stage_memory_mib)
+    )
     if n == 1:
         return [first]
     by_pp: dict[int, list[Candidate]] = {}
@@ -120,5 +123,5 @@ def top_plans(cost: CostModel, options: SearchOptions, n: int) -> list[RankedPla
             if len(kept) > n - 1:
                 dropped = heapq.heappop(kept)
                 seen.discard(_key(dropped[2].strategy))
-    rest = sorted((plan for _, _, plan in kept), key=lambda p: (-p.throughput, p.iteration_time_s))
+    rest = sorted((plan for _, _, plan in kept), key=lambda p: (-p.throughput_samples_per_s, p.iteration_time_s))
     return [first, *rest]

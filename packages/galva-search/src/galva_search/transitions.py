@@ -15,7 +15,7 @@ from functools import cache
 
 import numpy as np
 
-from galva_comm.layout import ShardLayout, busiest_rank_fraction
+from galva_comm.layout import ShardLayout, busiest_rank_fraction, tp_consecutive
 from galva_schema import DataParallelType
 from galva_schema.sharding import sequence_shards
 from galva_search.collectives import GB, Collectives
@@ -29,7 +29,7 @@ def candidate_layout(candidate: Candidate, stage_ranks: int, megatron_sp: bool) 
     """The layout of a layer's boundary activation under ``candidate`` (as galva_comm.layout.RankLayout builds it)."""
     tp = candidate.tp
     split = sequence_shards(tp, ulysses=candidate.ulysses, megatron_sp=megatron_sp) > 1
-    return tp, candidate.consecutive or tp in (1, stage_ranks), split
+    return tp, tp_consecutive(tp, stage_ranks, candidate.consecutive), split
 
 
 def vocab_layout(tp: int, sp: bool, megatron_sp: bool) -> Layout:

@@ -220,19 +220,25 @@ def _max_tp(nproc: int) -> int:
     return min(1 << (nproc.bit_length() - 1), 128)
 
 
-def _strategy_note(path: Path) -> str:
-    from galva_schema import Strategy
+def _search_note(strategy_path: Path, summary_path: Path) -> str:
+    """The plan as galva-search summarised it (a :class:`galva_schema.SearchSummary`, checked against the strategy
+    it was written with): pipeline degree, layer plans with their counts, micro-batches, predicted throughput."""
+    from galva_schema import SearchSummary, Strategy
 
-    s = Strategy.load(path)
-    runs: list[str] = []
-    for i in range(s.num_layers):
-        label = s.layer_summary(i)
-        if runs and runs[-1].split(" x")[0] == label:
-            head, count = runs[-1].split(" x")
-            runs[-1] = f"{head} x{int(count) + 1}"
+    summary = SearchSummary.load(summary_path)
+    mismatch = summary.mismatch(Strategy.load(strategy_path))
+    if mismatch is not None:
+        raise ValueError(f"{summary_path}: {mismatch} in {strategy_path}: the summary of another plan")
+    runs: list[tuple[str, int]] = []  # (plan label, layers) over the whole model, stages joined
+    for run in summary.layer_runs:
+        count = run.last - run.first + 1
+        if runs and runs[-1][0] == run.strategy:
+            runs[-1] = (run.strategy, runs[-1][1] + count)
         else:
-            runs.append(f"{label} x1")
-    return f"pp {s.pp}, layers {', '.join(runs)}, {s.num_micro_batches} micro-batch(es)"
+            runs.append((run.strategy, count))
+    layers = ", ".join(f"{label} x{count}" for label, count in runs)
+    return (f"pp {summary.pp}, layers {layers}, {summary.num_micro_batches} micro-batch(es), predicted "
+            f"{summary.throughput_samples_per_s:.2f} samples/s")
 
 
 def _metrics_note(path: Path) -> str:
@@ -297,7 +303,7 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--context-memory", o.context_memory, "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",
         "--mixed-precision", precision, "--output", str(strategy), "--summary-json", str(summary),
         "--galvatron-output", str(out / "galvatron_config.json"), "--quiet"),
-        {"strategy": strategy, "summary": summary}, work=lambda: _strategy_note(strategy))
+        {"strategy": strategy, "summary": summary}, work=lambda: _search_note(strategy, summary))
     r.stage("train", [*_python_command("galva_models.cli.train", "--nproc-per-node", str(nproc)),
                       "--model-config", str(model_dir),
                       "--strategy", str(strategy), "--seq-length", str(o.seq_length), "--data-path", str(prefix),

@@ -27,6 +27,7 @@ from galva_schema.reference.model_profile import (
     write_galvatron_model_profile,
 )
 from galva_schema.reference.strategy import (
+    PIPELINE_TYPES,
     read_galvatron_strategy,
     strategy_file_name,
     to_galvatron_strategy,
@@ -34,6 +35,7 @@ from galva_schema.reference.strategy import (
 )
 
 __all__ = [
+    "PIPELINE_TYPES",
     "GalvatronHardwareFiles",
     "galvatron_hardware_file_names",
     "galvatron_model_profile_file_names",

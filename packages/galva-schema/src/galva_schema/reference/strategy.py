@@ -54,8 +54,13 @@ from galva_schema.reference._io import PathLike, integer, load_json_object
 from galva_schema.strategy import Strategy
 from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
 
-_SCHEDULES = {"gpipe": PipelineSchedule.GPIPE, "pipedream_flush": PipelineSchedule.ONE_F_ONE_B}
-_SCHEDULE_NAMES = {schedule: name for name, schedule in _SCHEDULES.items()}
+PIPELINE_TYPES: Mapping[str, PipelineSchedule] = {
+    "gpipe": PipelineSchedule.GPIPE,
+    "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
+}
+"""The reference's ``pipeline_type`` names and the schedules they mean: the only schedules it runs, and the names
+every Galva command that speaks the reference's language accepts."""
+_SCHEDULE_NAMES = {schedule: name for name, schedule in PIPELINE_TYPES.items()}
 _DP_TYPES = {member.value: member for member in DataParallelType}
 
 KNOWN_KEYS = frozenset(
@@ -227,7 +232,7 @@ class _Reader:
             )
         chunks = self.int_key("chunks") if "chunks" in self.data else _auto_chunks(batch, ranks_per_stage, pp)
         division = self.enc("pp_division", pp, minimum=1) if "pp_division" in self.data else None
-        schedule = self.choice("pipeline_type", _SCHEDULES, "gpipe")
+        schedule = self.choice("pipeline_type", PIPELINE_TYPES, "gpipe")
         default_dp = self.choice("default_dp_type", _DP_TYPES, "ddp")
         vtp = self.int_key("vtp") if "vtp" in self.data else 1
         vsp = self.flag_key("vsp", 0)
@@ -379,6 +384,7 @@ def strategy_file_name(strategy: Strategy, model_name: str, *, num_nodes: int, m
 
 __all__ = [
     "KNOWN_KEYS",
+    "PIPELINE_TYPES",
     "read_galvatron_strategy",
     "strategy_file_name",
     "to_galvatron_strategy",

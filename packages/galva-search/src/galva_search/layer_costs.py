@@ -1,0 +1,312 @@
+"""Costs of the transformer layers: time and memory of one layer under each candidate plan, for one micro-batch
+size (docs/cost-model.md §3, §4), and what re-sharding between two neighbouring layers costs (§5).
+
+Everything is computed for a *list* of candidates at once (numpy arrays indexed by candidate), so that a search
+builds one table per (layer type, pipeline degree, micro-batch size) and never loops over plans in Python inside
+the dynamic programme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from galva_comm.layout import ranks_per_stage, sharding_group_shape
+from galva_schema import (
+    BatchTime,
+    DataParallelType,
+    HardwareProfile,
+    LayerTypeProfile,
+    ModelProfile,
+    ParallelForm,
+    SchemaError,
+    SequenceTime,
+    StaticTime,
+)
+from galva_schema.constraints import head_problem
+from galva_schema.sharding import sequence_shards
+from galva_search.collectives import MIB, Collectives
+from galva_search.cost_settings import CostSettings
+from galva_search.space import Candidate
+from galva_search.states import state_fraction
+from galva_search.transitions import redistribution_per_sample, switch_penalty
+
+ZERO2 = DataParallelType.ZERO2
+ZERO3 = DataParallelType.ZERO3
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """Per-candidate costs of ONE layer of one type for one micro-batch size (arrays indexed by candidate).
+
+    Times are seconds per micro-batch unless said otherwise; memory is MiB per device.
+    """
+
+    forward_s: np.ndarray  # forward compute
+    backward_s: np.ndarray  # backward compute, recomputation included
+    tp_comm_s: np.ndarray  # Megatron tp / Megatron-SP / Ulysses collectives (forward + backward + recompute)
+    zero3_comm_s: np.ndarray  # ZeRO-3 all-gathers and reduce-scatter, wall time added to the micro-batch
+    micro_batch_s: np.ndarray  # critical-path time of the layer in one micro-batch (sum of the above, overlapped)
+    grad_sync_s: np.ndarray  # once per iteration: gradient all-reduce (ddp) / reduce-scatter + all-gather (zero2)
+    exposed_sync_s: np.ndarray  # part of grad_sync_s not hidden behind the last micro-batch's backward
+    p2p_s: np.ndarray  # one point-to-point transfer of this layer's output activation to the next stage
+    states_mib: np.ndarray  # parameters + gradients + optimizer states
+    activation_mib: np.ndarray  # activations kept for ONE in-flight micro-batch
+    transient_mib: np.ndarray  # held only while this layer runs (ZeRO-3 gather, recomputation, Megatron-SP gather)
+    # weight-gradient (W) share of backward_s, the work zb-h1 defers into the bubble: half the backward compute
+    # without recomputation (a matmul's input-gradient and weight-gradient cost the same FLOPs; docs §7)
+    weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def memory_mib(self, in_flight: float) -> np.ndarray:
+        return self.states_mib + in_flight * self.activation_mib
+
+
+@dataclass(frozen=True)
+class _LayerStatic:
+    tp: np.ndarray
+    dp: np.ndarray
+    checkpoint: np.ndarray
+    zero3: np.ndarray
+    sync: np.ndarray
+    gather: np.ndarray  # ZeRO-2/3: one all-gather of the layer's parameters (part of sync); 0 for ddp
+    p2p_per_byte: np.ndarray
+    comm_groups: list
+    states: np.ndarray  # [not accumulating, accumulating][candidate]
+    activation_per_sample: np.ndarray
+    recompute_per_sample: np.ndarray  # checkpointed candidates: what the recomputation holds during backward
+    gather_mib: np.ndarray  # ZeRO-3: one full compute-precision copy of the layer's parameters on this rank
+    redistribution_per_sample: np.ndarray
+    penalty: np.ndarray
+
+
+class LayerCosts:
+    """Per-candidate costs of the layers of one model profile on one hardware profile (cached per candidate list)."""
+
+    def __init__(
+        self,
+        hardware: HardwareProfile,
+        model: ModelProfile,
+        settings: CostSettings,
+        comm: Collectives,
+        model_source: str | None = None,
+    ) -> None:
+        self.hardware = hardware
+        self.model = model
+        self.settings = settings
+        self.comm = comm
+        self.model_source = model_source
+        self.world_size = hardware.cluster.world_size
+        self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
+
+    def activation_per_sample(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication)."""
+        layer = self.model.layer_types[type_index]
+        table = layer.activation_mib_per_sample
+        out = np.empty(len(candidates))
+        for i, c in enumerate(candidates):
+            if c.checkpoint:
+                # only the layer input is kept; Megatron-SP and Ulysses shard it along the sequence
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=self.settings.megatron_sp)
+                out[i] = layer.checkpoint_activation_mib_per_sample / shards
+            elif c.ulysses:
+                # measured under Ulysses (all-to-all buffers included) where profiled; else every activation of
+                # the plain layer split along the sequence
+                ulysses = layer.ulysses_activation_mib_per_sample
+                out[i] = ulysses[c.tp] if c.tp in ulysses else table[1] / c.tp
+            elif c.tp > 1 and self.settings.megatron_sp and c.tp in layer.megatron_sp_activation_mib_per_sample:
+                out[i] = layer.megatron_sp_activation_mib_per_sample[c.tp]
+            else:
+                if c.tp not in table and not self._runs_tp(type_index, c.tp):
+                    out[i] = np.inf  # the model refuses this tp (ModelRules masks it): nobody profiles it
+                elif c.tp not in table:
+                    raise SchemaError(
+                        f"layer_types[{type_index}].activation_mib_per_sample: no entry for tp {c.tp} "
+                        f"(layer type {layer.name!r}); profile it or lower --max-tp",
+                        source=self.model_source,
+                    )
+                else:
+                    out[i] = table[c.tp]
+        return out
+
+    def _runs_tp(self, type_index: int, tp: int) -> bool:
+        """Whether the model's constraints (if the profile has them) let this layer type run Megatron tp ``tp``."""
+        constraints = self.model.constraints
+        if constraints is None:
+            return True
+        own = constraints.layer_types[type_index]
+        return ParallelForm.TP not in own.unsupported and head_problem(own, tp, ulysses=False) is None
+
+    def _static(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic:
+        """Parts of the layer costs that do not depend on the micro-batch size (cached per candidate list)."""
+        key = (type_index, candidates)
+        hit = self._static_cache.get(key)
+        if hit is not None:
+            return hit
+        layer = self.model.layer_types[type_index]
+        s = self.settings
+        comm = self.comm
+        n = len(candidates)
+        tp_degree = np.array([c.tp_degree for c in candidates], dtype=float)
+        e = s.element_bytes
+        grad_bytes = layer.parameter_mib * MIB / 4.0 / tp_degree * e  # parameter_mib is fp32 bytes
+        sync = np.zeros(n)
+        gather = np.zeros(n)
+        p2p_per_byte = np.zeros(n)
+        groups: dict[tuple[str, int, bool], list[tuple[int, float, float]]] = {}
+        pp = candidates[0].pp if candidates else 1
+        stage_size = ranks_per_stage(self.world_size, pp)
+        for i, c in enumerate(candidates):
+            if c.tp > 1 and not c.ulysses and s.megatron_sp:
+                # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
+                # own measured curve (latency included); without the curves a pair is one all-reduce, as below
+                count = 6.0 if c.checkpoint else 4.0
+                groups.setdefault(("all_gather", c.tp, c.consecutive), []).append((i, 1.0, count))
+                groups.setdefault(("reduce_scatter", c.tp, c.consecutive), []).append((i, 1.0, count))
+            elif c.tp > 1 and not c.ulysses:
+                # 2 all-reduces forward, 2 backward, 2 more when recomputing
+                groups.setdefault(("allreduce", c.tp, c.consecutive), []).append((i, 1.0, 6.0 if c.checkpoint else 4.0))
+            elif c.ulysses:
+                # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
+                groups.setdefault(("all_to_all", c.tp, c.consecutive), []).append(
+                    (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
+                )
+            d, consecutive = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)
+            if d > 1:
+                if c.dp_type in (ZERO2, ZERO3):  # reduce-scatter + all-gather, each with its own measured latency
+                    gather[i] = comm.all_gather(d, consecutive, grad_bytes[i])
+                    sync[i] = comm.reduce_scatter(d, consecutive, grad_bytes[i]) + gather[i]
+                else:
+                    sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
+            if pp > 1:
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
+                p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
+        comm_groups = [
+            (
+                op,
+                size,
+                consecutive,
+                np.array([m[0] for m in members]),
+                np.array([m[1] for m in members]),
+                np.array([m[2] for m in members]),
+            )
+            for (op, size, consecutive), members in groups.items()
+        ]
+        zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
+        params_mib = layer.parameter_mib / tp_degree
+        total_state_bytes = sum(s.state_bytes)
+        recompute = np.zeros(n)
+        if any(c.checkpoint for c in candidates):
+            plain = [replace(c, checkpoint=False) for c in candidates]
+            full = self.activation_per_sample(type_index, plain)
+            recompute = np.where([c.checkpoint for c in candidates], full, 0.0)
+        states = np.empty((2, n))
+        for accumulating in (0, 1):
+            for i, c in enumerate(candidates):
+                shard = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)[0]
+                frac = state_fraction(
+                    c.dp_type, shard, bool(accumulating), precision=s.precision, accounting=s.state_accounting
+                )
+                states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
+        static = _LayerStatic(
+            tp=np.array([c.tp for c in candidates], dtype=float),
+            dp=np.array([c.dp for c in candidates], dtype=float),
+            checkpoint=np.array([c.checkpoint for c in candidates]),
+            zero3=zero3,
+            sync=sync,
+            gather=gather,
+            p2p_per_byte=p2p_per_byte,
+            comm_groups=comm_groups,
+            states=states,
+            activation_per_sample=self.activation_per_sample(type_index, candidates),
+            recompute_per_sample=recompute,
+            gather_mib=np.where(zero3, params_mib / 4.0 * s.element_bytes, 0.0),
+            redistribution_per_sample=redistribution_per_sample(
+                comm, candidates, stage_size, s.megatron_sp, layer.seq_length * layer.hidden_size * e
+            ),
+            penalty=switch_penalty(candidates, s.switch_penalty_s),
+        )
+        self._static_cache[key] = static
+        return static
+
+    def terms(
+        self, type_index: int, candidates: Sequence[Candidate], micro_batch: int, num_micro_batches: int
+    ) -> LayerTerms:
+        """Costs of one layer of type ``type_index`` under each candidate, for a global micro-batch of
+        ``micro_batch`` samples and ``num_micro_batches`` micro-batches per iteration."""
+        candidates = tuple(candidates)
+        st = self._static(type_index, candidates)
+        layer = self.model.layer_types[type_index]
+        s = self.settings
+        comm = self.comm
+        f = s.factors
+        local = micro_batch / st.dp  # samples per rank
+        forward = _layer_forward_seconds(layer, local / st.tp) * (f.compute * self.hardware.compute_slowdown)
+        recompute = np.where(st.checkpoint, forward, 0.0)
+        backward = s.backward_coefficient * forward + recompute
+        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
+        tp_comm = np.zeros(len(candidates))
+        for op, size, consecutive, index, scale, count in st.comm_groups:
+            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
+            tp_comm[index] += per * count * f.tp_comm
+        sync = st.sync * f.dp_comm
+        # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
+        # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
+        # iteration, overlapped with that backward together with the all-gather (docs/cost-model.md §3).
+        gather = st.gather * f.dp_comm
+        gather_bwd = comm.overlapped(backward, gather)
+        zero3_wall = np.where(st.zero3, gather + gather_bwd - backward, 0.0)
+        micro = forward + backward + tp_comm + zero3_wall
+        exposed = np.where(
+            st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
+        )
+        act = (local * st.activation_per_sample + np.where(st.checkpoint, 0.0, layer.activation_mib_per_call)) * (
+            f.activations
+        )
+        transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
+        return LayerTerms(
+            forward_s=forward,
+            backward_s=backward,
+            tp_comm_s=tp_comm,
+            zero3_comm_s=zero3_wall,
+            micro_batch_s=micro,
+            grad_sync_s=sync,
+            exposed_sync_s=exposed,
+            p2p_s=(st.p2p_per_byte * act_bytes + comm.p2p_latency(candidates[0].pp if candidates else 1)) * f.p2p,
+            states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
+            activation_mib=act,
+            transient_mib=transient,
+            weight_grad_s=0.5 * s.backward_coefficient * forward,
+        )
+
+    def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
+        """``[S][S]`` seconds per micro-batch to move activations (forward) and their gradients (backward) from a
+        layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``
+        (:mod:`galva_search.transitions`: what galva_comm's redistribution plans move)."""
+        factor = self.settings.factors.redistribution
+        return self._static(type_index, tuple(candidates)).redistribution_per_sample * (micro_batch * factor)
+
+    def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
+        """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""
+        return self._static(type_index, tuple(candidates)).penalty
+
+
+def _layer_forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:
+    return forward_seconds(layer.forward_time, batch, layer.seq_length)
+
+
+def forward_seconds(
+    model: StaticTime | BatchTime | SequenceTime, batch: np.ndarray | float, seq_length: int
+) -> np.ndarray:
+    """Forward seconds of a profile's time model (a layer type's or the vocabulary layers') at ``batch`` samples."""
+    batch = np.asarray(batch, dtype=float)
+    if isinstance(model, StaticTime):
+        ms = model.ms_per_sample * batch
+    elif isinstance(model, BatchTime):
+        ms = np.maximum(0.0, model.slope_ms_per_sample * batch + model.intercept_ms)
+    elif isinstance(model, SequenceTime):
+        a, b, c = model.coefficients
+        ms = max(0.0, a * seq_length**2 + b * seq_length + c) * batch
+    else:  # pragma: no cover - schema guarantees one of the three
+        ms = np.array([model.forward_ms(float(x), seq_length) for x in batch.ravel()]).reshape(batch.shape)
+    return ms * 1e-3

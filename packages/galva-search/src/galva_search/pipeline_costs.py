@@ -1,0 +1,95 @@
+"""What a pipeline schedule does to an iteration: the activations each stage holds at its peak, and the fill, drain
+and gradient-sync tail around the steady micro-batches (docs/cost-model.md §4, §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from galva_schema import PipelineSchedule
+
+
+def in_flight(pp: int, num_micro_batches: int, schedule: PipelineSchedule, virtual_stages: int = 1) -> list[float]:
+    """Activations each stage holds at its peak, in micro-batches of the whole stage (the multiplier of one
+    micro-batch's activations; docs/cost-model.md §4).
+
+    pp 1: one (micro-batches run one after another). GPipe: all ``c`` (every forward runs before any backward).
+    1F1B: ``min(pp - s, c)`` at stage ``s``. zb-h1: ``min(pp, c)`` on every stage (1F1B's ``pp - s`` forwards
+    plus the ``s`` micro-batches whose deferred weight-gradient pass still holds their inputs). Interleaved
+    1F1B with ``v`` chunks: :func:`interleaved_chunks_in_flight` micro-batch-chunks, each holding ``1/v`` of the
+    stage's activations.
+    """
+    c = num_micro_batches
+    if pp == 1:
+        return [1]
+    if schedule is PipelineSchedule.GPIPE:
+        return [c] * pp
+    if schedule is PipelineSchedule.ZB_H1:
+        return [min(pp, c)] * pp
+    if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
+        return [n / virtual_stages for n in interleaved_chunks_in_flight(pp, c, virtual_stages)]
+    return [min(pp - stage, c) for stage in range(pp)]
+
+
+def interleaved_chunks_in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> list[int]:
+    """Micro-batch-chunks whose activations stage ``s`` holds at its peak under Megatron's interleaved 1F1B:
+    ``min(2 (pp - s - 1) + (v - 1) pp + 1, v c)`` (its warm-up forwards, then one more forward before the first
+    backward; every later step runs one forward and one backward, so the count never grows again); with ``c = pp``
+    every forward is a warm-up one (Megatron, galva-hp): all ``v c``."""
+    v, c = virtual_stages, num_micro_batches
+    if c == pp:
+        return [v * c] * pp
+    return [min(2 * (pp - s - 1) + (v - 1) * pp + 1, v * c) for s in range(pp)]
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """An iteration split into its parts (seconds): ``steady + bubble + tail = total``."""
+
+    total: float
+    steady: float  # c micro-batches of the slowest stage
+    bubble: float  # fill and drain
+    tail: float  # gradient synchronisation after the last backward
+    slowest: int  # the stage that sets the pace
+
+
+def pipeline_time(
+    stage_micro_s: Sequence[float],
+    stage_exposed_s: Sequence[float],
+    num_micro_batches: int,
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+    virtual_stages: int = 1,
+    stage_weight_grad_s: Sequence[float] | None = None,
+) -> PipelineTime:
+    """Seconds per iteration of a pipeline whose stage ``s`` takes ``U_s`` per micro-batch (docs §7).
+
+    With ``k`` the slowest stage, ``T = c·U_k + bubble + tail``, the bubble being what the other stages add while
+    the pipeline fills and drains:
+
+    * 1F1B, GPipe: ``Σ_{s≠k} U_s`` (so ``T = Σ_s U_s + (c − 1)·U_k``);
+    * interleaved 1F1B with ``v`` chunks per stage: ``Σ_{s≠k} U_s / v`` (fill and drain walk one chunk of each
+      stage, ``1/v`` of its work; equal stages give Megatron's ``(pp − 1)·U/v``);
+    * zb-h1: ``Σ_{s≠k} max(0, U_s − 2·W_s)`` with ``W_s`` the stage's weight-gradient work, deferred into the
+      bubble (equal stages: the paper's ``(pp − 1)(F + B − W)``); with ``c < pp`` no stage can defer enough weight
+      gradients and the 1F1B bubble is kept.
+
+    The tail is ``max(0, max_s (E_s − lead_s))``: stage ``s`` finishes its last backward ``lead_s`` before stage 0
+    (``Σ_{k<s}`` of the same per-stage bubble terms), which hides part of its exposed sync ``E_s``.
+    """
+    u = np.asarray(stage_micro_s, dtype=float)
+    e = np.asarray(stage_exposed_s, dtype=float)
+    c, pp = num_micro_batches, len(u)
+    if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
+        fill = u / virtual_stages
+    elif schedule is PipelineSchedule.ZB_H1 and stage_weight_grad_s is not None and c >= pp:
+        fill = np.maximum(0.0, u - 2.0 * np.asarray(stage_weight_grad_s, dtype=float))
+    else:
+        fill = u
+    slowest = int(np.argmax(u))
+    bubble = float(fill.sum() - fill[slowest])
+    lead = np.concatenate([[0.0], np.cumsum(fill)[:-1]])
+    tail = max(0.0, float(np.max(e - lead)))
+    steady = float(c * u[slowest])
+    return PipelineTime(steady + bubble + tail, steady, bubble, tail, slowest)

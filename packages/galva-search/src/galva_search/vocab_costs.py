@@ -1,0 +1,171 @@
+"""Costs of the vocabulary layers (embedding, final norm, head): which plans a profile allows, their time and memory
+on the stages that hold them (docs/cost-model.md §3, §4), and re-sharding between them and the first and last layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from galva_comm.layout import ranks_per_stage, sharding_group_shape
+from galva_schema import DataParallelType, HardwareProfile, ModelProfile, VocabMemory
+from galva_search.collectives import MIB, Collectives
+from galva_search.cost_settings import CostSettings
+from galva_search.layer_costs import forward_seconds
+from galva_search.space import Candidate
+from galva_search.states import state_bytes_per_parameter, state_fraction
+from galva_search.transitions import vocab_boundaries_per_sample, vocab_layout
+
+ZERO2 = DataParallelType.ZERO2
+ZERO3 = DataParallelType.ZERO3
+
+
+@dataclass(frozen=True)
+class VocabOption:
+    """How the vocabulary layers (embedding, final norm, head) are parallelised inside a stage."""
+
+    tp: int = 1
+    sp: bool = False  # sequence split (Ulysses-style) of degree tp instead of vocabulary tensor parallel
+    zero3: bool = False  # ZeRO-3 for the vocabulary layers (the reference's embed_sdp)
+
+    def label(self) -> str:
+        return f"v{'sp' if self.sp else 'tp'}{self.tp}{'-f' if self.zero3 else ''}"
+
+
+@dataclass(frozen=True)
+class VocabTerms:
+    """Costs of the vocabulary layers held by one pipeline stage (scalars)."""
+
+    micro_batch_s: float
+    exposed_sync_s: float
+    memory_mib: float  # states + activations of the in-flight micro-batches
+    states_mib: float = 0.0
+    activation_mib: float = 0.0  # activations of ONE micro-batch
+    weight_grad_s: float = 0.0  # weight-gradient (W) share of the backward per micro-batch (zb-h1)
+
+
+class VocabCosts:
+    """The vocabulary layers' plans and costs for one model profile on one hardware profile."""
+
+    def __init__(
+        self, hardware: HardwareProfile, model: ModelProfile, settings: CostSettings, comm: Collectives
+    ) -> None:
+        self.hardware = hardware
+        self.model = model
+        self.settings = settings
+        self.comm = comm
+        self.world_size = hardware.cluster.world_size
+        self._boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, np.ndarray]] = {}
+
+    def options(
+        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True
+    ) -> list[VocabOption]:
+        """Every vocabulary plan whose profile entries exist, for pipeline degree ``pp``."""
+        vocab = self.model.vocab
+        stage_ranks = ranks_per_stage(self.world_size, pp)
+        positions = [vocab.memory_pp_off] if pp == 1 else [vocab.memory_pp_first, vocab.memory_pp_last]
+        out: list[VocabOption] = []
+        k = 1
+        while k <= min(stage_ranks, max_tp if allow_tp else 1):
+            for sp in (False, True) if k > 1 else (False,):
+                if sp and not allow_sp:
+                    continue
+                states_key = 1 if sp else k
+                if all(states_key in m.model_states_mib and k in m.activation_mib_per_sample for m in positions):
+                    for z3 in (False, True) if allow_zero3 else (False,):
+                        out.append(VocabOption(k, sp, z3))
+            k *= 2
+        return out
+
+    def terms(
+        self, pp: int, option: VocabOption, micro_batch: int, num_micro_batches: int, in_flight: Sequence[float]
+    ) -> list[VocabTerms]:
+        """Vocabulary costs per stage (``pp`` entries; stages in the middle hold none).
+
+        ``in_flight[s]`` is the number of micro-batches whose activations stage ``s`` holds at its peak.
+        """
+        vocab = self.model.vocab
+        s = self.settings
+        comm = self.comm
+        stage_ranks = ranks_per_stage(self.world_size, pp)
+        k = option.tp
+        dp = stage_ranks // k
+        local = micro_batch / dp
+        types = self.model.layer_types
+        f = s.factors
+        compute_scale = f.compute * self.hardware.compute_slowdown  # the model profile ran alone (docs §3)
+        forward = float(forward_seconds(vocab.forward_time, local / k, types[-1].seq_length)) * compute_scale
+        dp_type = ZERO3 if option.zero3 else s.default_dp_type
+        shard, consecutive = sharding_group_shape(stage_ranks, k, True, option.sp)  # vocabulary groups are blocks
+        accumulating = num_micro_batches > 1
+        e = s.element_bytes
+        profile_bytes = state_bytes_per_parameter(self.model.precision, s.state_accounting)
+
+        def position(
+            memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: float
+        ) -> VocabTerms:
+            fwd = forward * share
+            bwd = s.backward_coefficient * fwd
+            tp_time = 0.0
+            if k > 1 and not option.sp:
+                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e)) * f.tp_comm
+            # the profile's states are at its own precision: parameters per rank, then this plan's bytes for them
+            parameters = memory.model_states_mib[1 if option.sp else k] * MIB / profile_bytes
+            states_full = parameters * sum(s.state_bytes) / MIB
+            states = states_full * float(
+                state_fraction(dp_type, shard, accumulating, precision=s.precision, accounting=s.state_accounting)
+            ) * f.states
+            grad_bytes = parameters * e
+            sync = gather = 0.0
+            if shard > 1 and dp_type in (ZERO2, ZERO3):
+                gather = float(comm.all_gather(shard, consecutive, grad_bytes)) * f.dp_comm
+                sync = float(comm.reduce_scatter(shard, consecutive, grad_bytes)) * f.dp_comm + gather
+            elif shard > 1:
+                sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm
+            if dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
+                gather_bwd = float(comm.overlapped(bwd, gather))
+                micro = fwd + tp_time + gather + gather_bwd
+                exposed = float(comm.overlapped(bwd, sync)) - gather_bwd
+            else:
+                micro = fwd + bwd + tp_time
+                exposed = float(comm.overlapped(bwd, sync)) - bwd
+            act = memory.activation_mib_per_sample[k] * local * f.activations
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd)
+
+        first, last = types[0], types[-1]
+        if pp == 1:
+            # embedding all-reduce and head all-reduce on the one stage; both halves of the compute
+            only = position(vocab.memory_pp_off, 1.0, 2, last.seq_length, last.hidden_size, in_flight[0])
+            return [only]
+        empty = VocabTerms(0.0, 0.0, 0.0)
+        out = [empty] * pp
+        out[0] = position(vocab.memory_pp_first, 0.5, 1, first.seq_length, first.hidden_size, in_flight[0])
+        out[-1] = position(vocab.memory_pp_last, 0.5, 1, last.seq_length, last.hidden_size, in_flight[-1])
+        return out
+
+    def boundaries(
+        self, option: VocabOption, candidates: Sequence[Candidate], micro_batch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per micro-batch to re-shard from the embedding into the first layer, and from the last layer into
+        the head, per candidate of that layer (zero where the layouts agree)."""
+        candidates = tuple(candidates)
+        key = (option, candidates)
+        hit = self._boundary_cache.get(key)
+        if hit is None:
+            pp = candidates[0].pp if candidates else 1
+            first, last = self.model.layer_types[0], self.model.layer_types[-1]
+            e = self.settings.element_bytes
+            hit = vocab_boundaries_per_sample(
+                self.comm,
+                candidates,
+                ranks_per_stage(self.world_size, pp),
+                self.settings.megatron_sp,
+                vocab_layout(option.tp, option.sp, self.settings.megatron_sp),
+                first.seq_length * first.hidden_size * e,
+                last.seq_length * last.hidden_size * e,
+            )
+            self._boundary_cache[key] = hit
+        scale = micro_batch * self.settings.factors.redistribution
+        return hit[0] * scale, hit[1] * scale
