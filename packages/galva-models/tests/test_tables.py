@@ -195,7 +195,8 @@ def test_a_family_whose_attention_the_ring_does_not_compute_refuses_cp_in_one_li
         "which ring attention does not compute"
     ), problems
     assert all("\n" not in p for p in problems)
-    assert ring_refusal(tiny_config("gpt_oss")) == "gpt_oss's attention has sinks, which ring attention does not compute"
+    sinks = ring_refusal(tiny_config("gpt_oss"))
+    assert sinks == "gpt_oss's attention has sinks, which ring attention does not compute"
     assert plan_problems(CP_PLANS["cp4"], constraints(_config("mistral")), world_size=4, seq_len=CP_SEQ) == []
 
 

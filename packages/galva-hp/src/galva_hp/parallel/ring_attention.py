@@ -4,7 +4,7 @@ Each rank of a context-parallel group of degree ``cp`` holds the query, key and 
 sequence: chunks ``r`` and ``2 cp - 1 - r`` of ``2 cp`` (:func:`galva_schema.sharding.context_chunks`, one early
 and one late, so under a causal mask every rank attends over the same number of pairs). Key/value blocks travel
 round the ring: at step ``t`` rank ``r`` attends to the block of rank ``r - t`` while the next block is already on
-its way (``batch_isend_irecv``, overlapped with the block's compute). Each block's partial attention is merged into
+its way (``isend`` / ``irecv``, overlapped with the block's compute). Each block's partial attention is merged into
 the running output through its log-sum-exp (online softmax, in fp32). A block whose mask allows nothing (above the
 causal diagonal, outside a sliding window) is not computed.
 
@@ -98,11 +98,10 @@ class _Ring:
     def shift(self, tensor: Tensor, tag: int) -> tuple[Tensor, list[Any]]:
         """Start sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer."""
         received = torch.empty_like(tensor)
-        ops = [
-            dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
-            dist.P2POp(dist.irecv, received, self.prev, self.group, tag),
-        ]
-        return received, dist.batch_isend_irecv(ops)
+        # plain isend / irecv, not P2POp: P2POp accepts torch's own functions only, not the watchdog's wrappers
+        send = dist.isend(tensor, self.next, group=self.group, tag=tag)
+        recv = dist.irecv(received, self.prev, group=self.group, tag=tag)
+        return received, [send, recv]
 
 
 def _wait(requests: list[Any]) -> None:

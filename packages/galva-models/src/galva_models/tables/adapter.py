@@ -136,7 +136,8 @@ def ring_refusal(config: Any) -> str:
     try:
         import transformers
 
-        source = inspect.getsource(inspect.getmodule(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family])))
+        module = inspect.getmodule(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]))
+        source = inspect.getsource(module) if module is not None else ""
     except (AttributeError, KeyError, OSError, TypeError):
         source = ""
     if any(sink in source for sink in _SINKS):

@@ -64,11 +64,10 @@ class TableParallelizer:
             return module
         _once(module)
         attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and _is_attention(p)})
-        ring = {"cp_group": ctx.cp_group, "cp_index": ctx.cp_index}
         if ctx.tp_size == 1:  # Ulysses and / or context parallelism: weights whole
             for path in attention:
                 module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, **ring
+                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, cp_group=ctx.cp_group, cp_index=ctx.cp_index
                 )
             ulysses = ctx.sp_size > 1
             module.form = ModuleForm(
@@ -110,14 +109,15 @@ class TableParallelizer:
         for path in attention:
             # heads are this rank's only where the block's projections stay split (not gathered back: Phi-3, Olmo 2)
             styles = [st for p, st in self.tables.tp.items() if p.startswith(path + ".")]
-            split = any(st in ("colwise", "packed_colwise") for st in styles)
-            if not split and ctx.cp_size == 1:
+            heads_split = any(st in ("colwise", "packed_colwise") for st in styles)
+            if not heads_split and ctx.cp_size == 1:
                 continue
             first = (rank * (heads // tp)) // (heads // kv)
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                kv_heads=(first, 1) if replicated_kv and split else None,
-                heads_group=group if split else None,
-                **ring,
+                kv_heads=(first, 1) if replicated_kv and heads_split else None,
+                heads_group=group if heads_split else None,
+                cp_group=ctx.cp_group,
+                cp_index=ctx.cp_index,
             )
         for path in sorted(entries):
             block = _find(module.layer, path)
