@@ -176,7 +176,7 @@ def test_output_file_name():
         ({"vcp": 3}, "cfg.json: vcp: 3 does not divide the 8 ranks of a pipeline stage"),
         (
             {"cp_sizes_enc": "2,8,1"},
-            "cfg.json: cp_sizes_enc[1]: tp 2 x cp 8 does not divide the 8 ranks of a pipeline stage",
+            "cfg.json: cp_sizes_enc[1]: tp 2 x cp 8 is more than the 8 ranks of a pipeline stage",
         ),
         ({"tp_degree": 2}, "cfg.json: tp_degree: unknown key"),
     ],
