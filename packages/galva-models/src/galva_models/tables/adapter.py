@@ -13,7 +13,7 @@ from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
-from galva_models.tables.parallel import TableParallelizer, head_counts
+from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_schema import ModelConstraints, ParallelForm
 from galva_schema.constraints import uniform_constraints
@@ -105,6 +105,8 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
     ring = ring_refusal(config)
+    if not ring and not attention_paths(tables):
+        ring = f"{config.model_type}'s tp table names no attention module for the ring to run in"
     if ring:
         unsupported[ParallelForm.CP] = ring
     longest = config.max_position_embeddings if tables.learned_positions else None
