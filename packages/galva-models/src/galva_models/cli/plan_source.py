@@ -172,8 +172,10 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
     cp = args.cp or 1
     if (world_size // pp) % (tp * cp) or (world_size // pp) % ((args.vocab_tp or 1) * cp):
-        what = f"--tp {tp} x --cp {cp}" if (world_size // pp) % (tp * cp) else f"--vocab-tp {args.vocab_tp} x --cp {cp}"
-        raise ConfigError(f"{what} does not divide the {world_size // pp} ranks of a pipeline stage")
+        degree = tp if (world_size // pp) % (tp * cp) else args.vocab_tp
+        what = f"--tp {tp}" if degree == tp else f"--vocab-tp {degree}"
+        verb = "is more than" if degree * cp > world_size // pp else "does not divide"
+        raise ConfigError(f"{what} x --cp {cp} {verb} the {world_size // pp} ranks of a pipeline stage")
     virtual_stages = args.virtual_stages or 1
     if num_layers < pp * virtual_stages:
         what = f"--pp {pp}" if virtual_stages == 1 else f"--pp {pp} x --virtual-stages {virtual_stages} chunks"
