@@ -195,7 +195,8 @@ def test_a_family_whose_attention_the_ring_does_not_compute_refuses_cp_in_one_li
         "which ring attention does not compute"
     ), problems
     assert all("\n" not in p for p in problems)
-    assert ring_refusal(tiny_config("gpt_oss")) == "gpt_oss's attention has sinks, which ring attention does not compute"
+    sinks = ring_refusal(tiny_config("gpt_oss"))
+    assert sinks == "gpt_oss's attention has sinks, which ring attention does not compute"
     assert plan_problems(CP_PLANS["cp4"], constraints(_config("mistral")), world_size=4, seq_len=CP_SEQ) == []
 
 
@@ -387,3 +388,51 @@ def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
     assert any("17" in p for p in problems), problems
+
+
+def test_galva_train_takes_context_parallelism_as_a_flag_and_refuses_what_does_not_fit():
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.errors import ConfigError
+
+    common = ["--model", "tiny-llama", "--fp32", "--seq-length", "64", "--chunks", "2", "--global-batch-size", "8"]
+    flags = ["--tp", "2", "--sequence-parallel", "--context-parallel-size", "2"]
+    cfg = parse_train_config([*common, *flags], world_size=8)
+    assert {(layer.tp, layer.cp) for layer in cfg.strategy.layers} == {(2, 2)} and cfg.strategy.vocab.cp == 2
+    assert cfg.strategy.layer_dp(0) == 2
+    with pytest.raises(ConfigError, match=r"^--tp 2 x --cp 4 is more than the 4 ranks of a pipeline stage$"):
+        parse_train_config([*common, "--tp", "2", "--cp", "4"], world_size=4)
+    with pytest.raises(ConfigError, match=r"layers\[0\.\.3\]\.cp: the sequence of 60 tokens does not divide"):
+        parse_train_config([*common[:-5], "60", "--cp", "4", "--chunks", "2", "--global-batch-size", "8"], world_size=4)
+
+
+@pytest.mark.distributed
+def test_a_reference_strategy_with_context_parallelism_converts_and_trains(tmp_path):
+    """A reference ``galvatron_config`` whose ``cp_sizes_enc`` gives the layers cp 2 and 4 (with tp 2 on one, and
+    ``vcp`` 2) trains through galva-train: its first loss is Hugging Face's on the same batch (an attention that
+    missed the rest of the sequence would not be)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from galva_ckpt.convert import hf_to_galva
+    from galva_models.cli.config import parse_train_config
+    from galva_models.cli.train import make_source
+    from galva_models.presets import preset_config
+
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(preset_config("tiny-llama"))
+    model.save_pretrained(tmp_path / "hf")
+    hf_to_galva(tmp_path / "hf", tmp_path / "g", progress=False)
+    reference = {"pp_deg": 1, "tp_sizes_enc": "1,2,1,1", "dp_types_enc": "0,0,0,0", "global_bsz": 8, "chunks": 2,
+                 "cp_sizes_enc": "4,2,2,1", "vcp": 2}  # fmt: skip
+    (tmp_path / "galvatron_config.json").write_text(json.dumps(reference))
+    argv = ["--load", str(tmp_path / "g"), "--galvatron-config-path", str(tmp_path / "galvatron_config.json"),
+            "--fp32", "--seq-length", "64", "--no-progress", "--train-iters", "1"]  # fmt: skip
+    metrics = tmp_path / "m.jsonl"
+    assert run_distributed(_train, 4, [*argv, "--metrics-jsonl", str(metrics)], timeout=600) == [0] * 4
+    batch = make_source(parse_train_config(argv, world_size=4)).batch(0)
+    with torch.no_grad():
+        logits = model.eval()(input_ids=batch.inputs).logits
+        expected = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
+    loss = json.loads(metrics.read_text().splitlines()[0])["loss"]
+    assert abs(loss - expected) / expected < TOL, (loss, expected)

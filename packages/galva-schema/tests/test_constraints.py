@@ -184,7 +184,7 @@ def test_context_parallelism_is_checked_by_the_one_function() -> None:
     assert plan_problems(cp2, refused, seq_len=32)[0] == (
         "layers[0..3].cp: gemma2 layers cannot run context parallelism: soft-capped scores"
     )
-    with pytest.raises(ValueError, match=r"layers\[0\].cp: tp 2 x cp 4 does not divide the 4 ranks"):
+    with pytest.raises(ValueError, match=r"layers\[0\].cp: tp 2 x cp 4 is more than the 4 ranks"):
         plan([{"tp": 2, "cp": 4}] + [{}] * 3, world_size=4)
 
 

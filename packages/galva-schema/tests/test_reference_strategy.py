@@ -173,7 +173,11 @@ def test_output_file_name():
         ({"pp_deg": 3}, "cfg.json: pp_deg: 3 does not divide world_size 8"),
         ({"tp_sizes_enc": "2,x,1"}, "cfg.json: tp_sizes_enc[1]: expected an integer, got 'x'"),
         ({"dp_types_enc": None}, "cfg.json: dp_types_enc: missing"),
-        ({"vcp": 2}, "cfg.json: vcp: context parallelism of the vocabulary layers (2) is not supported by Galva"),
+        ({"vcp": 3}, "cfg.json: vcp: 3 does not divide the 8 ranks of a pipeline stage"),
+        (
+            {"cp_sizes_enc": "2,8,1"},
+            "cfg.json: cp_sizes_enc[1]: tp 2 x cp 8 is more than the 8 ranks of a pipeline stage",
+        ),
         ({"tp_degree": 2}, "cfg.json: tp_degree: unknown key"),
     ],
 )
@@ -183,3 +187,14 @@ def test_problems_are_reported_in_reference_names(changes, expected):
     with pytest.raises(SchemaError) as info:
         read_galvatron_strategy(data, world_size=8, source="cfg.json")
     assert str(info.value) == expected
+
+
+def test_context_parallel_degrees_convert_both_ways():
+    data = {"pp_deg": 1, "tp_sizes_enc": "2,1,1", "dp_types_enc": "0,0,0", "global_bsz": 8, "cp_sizes_enc": "2,4,1",
+            "vcp": 2}  # fmt: skip
+    plan = read_galvatron_strategy(data, world_size=8, source="cfg.json")
+    assert [layer.cp for layer in plan.layers] == [2, 4, 1] and plan.vocab.cp == 2
+    assert [plan.layer_dp(i) for i in range(3)] == [2, 2, 8] and plan.vocab_dp == 4
+    written = to_galvatron_strategy(plan)
+    assert written["cp_sizes_enc"] == "2,4,1" and written["vcp"] == 2
+    assert read_galvatron_strategy(written, world_size=8) == plan

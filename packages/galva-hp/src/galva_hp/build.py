@@ -175,9 +175,9 @@ def _wrap(
     out._tp_partitioned[name] = _tp_partitioned(module, ctx)
     out._unit_tp[name] = ctx.tp_size
     out.contexts[name] = ctx
-    replicas = groups.of(GroupKind.DP, out.rank)
-    if len(replicas) > 1:  # ranks holding different samples: each masks its own (galva_hp.parallel.rng)
-        out.replica_index[name] = replicas.index(out.rank)
+    share = groups.activation
+    if share.dp * share.cp > 1:  # ranks holding different samples or chunks: each masks its own (parallel.rng)
+        out.replica_index[name] = share.coords(out.rank)[1] * share.cp + share.cp_index(out.rank)
     experts = _expert_modules(module)
     if experts:  # before the layer's own unit: FSDP2 nests inner units first
         assert index is not None

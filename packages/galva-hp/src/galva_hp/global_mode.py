@@ -46,6 +46,7 @@ class GlobalFlags:
     vocab_sp: bool = False  # --vocab_sp
     embed_sdp: bool = False  # --embed_sdp: ZeRO-3 on the vocabulary layers
     mixed_precision: str = "bf16"  # --mixed_precision: fp32 | bf16
+    cp: int = 1  # Megatron's --context-parallel-size: every layer and the vocabulary layers
 
 
 def strategy_from_flags(flags: GlobalFlags) -> Strategy:
@@ -61,6 +62,7 @@ def strategy_from_flags(flags: GlobalFlags) -> Strategy:
             "tp": flags.tp,
             "tp_consecutive": flags.tp_consecutive,
             "ulysses": flags.ulysses,
+            "cp": flags.cp,
             "checkpoint": flags.checkpoint,
         },
         pp=flags.pp,
@@ -73,6 +75,7 @@ def strategy_from_flags(flags: GlobalFlags) -> Strategy:
         vocab={
             "tp": flags.vocab_tp,
             "sp": flags.vocab_sp,
+            "cp": flags.cp,
             "dp_type": DataParallelType.ZERO3 if flags.embed_sdp else None,
         },
         description="global mode",

@@ -335,7 +335,8 @@ def _model_problem(degree: int, cp: int, ranks_per_stage: int) -> tuple[str, str
     """The context-parallel degree against what the model-parallel ``degree`` leaves of a stage."""
     problem = _degree_problem(cp, ranks_per_stage, "cp")
     if problem is None and ranks_per_stage % (degree * cp):
-        return ".cp", f"tp {degree} x cp {cp} does not divide the {ranks_per_stage} ranks of a pipeline stage"
+        verb = "is more than" if degree * cp > ranks_per_stage else "does not divide"
+        return ".cp", f"tp {degree} x cp {cp} {verb} the {ranks_per_stage} ranks of a pipeline stage"
     return problem
 
 

@@ -7,6 +7,7 @@ parallelism, and exact re-sharding of activations between layers.
 - :mod:`.tensor_parallel`: ``TensorParallelAttention``, ``TensorParallelMLP``, ``sequence_parallel_norm`` (from
   :mod:`.tp_regions`, :mod:`.sp_norms`, :mod:`.tp_attention`, :mod:`.tp_mlp`, :mod:`.gather_state`)
 - :mod:`.ulysses`: ``UlyssesAttention``
+- :mod:`.ring_attention`: ``ring_attention`` (context parallelism: key/value blocks round a ring, lean backward)
 - :mod:`.vocab`: ``VocabParallelEmbedding``, ``VocabParallelHead``, ``vocab_parallel_cross_entropy``
 - :mod:`.redistribute`: ``redistribute`` / ``Redistribute`` executing a :class:`galva_comm.layout.RedistributionPlan`
 """

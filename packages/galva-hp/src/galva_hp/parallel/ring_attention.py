@@ -4,7 +4,7 @@ Each rank of a context-parallel group of degree ``cp`` holds the query, key and 
 sequence: chunks ``r`` and ``2 cp - 1 - r`` of ``2 cp`` (:func:`galva_schema.sharding.context_chunks`, one early
 and one late, so under a causal mask every rank attends over the same number of pairs). Key/value blocks travel
 round the ring: at step ``t`` rank ``r`` attends to the block of rank ``r - t`` while the next block is already on
-its way (``batch_isend_irecv``, overlapped with the block's compute). Each block's partial attention is merged into
+its way (``isend`` / ``irecv``, overlapped with the block's compute). Each block's partial attention is merged into
 the running output through its log-sum-exp (online softmax, in fp32). A block whose mask allows nothing (above the
 causal diagonal, outside a sliding window) is not computed.
 
@@ -18,7 +18,7 @@ that owns them. GQA/MQA: key/value heads are sent unrepeated and repeated for th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -95,19 +95,26 @@ class _Ring:
         """The context-parallel index whose block this rank holds at ``step``."""
         return (self.index - step) % self.size
 
-    def shift(self, tensor: Tensor, tag: int) -> tuple[Tensor, list[Any]]:
+    def shift(self, tensor: Tensor, tag: int) -> _InFlight:
         """Start sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer."""
         received = torch.empty_like(tensor)
-        ops = [
-            dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
-            dist.P2POp(dist.irecv, received, self.prev, self.group, tag),
-        ]
-        return received, dist.batch_isend_irecv(ops)
+        # plain isend / irecv, not P2POp: P2POp accepts torch's own functions only, not the watchdog's wrappers
+        send = dist.isend(tensor, self.next, group=self.group, tag=tag)
+        recv = dist.irecv(received, self.prev, group=self.group, tag=tag)
+        return _InFlight(received, [send, recv], tensor)
 
 
-def _wait(requests: list[Any]) -> None:
-    for request in requests:
-        request.wait()
+class _InFlight(NamedTuple):
+    """One shift round the ring: what is being received, and what is being sent (kept alive until it is sent)."""
+
+    received: Tensor
+    works: list[Any]
+    sent: Tensor
+
+    def wait(self) -> Tensor:
+        for work in self.works:
+            work.wait()
+        return self.received
 
 
 def _pack(*tensors: Tensor) -> Tensor:
@@ -180,9 +187,7 @@ class _RingAttention(torch.autograd.Function):
                 out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]
                 lse = merged
             if pending is not None:
-                received, requests = pending
-                _wait(requests)
-                blocks = tuple(_unpack(received, blocks))
+                blocks = tuple(_unpack(pending.wait(), blocks))
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.mask, ctx.group, ctx.index, ctx.scale = mask, group, index, scale
         return out.to(query.dtype)
@@ -198,7 +203,7 @@ class _RingAttention(torch.autograd.Function):
         safe_lse = _finite(lse)[..., None]
         dq = torch.zeros_like(q)
         blocks: tuple[Tensor, ...] = (key, value)
-        pending_grads: tuple[Tensor, list[Any]] | None = None
+        pending_grads: _InFlight | None = None
         for step in range(ring.size):
             pending = ring.shift(_pack(*blocks), _KV_TAG) if step + 1 < ring.size else None
             k, v = blocks
@@ -213,18 +218,12 @@ class _RingAttention(torch.autograd.Function):
                 dq += torch.matmul(dscores, k_rep) * ctx.scale
                 dk = _fold(torch.matmul(dscores.transpose(-1, -2), q), groups) * ctx.scale
             if pending_grads is not None:  # what the earlier ranks added to this block
-                received, requests = pending_grads
-                _wait(requests)
-                earlier_dk, earlier_dv = _unpack(received, (dk, dv))
+                earlier_dk, earlier_dv = _unpack(pending_grads.wait(), (dk, dv))
                 dk, dv = dk + earlier_dk, dv + earlier_dv
             # on to the next rank, which holds this block at the next step (the last hop takes it home)
             pending_grads = ring.shift(_pack(dk, dv), _GRAD_TAG)
             if pending is not None:
-                received, requests = pending
-                _wait(requests)
-                blocks = tuple(_unpack(received, blocks))
+                blocks = tuple(_unpack(pending.wait(), blocks))
         assert pending_grads is not None
-        received, requests = pending_grads  # this rank's own block, home from its round
-        _wait(requests)
-        dkey, dvalue = _unpack(received, (key, value))
+        dkey, dvalue = _unpack(pending_grads.wait(), (key, value))  # this rank's own block, home from its round
         return dq.to(query.dtype), dkey.to(key.dtype), dvalue.to(value.dtype), None, None, None, None

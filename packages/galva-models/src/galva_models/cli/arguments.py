@@ -170,6 +170,14 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--tp", "--tensor-model-parallel-size", "--global-tp-deg", dest="tp", type=int)
     s.add_argument("--tp-consecutive", type=int, choices=[0, 1])
     s.add_argument("--ulysses", "--use-ulysses", dest="ulysses", action="store_true", help="tp is the Ulysses degree.")
+    s.add_argument(
+        "--cp",
+        "--context-parallel-size",
+        dest="cp",
+        type=int,
+        help="Context-parallel degree of every layer and the vocabulary layers: ring attention, each rank holding two "
+        "chunks of the sequence (per layer: the strategy file's cp).",
+    )
     s.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism on tp layers.")
     s.add_argument("--sdp", "--zero3", dest="sdp", action="store_true", help="ZeRO-3 on every layer.")
     s.add_argument("--default-dp-type", choices=["ddp", "zero2", "zero3"])

@@ -12,8 +12,8 @@ from galva_models.cli.errors import ConfigError
 from galva_schema import SchemaError, Strategy
 
 PLAN_FLAGS = (
-    "pp", "tp", "tp_consecutive", "ulysses", "sequence_parallel", "sdp", "default_dp_type", "chunks", "checkpoint",
-    "recompute_granularity", "pipeline_schedule", "virtual_stages", "vocab_tp", "vocab_sp", "embed_sdp",
+    "pp", "tp", "tp_consecutive", "ulysses", "cp", "sequence_parallel", "sdp", "default_dp_type", "chunks",
+    "checkpoint", "recompute_granularity", "pipeline_schedule", "virtual_stages", "vocab_tp", "vocab_sp", "embed_sdp",
     "use_distributed_optimizer", "micro_batch_size",
 )  # fmt: skip
 """Flags that describe a plan; a plan file describes all of it."""
@@ -71,6 +71,9 @@ def describe(plan: Strategy) -> str:
         "/".join(dp),
         plan.mixed_precision.value,
     ]
+    cp = sorted({layer.cp for layer in plan.layers})
+    if cp != [1]:
+        parts.insert(2, f"cp {'/'.join(map(str, cp))}")
     if plan.megatron_sp:
         parts.append("Megatron-SP")
     if any(layer.checkpoint for layer in plan.layers):
@@ -139,9 +142,11 @@ def _dp_type(args: argparse.Namespace) -> str:
     return str(args.default_dp_type or ("zero2" if args.use_distributed_optimizer else "ddp"))
 
 
-def _batch(args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp: int) -> tuple[int, int]:
+def _batch(
+    args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp: int, cp: int = 1
+) -> tuple[int, int]:
     """(global batch size, micro-batches); ``--micro-batch-size`` is per transformer-layer replica (Megatron)."""
-    dp = world_size // pp // tp
+    dp = world_size // pp // tp // cp
     chunks, gbs = args.chunks, args.global_batch_size
     if args.micro_batch_size is not None:
         if gbs is None:
@@ -155,7 +160,7 @@ def _batch(args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp
         if chunks is not None and chunks != derived:
             raise ConfigError(f"--chunks {chunks} contradicts --micro-batch-size (which gives {derived} micro-batches)")
         chunks = derived
-    gbs = gbs or world_size // pp // min(tp, vocab_tp) * (chunks or 1)  # one sample per rank of the widest split
+    gbs = gbs or world_size // pp // min(tp, vocab_tp) // cp * (chunks or 1)  # a sample per rank of the widest split
     return gbs, chunks or 1
 
 
@@ -165,6 +170,12 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         raise ConfigError(f"--pp {pp} does not divide the {world_size} ranks")
     if (world_size // pp) % tp:
         raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
+    cp = args.cp or 1
+    if (world_size // pp) % (tp * cp) or (world_size // pp) % ((args.vocab_tp or 1) * cp):
+        degree = tp if (world_size // pp) % (tp * cp) else args.vocab_tp
+        what = f"--tp {tp}" if degree == tp else f"--vocab-tp {degree}"
+        verb = "is more than" if degree * cp > world_size // pp else "does not divide"
+        raise ConfigError(f"{what} x --cp {cp} {verb} the {world_size // pp} ranks of a pipeline stage")
     virtual_stages = args.virtual_stages or 1
     if num_layers < pp * virtual_stages:
         what = f"--pp {pp}" if virtual_stages == 1 else f"--pp {pp} x --virtual-stages {virtual_stages} chunks"
@@ -174,7 +185,7 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
     vocab_tp = args.vocab_tp or 1
     if args.sequence_parallel and tp == 1 and vocab_tp == 1:
         raise ConfigError("--sequence-parallel splits the sequence of tp layers; it needs --tp or --vocab-tp > 1")
-    gbs, chunks = _batch(args, world_size, pp, tp, vocab_tp)
+    gbs, chunks = _batch(args, world_size, pp, tp, vocab_tp, cp)
     from galva_hp.global_mode import GlobalFlags, strategy_from_flags
 
     flags = GlobalFlags(
@@ -196,6 +207,7 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         vocab_sp=args.vocab_sp,
         embed_sdp=args.embed_sdp,
         mixed_precision=precision,
+        cp=cp,
     )
     from pydantic import ValidationError
 

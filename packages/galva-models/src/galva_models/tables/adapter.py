@@ -18,7 +18,7 @@ from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_c
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
-from galva_models.tables.parallel import TableParallelizer, head_counts
+from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_models.tables.router import router_class, router_loss
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
@@ -128,6 +128,8 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         unsupported[ParallelForm.TP] = reason
         unsupported[ParallelForm.MEGATRON_SP] = reason
     ring = ring_refusal(config)
+    if not ring and not attention_paths(tables):
+        ring = f"{config.model_type}'s tp table names no attention module for the ring to run in"
     if ring:
         unsupported[ParallelForm.CP] = ring
     longest = config.max_position_embeddings if tables.learned_positions else None
@@ -188,7 +190,8 @@ def ring_refusal(config: Any) -> str:
     try:
         import transformers
 
-        source = inspect.getsource(inspect.getmodule(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family])))
+        module = inspect.getmodule(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]))
+        source = inspect.getsource(module) if module is not None else ""
     except (AttributeError, KeyError, OSError, TypeError):
         source = ""
     if any(sink in source for sink in _SINKS):

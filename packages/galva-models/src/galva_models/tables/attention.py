@@ -141,7 +141,13 @@ _PLAIN = {"dropout", "scaling", "sliding_window", "is_causal", "position_ids", "
 
 
 def _ring(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, form: AttentionForm, **kwargs: Any
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    form: AttentionForm,
+    **kwargs: Any,
 ) -> Tensor:
     """Ring attention for one call: ``[b, local, heads, d]`` like the inner functions."""
     extra = sorted(k for k, v in kwargs.items() if k not in _PLAIN and v is not None and v is not False)

@@ -42,7 +42,7 @@ from galva_models.tables.sharding import (
     sum_where_sharded,
 )
 
-__all__ = ["TableParallelizer", "head_counts"]
+__all__ = ["TableParallelizer", "attention_paths", "head_counts"]
 
 
 def head_counts(config: Any) -> tuple[int, int, int]:
@@ -55,6 +55,11 @@ def head_counts(config: Any) -> tuple[int, int, int]:
 
 def _is_attention(path: str) -> bool:
     return "attn" in path.lower() or "attention" in path.lower()
+
+
+def attention_paths(tables: ModelTables) -> list[str]:
+    """The attention modules of a layer (paths in it), as its tp table names them: where a form is attached."""
+    return sorted({p.rsplit(".", 1)[0] for p in tables.tp if "." in p and _is_attention(p)})
 
 
 def _split_names(module: nn.Module) -> set[str]:
@@ -96,12 +101,13 @@ class TableParallelizer:
             return module
         _once(module)
         tp_table = {p: st for p, st in self.tables.tp.items() if moe is None or not p.startswith(moe + ".")}
-        attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and _is_attention(p)})
-        ring = {"cp_group": ctx.cp_group, "cp_index": ctx.cp_index}
+        attention = attention_paths(self.tables)
+        if ctx.cp_size > 1 and not attention:  # the constraints refuse this; a ring left out would be silent
+            raise ValueError(f"{self.config.model_type}: no attention module in its tp table to run the ring in")
         if ctx.tp_size == 1:  # Ulysses and / or context parallelism: weights whole
             for path in attention:
                 module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, **ring
+                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, cp_group=ctx.cp_group, cp_index=ctx.cp_index
                 )
             ulysses = ctx.sp_size > 1
             module.form = ModuleForm(
@@ -150,7 +156,8 @@ class TableParallelizer:
             module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
                 kv_heads=(first, 1) if replicated_kv and heads_split else None,
                 heads_group=group if heads_split else None,
-                **ring,
+                cp_group=ctx.cp_group,
+                cp_index=ctx.cp_index,
             )
         for path in sorted(entries):
             block = _find(module.layer, path)

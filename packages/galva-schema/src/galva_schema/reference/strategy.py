@@ -19,13 +19,13 @@ reference key               Galva field                      when the key is mis
 ``default_dp_type``         ``default_dp_type``              ``ddp``
 ``vtp`` / ``vsp``           ``vocab.tp`` / ``vocab.sp``      1 / 0
 ``embed_sdp``               ``vocab.dp_type``                0 (``null``: the default); 1 = ``zero3``
-``cp_sizes_enc`` / ``vcp``  (none: Galva has no context      all 1 / 1; any degree > 1 is an error
-                            parallelism)
+``cp_sizes_enc`` / ``vcp``  ``layers[i].cp`` / ``vocab.cp``  all 1 / 1
 ``world_size``              ``world_size``                   the ``world_size=`` argument (both given: must agree)
 ==========================  ===============================  ==========================================================
 
 Unlike the 14f5972 runtime (spec §11.1) a file without ``cp_sizes_enc`` is read, and the writer always adds
-``cp_sizes_enc`` (all 1) and ``vcp`` so that runtime can read Galva's output.
+``cp_sizes_enc`` and ``vcp`` so that runtime can read Galva's output. Context-parallel ranks sit between the tp
+ranks (innermost) and the data-parallel ranks, as in Megatron-LM (:mod:`galva_comm.layout`).
 
 Normalisations (the two formats mean the same thing, the spelling differs):
 
@@ -169,8 +169,8 @@ def to_galvatron_strategy(strategy: Strategy) -> dict[str, Any]:
         "vtp": strategy.vocab.tp,
         "vsp": int(strategy.vocab.sp),
         "embed_sdp": embed_sdp,
-        "cp_sizes_enc": _enc(1 for _ in layers),
-        "vcp": 1,
+        "cp_sizes_enc": _enc(layer.cp for layer in layers),
+        "vcp": strategy.vocab.cp,
         "world_size": strategy.world_size,
     }
 
@@ -219,7 +219,8 @@ class _Reader:
         consecutive = self.flags("tp_consecutive_flags", num_layers, default=1)
         dp_types = self.flags("dp_types_enc", num_layers, default=None)
         checkpoint = self.flags("checkpoint", num_layers, default=0)
-        self.check_no_cp(num_layers)
+        cp = self.enc("cp_sizes_enc", num_layers, minimum=1) if "cp_sizes_enc" in self.data else [1] * num_layers
+        vcp = self.int_key("vcp") if "vcp" in self.data else 1
 
         if "global_bsz" in self.data:
             batch = self.int_key("global_bsz")
@@ -243,6 +244,7 @@ class _Reader:
                 "tp": tp[i],
                 "ulysses": bool(use_sp[i]) and tp[i] > 1,
                 "tp_consecutive": bool(consecutive[i]) or not 1 < tp[i] < ranks_per_stage,
+                "cp": cp[i],
                 "dp_type": DataParallelType.ZERO3 if dp_types[i] else None,
                 "checkpoint": bool(checkpoint[i]),
             }
@@ -259,7 +261,12 @@ class _Reader:
             "default_dp_type": default_dp,
             "megatron_sp": megatron_sp,
             "layers": layers,
-            "vocab": {"tp": vtp, "sp": bool(vsp) and vtp > 1, "dp_type": DataParallelType.ZERO3 if embed_sdp else None},
+            "vocab": {
+                "tp": vtp,
+                "sp": bool(vsp) and vtp > 1,
+                "cp": vcp,
+                "dp_type": DataParallelType.ZERO3 if embed_sdp else None,
+            },
         }
         try:
             return Strategy.from_dict(plan, source=self.source)
@@ -329,27 +336,14 @@ class _Reader:
             raise self.error(f"{key}[{format_indices(bad)}]: expected 0 or 1, got {values[bad[0]]}")
         return values
 
-    def check_no_cp(self, num_layers: int) -> None:
-        if "cp_sizes_enc" in self.data:
-            cp = self.enc("cp_sizes_enc", num_layers, minimum=1)
-            bad = [i for i, value in enumerate(cp) if value > 1]
-            if bad:
-                raise self.error(
-                    f"cp_sizes_enc[{format_indices(bad)}]: context parallelism (degree {cp[bad[0]]}) is not "
-                    "supported by Galva; only all-1 files can be converted"
-                )
-        if "vcp" in self.data:
-            vcp = integer(self.data["vcp"], "vcp", self.source)
-            if vcp > 1:
-                raise self.error(f"vcp: context parallelism of the vocabulary layers ({vcp}) is not supported by Galva")
-
-
 _REFERENCE_NAMES = [
     (re.compile(r"\blayers(\[[\d.,]+\])\.tp\b"), r"tp_sizes_enc\1"),
     (re.compile(r"\blayers(\[[\d.,]+\])\.ulysses\b"), r"use_sp\1"),
+    (re.compile(r"\blayers(\[[\d.,]+\])\.cp\b"), r"cp_sizes_enc\1"),
     (re.compile(r"\blayers(\[[\d.,]+\])"), r"tp_sizes_enc\1"),
     (re.compile(r"\bvocab\.tp\b"), "vtp"),
     (re.compile(r"\bvocab\.sp\b"), "vsp"),
+    (re.compile(r"\bvocab\.cp\b"), "vcp"),
     (re.compile(r"\bvocab\b"), "vtp"),
     (re.compile(r"\bglobal_batch_size\b"), "global_bsz"),
     (re.compile(r"\bnum_micro_batches\b"), "chunks"),
