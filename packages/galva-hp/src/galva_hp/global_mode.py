@@ -46,6 +46,9 @@ class GlobalFlags:
     vocab_sp: bool = False  # --vocab_sp
     embed_sdp: bool = False  # --embed_sdp: ZeRO-3 on the vocabulary layers
     mixed_precision: str = "bf16"  # --mixed_precision: fp32 | bf16
+    ep: int = 1  # Megatron's --expert-model-parallel-size: experts split over ep ranks
+    etp: int = 1  # Megatron's --expert-tensor-parallel-size: each expert's FFN split over etp ranks
+    expert_dp_type: str | None = None  # the experts' replicas: ddp | zero2 | zero3 (None: the layer's)
 
 
 def strategy_from_flags(flags: GlobalFlags) -> Strategy:
@@ -62,6 +65,9 @@ def strategy_from_flags(flags: GlobalFlags) -> Strategy:
             "tp_consecutive": flags.tp_consecutive,
             "ulysses": flags.ulysses,
             "checkpoint": flags.checkpoint,
+            "ep": flags.ep,
+            "etp": flags.etp,
+            "expert_dp_type": flags.expert_dp_type,
         },
         pp=flags.pp,
         pipeline_schedule=_PIPELINE_TYPES[flags.pipeline_type],

@@ -84,7 +84,7 @@ def split_experts(
     first = group_rank(ep_group) * local
     for name, param in list(experts.named_parameters(recurse=False)):
         value = param.detach().narrow(0, first, local)
-        split = Split(0, ep_group, total) if ep > 1 and etp == 1 else None
+        split = Split(0, ep_group, total) if ep_group is not None and etp == 1 else None
         along = _etp_dim(name, param, transposed)
         if etp > 1:
             if along is None:
@@ -94,14 +94,14 @@ def split_experts(
                 raise ValueError(f"{path}.{name}: {value.shape[dim]} features do not split over etp {etp}")
             full = value.shape[dim]
             value = _part(value, dim, etp, group_rank(etp_group), blocks)
-            split = Split(dim, etp_group, full, blocks) if ep == 1 else None
+            split = Split(dim, etp_group, full, blocks) if etp_group is not None and ep == 1 else None
         new = nn.Parameter(value.clone(), requires_grad=param.requires_grad)
         new.galva_expert = True  # type: ignore[attr-defined]
         if split is not None:
             new.galva_split = split  # type: ignore[attr-defined]
         setattr(experts, name, new)
     if hasattr(experts, "num_experts"):
-        experts.num_experts = local
+        experts.num_experts = local  # type: ignore[assignment]
     inner = type(experts).forward
     experts.forward = types.MethodType(_dispatching(inner, total, ep_group, etp_group), experts)
 
@@ -121,7 +121,8 @@ def _dispatching(inner: Any, total: int, ep_group: ProcessGroup | None, etp_grou
         arriving = all_to_all_uneven(per_expert.view(ep, local), [1] * ep, [1] * ep, ep_group)
         receive = arriving.sum(dim=1).tolist()
         rows = differentiable_all_to_all_uneven(hidden[token], send, receive, ep_group)
-        weights = differentiable_all_to_all_uneven(top_k_weights.reshape(-1)[order].unsqueeze(1), send, receive, ep_group)
+        chosen = top_k_weights.reshape(-1)[order].unsqueeze(1)
+        weights = differentiable_all_to_all_uneven(chosen, send, receive, ep_group)
         ids = torch.arange(local, device=hidden.device).repeat(ep).repeat_interleave(arriving.reshape(-1))
         out = _compute(self, inner, rows, ids, weights, etp_group)
         back = differentiable_all_to_all_uneven(out, receive, send, ep_group)

@@ -39,7 +39,7 @@ from galva_models.tables.sharding import (
     sum_where_sharded,
 )
 
-__all__ = ["TableParallelizer", "head_counts"]
+__all__ = ["TableParallelizer", "head_counts", "is_attention"]
 
 
 def head_counts(config: Any) -> tuple[int, int, int]:
@@ -50,7 +50,7 @@ def head_counts(config: Any) -> tuple[int, int, int]:
     return heads, kv, head_dim
 
 
-def _is_attention(path: str) -> bool:
+def is_attention(path: str) -> bool:
     return "attn" in path.lower() or "attention" in path.lower()
 
 
@@ -93,10 +93,12 @@ class TableParallelizer:
             return module
         _once(module)
         tp_table = {p: st for p, st in self.tables.tp.items() if moe is None or not p.startswith(moe + ".")}
-        attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and _is_attention(p)})
+        attention = sorted({p.rsplit(".", 1)[0] for p in self.tables.tp if "." in p and is_attention(p)})
         if ctx.sp_size > 1:  # Ulysses
             form = ModuleForm(seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=True)
-            for path in attention:
+            # a table naming no attention module (DeepSeek's latent attention): the layer's own attention children
+            named = attention or [n for n, c in module.layer.named_children() if type(c).__name__.endswith("Attention")]
+            for path in named:
                 module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
                     sp_group=ctx.sp_group, heads_group=ctx.sp_group
                 )
@@ -124,7 +126,7 @@ class TableParallelizer:
             if style == "replicated_with_grad_allreduce":
                 summed |= {prefix + n for n, _ in sub.named_parameters()}
                 continue
-            is_kv = _is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
+            is_kv = is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
             keep = replicate_kv and is_kv and style == "colwise"
             replicated_kv |= keep
             blocks = self.tables.blocks.get(path, 2)
