@@ -101,6 +101,11 @@ PLANS = {
         ],
         pp=2,
     ),
+    "pp2-interleaved-ep2": _plan(
+        [{"ep": 2, "checkpoint": True}] * 4, pp=2, pipeline_schedule="interleaved-1f1b", virtual_stages=2
+    ),
+    "pp2-zb-h1-ulysses2-ep2": _plan([{"tp": 2, "ulysses": True, "ep": 2}] * 4, pp=2, pipeline_schedule="zb-h1"),
+    "ep2-etp2-bf16": _plan([{"ep": 2, "etp": 2, "expert_dp_type": "zero3"}] * 4, mixed_precision="bf16"),
 }
 
 
@@ -179,6 +184,8 @@ def test_every_family_under_the_interleaved_and_zero_bubble_schedules(families: 
 def test_mixtures_of_experts_train_like_hugging_face_under_expert_layouts():
     """Every expert layout row, loss (router loss included) and gradient norm within 1e-5 of Hugging Face."""
     cases = [(family, plan) for family in MOE for plan in EXPERT_PLANS]
+    # the router statistics across interleaved chunks and zero-bubble's split backward; bf16 experts
+    cases += [("mixtral", plan) for plan in ("pp2-interleaved-ep2", "pp2-zb-h1-ulysses2-ep2", "ep2-etp2-bf16")]
     results = run_distributed(check, 4, cases, timeout=900)
     _assert(results)
     assert len(results[0]) == len(cases)

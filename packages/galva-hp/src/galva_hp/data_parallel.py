@@ -189,7 +189,7 @@ def _to_dtype(module: nn.Module, dtype: torch.dtype, skipped: set[str]) -> None:
     for path, sub in module.named_modules():
         if path in skipped:
             continue
-        for name, param in sub.named_parameters(recurse=False):
+        for param in sub.parameters(recurse=False):
             param.data = param.data.to(dtype)
         for name, buffer in sub.named_buffers(recurse=False):
             if buffer.is_floating_point():

@@ -19,7 +19,8 @@ and everything else of the block stay the family's own code. In a layer's expert
   experts, replicated, then have their gradient summed over tp by the caller).
 
 Every expert parameter is marked ``galva_expert`` (galva-hp gives it a data-parallel unit over the layer's expert
-data-parallel group) and, where one degree splits it, tagged with its :class:`~.sharding.Split`.
+data-parallel group) and tagged with its :class:`~.sharding.Split` (the ep one; under both degrees the etp one
+too, as ``galva_split_inner``, gathered first).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def split_experts(
     first = group_rank(ep_group) * local
     for name, param in list(experts.named_parameters(recurse=False)):
         value = param.detach().narrow(0, first, local)
-        split = Split(0, ep_group, total) if ep_group is not None and etp == 1 else None
+        split = Split(0, ep_group, total) if ep_group is not None else None
+        inner: Split | None = None
         along = _etp_dim(name, param, transposed)
         if etp > 1:
             if along is None:
@@ -94,11 +96,15 @@ def split_experts(
                 raise ValueError(f"{path}.{name}: {value.shape[dim]} features do not split over etp {etp}")
             full = value.shape[dim]
             value = _part(value, dim, etp, group_rank(etp_group), blocks)
-            split = Split(dim, etp_group, full, blocks) if etp_group is not None and ep == 1 else None
+            inner = Split(dim, etp_group, full, blocks) if etp_group is not None else None
         new = nn.Parameter(value.clone(), requires_grad=param.requires_grad)
         new.galva_expert = True  # type: ignore[attr-defined]
+        if inner is not None and split is None:
+            split, inner = inner, None
         if split is not None:
             new.galva_split = split  # type: ignore[attr-defined]
+        if inner is not None:  # gathered first (within the experts this rank's ep part holds)
+            new.galva_split_inner = inner  # type: ignore[attr-defined]
         setattr(experts, name, new)
     if hasattr(experts, "num_experts"):
         experts.num_experts = local  # type: ignore[assignment]
