@@ -108,8 +108,8 @@ def split_experts(
         setattr(experts, name, new)
     if hasattr(experts, "num_experts"):
         experts.num_experts = local  # type: ignore[assignment]
-    inner = type(experts).forward
-    experts.forward = types.MethodType(_dispatching(inner, total, ep_group, etp_group), experts)
+    family_forward = type(experts).forward
+    experts.forward = types.MethodType(_dispatching(family_forward, total, ep_group, etp_group), experts)
 
 
 def _dispatching(inner: Any, total: int, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None) -> Any:
