@@ -69,9 +69,7 @@ def _part(tensor: Tensor, dim: int, parts: int, index: int, blocks: int) -> Tens
     return torch.cat(pieces, dim=dim).detach().clone()
 
 
-def split_experts(
-    experts: nn.Module, path: str, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None
-) -> None:
+def split_experts(experts: nn.Module, path: str, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None) -> None:
     """Keep this rank's experts (``ep_group``) and its part of each (``etp_group``) in ``experts``, in place, and
     make its forward dispatch and combine (see the module docstring)."""
     ep, etp = group_size(ep_group), group_size(etp_group)
