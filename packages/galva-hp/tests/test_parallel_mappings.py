@@ -79,6 +79,24 @@ def _check_group(members: list[int], tag: str) -> None:
         expected_grad = torch.cat([grad_of(r, out_shape).chunk(n, gather_dim)[me] for r in range(n)], scatter_dim)
         assert_rel_close(gx, expected_grad, TOL, f"differentiable_all_to_all {scatter_dim}->{gather_dim} bwd {where}")
 
+    # uneven rows (token dispatch): member i sends (i + j) % 3 rows to member j, some of them none
+    def rows(i: int) -> torch.Tensor:
+        return _tensor(4000 + 10 * members[i], (sum((i + j) % 3 for j in range(n)), 5))
+
+    send = [(me + j) % 3 for j in range(n)]
+    receive = [(j + me) % 3 for j in range(n)]
+    y, gx = run(lambda x: M.differentiable_all_to_all_uneven(x, send, receive, group), rows(me))
+
+    def block(i: int, j: int, t: torch.Tensor, counts: list[int]) -> torch.Tensor:  # rows i sends j / gets from j
+        start = sum(counts[:j])
+        return t[start : start + counts[j]]
+
+    expected = torch.cat([block(j, me, rows(j), [(j + k) % 3 for k in range(n)]) for j in range(n)])
+    assert_rel_close(y, expected, TOL, f"all_to_all_uneven fwd {where}")
+    grads = [grad_of(j, [sum((k + j) % 3 for k in range(n)), 5]) for j in range(n)]
+    expected_grad = torch.cat([block(j, me, grads[j], [(k + j) % 3 for k in range(n)]) for j in range(n)])
+    assert_rel_close(gx, expected_grad, TOL, f"all_to_all_uneven bwd {where}")
+
 
 def _mappings_on_world(rank: int, world_size: int) -> bool:
     torch.manual_seed(0)
@@ -107,6 +125,7 @@ def test_mappings_are_identity_without_a_group() -> None:
         lambda t: M.differentiable_reduce_scatter(t, 1, None),
         lambda t: M.differentiable_split(t, 1, None),
         lambda t: M.differentiable_all_to_all(t, 1, 2, None),
+        lambda t: M.differentiable_all_to_all_uneven(t, [2], [2], None),
     ):
         assert fn(x) is x
 

@@ -34,6 +34,22 @@ def test_global_flags_and_megatron_aliases():
     assert cfg.model_config.num_hidden_layers == 6 and len(cfg.layer_specs) == 6 and cfg.seed == 7
 
 
+def test_megatron_expert_flags():
+    """Megatron-LM's expert flags (and Galva's short spellings) give every layer its expert layout; a model without
+    experts, or a layout that does not split them, is refused in one line before any process group."""
+    argv = ["--model", "tiny-mixtral", "--seq-length", "16", "--fp32", "--tp", "2"]
+    cfg = parse_train_config(
+        [*argv, "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2", "--expert-dp-type", "zero3"],
+        world_size=4,
+    )
+    assert {(layer.ep, layer.etp, layer.expert_dp_type) for layer in cfg.strategy.layers} == {(2, 2, "zero3")}
+    assert parse_train_config([*argv, "--ep", "4"], world_size=4).strategy.layers[0].ep == 4
+    with pytest.raises(ConfigError, match=r"^tiny-llama: layers\[0..3\].ep: tiny-llama has no expert layers$"):
+        parse_train_config(["--model", "tiny-llama", "--ep", "2"], world_size=4)
+    with pytest.raises(ConfigError, match="ep x etp = 4 x 2 does not divide the 4 ranks"):
+        parse_train_config([*argv, "--ep", "4", "--etp", "2"], world_size=4)
+
+
 def test_gqa_tp_beyond_kv_heads_is_accepted():
     # 4 query heads, 2 key/value heads, tp 4: galva-hp replicates one K/V head per rank
     cfg = parse_train_config(["--model", "tiny-llama", "--tp", "4", "--seq-length", "32"], world_size=4)

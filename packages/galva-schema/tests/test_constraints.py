@@ -208,6 +208,10 @@ def test_expert_layout_rules_one_line_each() -> None:
     assert plan_problems(plan(etp=4), moe) == [
         "layers[1..3].etp: etp 4 does not divide the expert FFN (size 10) of moe layers"
     ]
+    assert plan_problems(plan(tp=2, ep=2), moe, seq_len=15) == [
+        "layers[1..3].tp: tp 2 does not divide the sequence of 15 tokens (each tp rank routes its slice of them to "
+        "the experts)"
+    ]
     dense = uniform_constraints("llama", "llama", 4, 4)
     assert plan_problems(plan(ep=2), dense) == ["layers[0..3].ep: llama has no expert layers"]
     with pytest.raises(ValueError, match=r"layers\[0..3\].ep: ep x etp = 4 x 2 does not divide the 4 ranks"):

@@ -179,6 +179,8 @@ def _wrap(
     if share.dp * share.cp > 1:  # ranks holding different samples or chunks: each masks its own (parallel.rng)
         out.replica_index[name] = share.coords(out.rank)[1] * share.cp + share.cp_index(out.rank)
     experts = _expert_modules(module)
+    # named before their unit wraps them (FSDP2 replaces the parameters, and the mark with them)
+    expert_names = frozenset(n for n, p in module.named_parameters() if getattr(p, "galva_expert", False))
     if experts:  # before the layer's own unit: FSDP2 nests inner units first
         assert index is not None
         edp = groups.of(GroupKind.EDP, out.rank)
@@ -204,7 +206,7 @@ def _wrap(
         out.groups.get(shard) if len(shard) > 1 else None,
         out.precision,
         out.options.reduce_every_micro_batch,
-        frozenset(n for n, p in module.named_parameters() if getattr(p, "galva_expert", False)),
+        expert_names,
     )
     out.units.append(unit)
     return unit.module

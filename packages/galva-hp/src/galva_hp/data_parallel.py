@@ -127,7 +127,7 @@ class DdpUnit(DataParallelUnit):
         if precision.low_precision:
             # fp32 masters for the optimizer, bf16 compute weights in the module
             self._masters = [(n, nn.Parameter(p.detach().float().clone())) for n, p in self._params]
-            module.to(precision.param_dtype)
+            _to_dtype(module, precision.param_dtype, {n.rpartition(".")[0] for n in self.exclude})
             self._params = self.own_parameters()
         else:
             self._masters = self._params
@@ -179,6 +179,21 @@ class DdpUnit(DataParallelUnit):
         with torch.no_grad():
             for (_, p), (_, m) in zip(self._params, self._masters):
                 p.copy_(m)
+
+
+def _to_dtype(module: nn.Module, dtype: torch.dtype, skipped: set[str]) -> None:
+    """``module.to(dtype)``, leaving the submodules ``skipped`` (another unit's, with their own precision) alone."""
+    if not skipped:
+        module.to(dtype)
+        return
+    for path, sub in module.named_modules():
+        if path in skipped:
+            continue
+        for param in sub.parameters(recurse=False):
+            param.data = param.data.to(dtype)
+        for name, buffer in sub.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                sub._buffers[name] = buffer.to(dtype)
 
 
 class FsdpUnit(DataParallelUnit):

@@ -47,6 +47,9 @@ class GlobalFlags:
     embed_sdp: bool = False  # --embed_sdp: ZeRO-3 on the vocabulary layers
     mixed_precision: str = "bf16"  # --mixed_precision: fp32 | bf16
     cp: int = 1  # Megatron's --context-parallel-size: every layer and the vocabulary layers
+    ep: int = 1  # Megatron's --expert-model-parallel-size: experts split over ep ranks
+    etp: int = 1  # Megatron's --expert-tensor-parallel-size: each expert's FFN split over etp ranks
+    expert_dp_type: str | None = None  # the experts' replicas: ddp | zero2 | zero3 (None: the layer's)
 
 
 def strategy_from_flags(flags: GlobalFlags) -> Strategy:
@@ -64,6 +67,9 @@ def strategy_from_flags(flags: GlobalFlags) -> Strategy:
             "ulysses": flags.ulysses,
             "cp": flags.cp,
             "checkpoint": flags.checkpoint,
+            "ep": flags.ep,
+            "etp": flags.etp,
+            "expert_dp_type": flags.expert_dp_type,
         },
         pp=flags.pp,
         pipeline_schedule=_PIPELINE_TYPES[flags.pipeline_type],

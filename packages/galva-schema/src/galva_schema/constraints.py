@@ -18,8 +18,9 @@ must divide the query heads only (K/V heads are repeated as needed).
 
 The expert rules: a layer type with experts (``num_experts`` > 0) takes ``ep`` dividing its experts and ``etp``
 dividing each expert's FFN size (``expert_ffn``); ``ep x etp`` divides the stage's ranks (checked by the strategy
-itself). Expert fields on a dense layer of a model with experts elsewhere are ignored (a dense first layer takes the
-plan of its neighbours); on a model without experts they are refused.
+itself); under plain tp the sequence divides by tp (each tp rank routes its slice of the tokens). Expert fields
+on a dense layer of a model with experts elsewhere are ignored (a dense first layer takes the plan of its
+neighbours); on a model without experts they are refused.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def plan_problems(
         )
         return problems  # per-layer checks would compare the wrong layers
     problems += group_problems(_layer_problems(strategy, constraints, seq_len))
-    problems += group_problems(_expert_problems(strategy, constraints))
+    problems += group_problems(_expert_problems(strategy, constraints, seq_len))
     problems += _vocab_problems(strategy, constraints, seq_len)
     return list(dict.fromkeys(problems))
 
@@ -269,7 +270,9 @@ def _layer_problems(
     return found
 
 
-def _expert_problems(strategy: Strategy, constraints: ModelConstraints) -> list[tuple[str, int | None, str, str]]:
+def _expert_problems(
+    strategy: Strategy, constraints: ModelConstraints, seq_len: int | None
+) -> list[tuple[str, int | None, str, str]]:
     found: list[tuple[str, int | None, str, str]] = []
     has_experts = any(t.num_experts for t in constraints.layer_types)
     for index, layer in enumerate(strategy.layers):
@@ -285,6 +288,13 @@ def _expert_problems(strategy: Strategy, constraints: ModelConstraints) -> list[
             found.append(
                 ("layers", index, ".ep",
                  f"ep {layer.ep} does not divide the {layer_type.num_experts} experts of {layer_type.name} layers")
+            )  # fmt: skip
+        tokens = layer_type.seq_length or seq_len
+        if strategy.layer_sequence_shards(index) == 1 and layer.tp_degree > 1 and tokens and tokens % layer.tp:
+            found.append(
+                ("layers", index, ".tp",
+                 f"tp {layer.tp} does not divide the sequence of {tokens} tokens (each tp rank routes its slice "
+                 f"of them to the experts)")
             )  # fmt: skip
         ffn = layer_type.expert_ffn
         if layer.etp > 1 and (ffn is None or ffn % layer.etp):

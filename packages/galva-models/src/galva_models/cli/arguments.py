@@ -65,7 +65,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "num_query_groups": (1, None, False), "ffn_hidden_size": (1, None, False), "vocab_size": (1, None, False),
     "seq_length": (2, None, False), "decoder_seq_length": (2, None, False), "max_position_embeddings": (1, None, False),
     "world_size": (1, None, False), "pp": (1, None, False), "tp": (1, None, False), "chunks": (1, None, False),
-    "virtual_stages": (1, None, False),
+    "virtual_stages": (1, None, False), "ep": (1, None, False), "etp": (1, None, False),
     "vocab_tp": (1, None, False), "global_batch_size": (1, None, False), "micro_batch_size": (1, None, False),
     "lr": (0, None, False), "min_lr": (0, None, False), "lr_warmup_iters": (0, None, False),
     "weight_decay": (0, None, False), "clip_grad": (0, None, False), "adam_beta1": (0, 1, True),
@@ -200,6 +200,25 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
         dest="virtual_stages",
         type=int,
         help="Model chunks per pipeline stage (interleaved-1f1b; the layers are split into pp x v chunks).",
+    )
+    s.add_argument(
+        "--ep",
+        "--expert-model-parallel-size",
+        dest="ep",
+        type=int,
+        help="Expert-parallel degree: the experts of every layer that has them split over ep ranks.",
+    )
+    s.add_argument(
+        "--etp",
+        "--expert-tensor-parallel-size",
+        dest="etp",
+        type=int,
+        help="Expert tensor-parallel degree: each expert's FFN split over etp ranks (ep x etp divides a stage).",
+    )
+    s.add_argument(
+        "--expert-dp-type",
+        choices=["ddp", "zero2", "zero3"],
+        help="Data-parallel type of the expert replicas (default: the layer's).",
     )
     s.add_argument("--vocab-tp", type=int)
     s.add_argument("--vocab-sp", action="store_true")

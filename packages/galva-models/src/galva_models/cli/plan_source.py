@@ -14,7 +14,7 @@ from galva_schema import SchemaError, Strategy
 PLAN_FLAGS = (
     "pp", "tp", "tp_consecutive", "ulysses", "cp", "sequence_parallel", "sdp", "default_dp_type", "chunks",
     "checkpoint", "recompute_granularity", "pipeline_schedule", "virtual_stages", "vocab_tp", "vocab_sp", "embed_sdp",
-    "use_distributed_optimizer", "micro_batch_size",
+    "use_distributed_optimizer", "micro_batch_size", "ep", "etp", "expert_dp_type",
 )  # fmt: skip
 """Flags that describe a plan; a plan file describes all of it."""
 
@@ -76,6 +76,9 @@ def describe(plan: Strategy) -> str:
         parts.insert(2, f"cp {'/'.join(map(str, cp))}")
     if plan.megatron_sp:
         parts.append("Megatron-SP")
+    ep = sorted({(layer.ep, layer.etp) for layer in plan.layers if layer.ep * layer.etp > 1})
+    if ep:
+        parts.append("experts " + "/".join(f"ep {e}" + (f" x etp {t}" if t > 1 else "") for e, t in ep))
     if any(layer.checkpoint for layer in plan.layers):
         parts.append(f"checkpointing {sum(layer.checkpoint for layer in plan.layers)} layers")
     return ", ".join(parts)
@@ -208,6 +211,9 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         embed_sdp=args.embed_sdp,
         mixed_precision=precision,
         cp=cp,
+        ep=args.ep or 1,
+        etp=args.etp or 1,
+        expert_dp_type=args.expert_dp_type,
     )
     from pydantic import ValidationError
 

@@ -11,14 +11,14 @@ import functools
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
-from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts
+from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_models.tables.router import router_class, router_loss
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
@@ -132,6 +132,10 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         ring = f"{config.model_type}'s tp table names no attention module for the ring to run in"
     if ring:
         unsupported[ParallelForm.CP] = ring
+    if not any(is_attention(p) for p in tables.tp):  # its tp leaves attention whole, on the whole sequence
+        unsupported[ParallelForm.MEGATRON_SP] = (
+            f"{config.model_type}'s tp table splits no attention module, which would see a sequence slice"
+        )
     longest = config.max_position_embeddings if tables.learned_positions else None
     if tables.tokens is not None:  # the input fixes the sequence: every layer's boundary holds its tokens
         layer_type = LayerTypeConstraints(
@@ -223,16 +227,17 @@ def _expert_layers(config_json: str) -> list[tuple[int, int] | None]:
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     with torch.device("meta"):
         model = build_model(config)
-    tables = _tables(config, model.base_model)
+    base: nn.Module = model.base_model  # type: ignore[assignment]
+    tables = _tables(config, base)
     out: list[tuple[int, int] | None] = []
-    for layer in getattr(model.base_model, tables.layers):
+    for layer in getattr(base, tables.layers):
         found = None
         for path in expert_paths(tables.ep):
             try:
                 experts = layer.get_submodule(path)
             except AttributeError:
                 continue
-            down: Tensor = experts.down_proj  # type: ignore[assignment]
+            down = experts.get_parameter("down_proj")
             transposed = bool(getattr(experts, "is_transposed", False))
             found = (int(down.shape[0]), int(down.shape[1] if transposed else down.shape[2]))
         out.append(found)

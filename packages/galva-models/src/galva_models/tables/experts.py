@@ -19,7 +19,8 @@ and everything else of the block stay the family's own code. In a layer's expert
   experts, replicated, then have their gradient summed over tp by the caller).
 
 Every expert parameter is marked ``galva_expert`` (galva-hp gives it a data-parallel unit over the layer's expert
-data-parallel group) and, where one degree splits it, tagged with its :class:`~.sharding.Split`.
+data-parallel group) and tagged with its :class:`~.sharding.Split` (the ep one; under both degrees the etp one
+too, as ``galva_split_inner``, gathered first).
 """
 
 from __future__ import annotations
@@ -68,9 +69,7 @@ def _part(tensor: Tensor, dim: int, parts: int, index: int, blocks: int) -> Tens
     return torch.cat(pieces, dim=dim).detach().clone()
 
 
-def split_experts(
-    experts: nn.Module, path: str, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None
-) -> None:
+def split_experts(experts: nn.Module, path: str, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None) -> None:
     """Keep this rank's experts (``ep_group``) and its part of each (``etp_group``) in ``experts``, in place, and
     make its forward dispatch and combine (see the module docstring)."""
     ep, etp = group_size(ep_group), group_size(etp_group)
@@ -84,7 +83,8 @@ def split_experts(
     first = group_rank(ep_group) * local
     for name, param in list(experts.named_parameters(recurse=False)):
         value = param.detach().narrow(0, first, local)
-        split = Split(0, ep_group, total) if ep > 1 and etp == 1 else None
+        split = Split(0, ep_group, total) if ep_group is not None else None
+        inner: Split | None = None
         along = _etp_dim(name, param, transposed)
         if etp > 1:
             if along is None:
@@ -94,16 +94,20 @@ def split_experts(
                 raise ValueError(f"{path}.{name}: {value.shape[dim]} features do not split over etp {etp}")
             full = value.shape[dim]
             value = _part(value, dim, etp, group_rank(etp_group), blocks)
-            split = Split(dim, etp_group, full, blocks) if ep == 1 else None
+            inner = Split(dim, etp_group, full, blocks) if etp_group is not None else None
         new = nn.Parameter(value.clone(), requires_grad=param.requires_grad)
         new.galva_expert = True  # type: ignore[attr-defined]
+        if inner is not None and split is None:
+            split, inner = inner, None
         if split is not None:
             new.galva_split = split  # type: ignore[attr-defined]
+        if inner is not None:  # gathered first (within the experts this rank's ep part holds)
+            new.galva_split_inner = inner  # type: ignore[attr-defined]
         setattr(experts, name, new)
     if hasattr(experts, "num_experts"):
-        experts.num_experts = local
-    inner = type(experts).forward
-    experts.forward = types.MethodType(_dispatching(inner, total, ep_group, etp_group), experts)
+        experts.num_experts = local  # type: ignore[assignment]
+    family_forward = type(experts).forward
+    experts.forward = types.MethodType(_dispatching(family_forward, total, ep_group, etp_group), experts)
 
 
 def _dispatching(inner: Any, total: int, ep_group: ProcessGroup | None, etp_group: ProcessGroup | None) -> Any:
@@ -121,7 +125,8 @@ def _dispatching(inner: Any, total: int, ep_group: ProcessGroup | None, etp_grou
         arriving = all_to_all_uneven(per_expert.view(ep, local), [1] * ep, [1] * ep, ep_group)
         receive = arriving.sum(dim=1).tolist()
         rows = differentiable_all_to_all_uneven(hidden[token], send, receive, ep_group)
-        weights = differentiable_all_to_all_uneven(top_k_weights.reshape(-1)[order].unsqueeze(1), send, receive, ep_group)
+        chosen = top_k_weights.reshape(-1)[order].unsqueeze(1)
+        weights = differentiable_all_to_all_uneven(chosen, send, receive, ep_group)
         ids = torch.arange(local, device=hidden.device).repeat(ep).repeat_interleave(arriving.reshape(-1))
         out = _compute(self, inner, rows, ids, weights, etp_group)
         back = differentiable_all_to_all_uneven(out, receive, send, ep_group)

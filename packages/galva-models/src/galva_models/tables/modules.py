@@ -246,6 +246,9 @@ class _InPlace(nn.Module):
         out = {}
         for name, param in self.named_parameters():
             value = param_or_grad(param, grads)
+            inner: Split | None = getattr(param, "galva_split_inner", None)  # an expert under etp and ep
+            if inner is not None:
+                value = gather_split(value, inner)
             split: Split | None = getattr(param, "galva_split", None)
             out[name] = value if split is None else gather_split(value, split)
         return out

@@ -42,7 +42,7 @@ from galva_models.tables.sharding import (
     sum_where_sharded,
 )
 
-__all__ = ["TableParallelizer", "attention_paths", "head_counts"]
+__all__ = ["TableParallelizer", "attention_paths", "head_counts", "is_attention"]
 
 
 def head_counts(config: Any) -> tuple[int, int, int]:
@@ -53,13 +53,13 @@ def head_counts(config: Any) -> tuple[int, int, int]:
     return heads, kv, head_dim
 
 
-def _is_attention(path: str) -> bool:
+def is_attention(path: str) -> bool:
     return "attn" in path.lower() or "attention" in path.lower()
 
 
 def attention_paths(tables: ModelTables) -> list[str]:
     """The attention modules of a layer (paths in it), as its tp table names them: where a form is attached."""
-    return sorted({p.rsplit(".", 1)[0] for p in tables.tp if "." in p and _is_attention(p)})
+    return sorted({p.rsplit(".", 1)[0] for p in tables.tp if "." in p and is_attention(p)})
 
 
 def _split_names(module: nn.Module) -> set[str]:
@@ -105,7 +105,9 @@ class TableParallelizer:
         if ctx.cp_size > 1 and not attention:  # the constraints refuse this; a ring left out would be silent
             raise ValueError(f"{self.config.model_type}: no attention module in its tp table to run the ring in")
         if ctx.tp_size == 1:  # Ulysses and / or context parallelism: weights whole
-            for path in attention:
+            # a table naming no attention module (DeepSeek's latent attention): the layer's own attention children
+            named = attention or [n for n, c in module.layer.named_children() if type(c).__name__.endswith("Attention")]
+            for path in named:
                 module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
                     sp_group=ctx.sp_group, heads_group=ctx.sp_group, cp_group=ctx.cp_group, cp_index=ctx.cp_index
                 )
@@ -136,7 +138,7 @@ class TableParallelizer:
             if style == "replicated_with_grad_allreduce":
                 summed |= {prefix + n for n, _ in sub.named_parameters()}
                 continue
-            is_kv = _is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
+            is_kv = is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
             keep = replicate_kv and is_kv and style == "colwise"
             replicated_kv |= keep
             blocks = self.tables.blocks.get(path, 2)

@@ -42,7 +42,7 @@ def switch_statistics(logits: Tensor, experts: int, top_k: int) -> tuple[Tensor,
     return counts, probs.shape[0], probs.float().sum(dim=0)
 
 
-def router_loss(model: nn.Module) -> tuple[int, float] | None:
+def router_loss(model: Any) -> tuple[int, float] | None:
     """``(experts, coef)`` where the task model adds a load-balancing term to its loss; None where it adds none.
     Raises where it adds one that is not the Switch statistic (Galva would compute another loss)."""
     config = model.config
@@ -58,10 +58,10 @@ def router_loss(model: nn.Module) -> tuple[int, float] | None:
     logits = tuple(torch.randn(6, experts, generator=generator, dtype=torch.float64) for _ in range(3))
     theirs = float(function(logits, experts, top_k))
     stats = [switch_statistics(x, experts, top_k) for x in logits]
-    counts = sum(s[0] for s in stats)
+    counts = torch.stack([s[0] for s in stats]).sum(dim=0)
     rows = sum(s[1] for s in stats)
-    probs = sum(s[2].double() for s in stats)
-    ours = float(experts * (counts * probs).sum() / (rows * rows))  # type: ignore[operator]
+    probs = torch.stack([s[2].double() for s in stats]).sum(dim=0)
+    ours = float(experts * (counts * probs).sum() / (rows * rows))
     if abs(ours - theirs) > 1e-5 * max(1.0, abs(theirs)):  # the family sums in fp32
         raise ValueError(f"{config.model_type}: its load_balancing_loss_func is not the Switch statistic Galva sums")
     return int(experts), float(coef)
