@@ -4,6 +4,7 @@ task's random batches (:func:`task_batches`: masked tokens, images) with the tas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,24 +24,18 @@ def hugging_face_run(
     """Losses and gradient norms of ``steps`` fp32 AdamW steps of a causal LM on its own shifted loss (batches of
     ``seq`` tokens), each step accumulating ``micro_batches`` equal micro-batches (their mean loss: a mixture of
     experts' router loss is one statistic per micro-batch, as Hugging Face takes it per forward)."""
-    params = list(model.parameters())
-    optimizer, scheduler = reference_optimizer(params, OPTIM)
     ids, _ = batch(seq=seq)
-    losses, norms = [], []
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss = torch.zeros(())
-        for part in ids[step].chunk(micro_batches):
+
+    def step(index: int) -> float:
+        loss = 0.0
+        for part in ids[index].chunk(micro_batches):
             # Hugging Face shifts the labels itself; its loss includes the router loss where the config asks
             part_loss = model(input_ids=part, labels=part).loss / micro_batches
             part_loss.backward()
-            loss = loss + part_loss.detach()
-        max_norm = float("inf") if OPTIM.max_grad_norm is None else OPTIM.max_grad_norm
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses, norms
+            loss += part_loss.item()
+        return loss
+
+    return _reference_steps(model, step, steps)
 
 
 def task_batches(config: Any, task: str, seq: int = SEQ, steps: int = STEPS) -> list[tuple[Tensor, Tensor]]:
@@ -61,19 +56,30 @@ def task_batches(config: Any, task: str, seq: int = SEQ, steps: int = STEPS) -> 
 def hugging_face_task_run(model: Any, batches: list[tuple[Tensor, Tensor]]) -> tuple[list[float], list[float]]:
     """Losses and gradient norms of fp32 AdamW steps of a task model on its own loss, one step per batch (token
     inputs as ``input_ids``, floating inputs as ``pixel_values``)."""
-    params = list(model.parameters())
-    optimizer, scheduler = reference_optimizer(params, OPTIM)
-    losses, norms = [], []
-    for inputs, labels in batches:
-        optimizer.zero_grad()
+
+    def step(index: int) -> float:
+        inputs, labels = batches[index]
         keyword = "pixel_values" if inputs.is_floating_point() else "input_ids"
         loss = model(**{keyword: inputs}, labels=labels).loss
         loss.backward()
+        return float(loss.item())
+
+    return _reference_steps(model, step, len(batches))
+
+
+def _reference_steps(model: Any, step: Callable[[int], float], steps: int) -> tuple[list[float], list[float]]:
+    """``steps`` fp32 AdamW steps with the oracle's schedule and clipping; ``step(i)`` runs step ``i``'s forward and
+    backward and returns its loss."""
+    params = list(model.parameters())
+    optimizer, scheduler = reference_optimizer(params, OPTIM)
+    losses, norms = [], []
+    for index in range(steps):
+        optimizer.zero_grad()
+        losses.append(step(index))
         max_norm = float("inf") if OPTIM.max_grad_norm is None else OPTIM.max_grad_norm
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
         optimizer.step()
         scheduler.step()
-        losses.append(loss.item())
     return losses, norms
 
 
