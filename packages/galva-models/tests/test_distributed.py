@@ -177,6 +177,8 @@ ENCODER_PLANS = {
     "pp2-tp2-megatron_sp-vtp2-bf16": _enc_plan({"tp": 2}, megatron_sp=True, vocab={"tp": 2}, mixed_precision="bf16"),
     # zero-bubble H1: stage 1 splits its backward over both decoder layers (4 micro-batches: I and W interleave)
     "pp2-zb-h1": _enc_plan({}, pipeline_schedule="zb-h1", num_micro_batches=4),
+    # interleaved 1F1B: two model chunks per stage (one layer each), tp2 inside them
+    "pp2-interleaved-tp2": _enc_plan({"tp": 2}, pipeline_schedule="interleaved-1f1b", virtual_stages=2),
 }
 ENCODER_CASES = [
     ("bert", "pp2-tp2-zero3"),
@@ -220,6 +222,14 @@ ENCODER_CASES = [
     ("t5", "pp2-ulysses2-bf16"),
     # both decoder layers on the split stage read the decoder's table: its gradient is taken in the input pass
     ("t5", "pp2-zb-h1"),
+    # every schedule for every family: ZB-H1 and interleaved 1F1B for the encoder and image families too
+    ("bert", "pp2-zb-h1"),
+    ("vit", "pp2-zb-h1"),
+    ("swin", "pp2-zb-h1"),
+    ("bert", "pp2-interleaved-tp2"),
+    ("vit", "pp2-interleaved-tp2"),
+    ("swin", "pp2-interleaved-tp2"),
+    ("t5", "pp2-interleaved-tp2"),
 ]
 ENC_SEQ = 12
 
