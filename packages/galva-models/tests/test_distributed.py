@@ -264,17 +264,18 @@ def check_encoder_families(rank: int, world_size: int, cases: list[tuple[str, st
     for family, plan in cases:
         model, _ = _encoder_models(family)
         batches = _family_batches(family, model.config)
-        params = list(model.parameters())
-        optimizer, scheduler = reference_optimizer(params, OPTIM)
-        ref_losses, ref_norms = [], []
-        for hf_inputs, _, _ in batches:
-            optimizer.zero_grad()
-            loss = model(**hf_inputs).loss
-            loss.backward()
-            ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
-            optimizer.step()
-            scheduler.step()
-            ref_losses.append(loss.item())
+        if rank == 0:  # every rank reports the same global loss and norm: rank 0 alone runs the reference
+            params = list(model.parameters())
+            optimizer, scheduler = reference_optimizer(params, OPTIM)
+            ref_losses, ref_norms = [], []
+            for hf_inputs, _, _ in batches:
+                optimizer.zero_grad()
+                loss = model(**hf_inputs).loss
+                loss.backward()
+                ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+                optimizer.step()
+                scheduler.step()
+                ref_losses.append(loss.item())
         _, layered = _encoder_models(family)
         fields = ENCODER_PLANS[plan]
         strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})
@@ -285,7 +286,8 @@ def check_encoder_families(rank: int, world_size: int, cases: list[tuple[str, st
             metrics = train_step(built, galva_opt, inputs, labels)
             losses.append(metrics.loss)
             norms.append(metrics.grad_norm)
-        out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
+        if rank == 0:
+            out[f"{family}/{plan}"] = (_rel(losses, ref_losses), _rel(norms, ref_norms))
     return out
 
 
