@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,5 +96,13 @@ def train_tokenizer(corpus: str | os.PathLike[str], out_dir: str | os.PathLike[s
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out))
+    # saved beside the output, then each file moved in whole: an interruption never leaves a half-written file, and
+    # nothing else in the output directory is touched
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.resolve().name}.tmp-", dir=out.resolve().parent))
+    try:
+        fast.save_pretrained(str(tmp))
+        for item in sorted(tmp.iterdir()):
+            os.replace(item, out / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return int(tokenizer.get_vocab_size())
