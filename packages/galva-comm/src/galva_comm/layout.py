@@ -175,6 +175,14 @@ class ShardLayout:
         per = seq_cells // self.seq_cell_count
         return [cell * per + k for cell in self.seq_cells(rank) for k in range(per)]
 
+    def held_cells(self, rank: int, batch_cells: int, seq_cells: int) -> list[tuple[int, int]]:
+        """The cells of a ``batch_cells x seq_cells`` grid refining this layout that ``rank`` holds, in grid order:
+        :meth:`holds` for every cell at once, without asking it of each (a 64-rank stage has millions)."""
+        per_part = batch_cells // self.dp
+        part = self.shard(rank)[0]
+        columns = sorted(self.local_seq_cells(rank, seq_cells))
+        return [(b, s) for b in range(part * per_part, (part + 1) * per_part) for s in columns]
+
     def holds(self, rank: int, batch_cell: int, batch_cells: int, seq_cell: int, seq_cells: int) -> bool:
         """Whether ``rank`` holds the cell of a ``batch_cells x seq_cells`` grid refining this layout."""
         batch_part = self.shard(rank)[0]
@@ -254,25 +262,16 @@ def redistribution_plan(source: ShardLayout, target: ShardLayout) -> Redistribut
     seq_cells = _lcm(source.seq_cell_count, target.seq_cell_count)
     holders: dict[tuple[int, int], list[int]] = {}
     for rank in source.ranks:
-        for cell in _held_cells(source, rank, batch_cells, seq_cells):
+        for cell in source.held_cells(rank, batch_cells, seq_cells):
             holders.setdefault(cell, []).append(rank)
     wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for dst in target.ranks:
-        for cell in _held_cells(target, dst, batch_cells, seq_cells):
+        for cell in target.held_cells(dst, batch_cells, seq_cells):
             found = holders[cell]
             src = dst if dst in found else _nearest(found, dst, source)
             wanted.setdefault((src, dst), []).append(cell)
     transfers = tuple(Transfer(src, dst, tuple(cells)) for (src, dst), cells in sorted(wanted.items()))
     return RedistributionPlan(source, target, batch_cells, seq_cells, transfers, _components(transfers))
-
-
-def _held_cells(layout: ShardLayout, rank: int, batch_cells: int, seq_cells: int) -> list[tuple[int, int]]:
-    """The cells of a ``batch_cells x seq_cells`` grid refining ``layout`` that ``rank`` holds, in grid order: what
-    :meth:`ShardLayout.holds` says of each cell, without asking it of every cell (a 64-rank stage has millions)."""
-    per_part = batch_cells // layout.dp
-    part = layout.shard(rank)[0]
-    columns = sorted(layout.local_seq_cells(rank, seq_cells))
-    return [(b, s) for b in range(part * per_part, (part + 1) * per_part) for s in columns]
 
 
 def _nearest(holders: list[int], dst: int, source: ShardLayout) -> int:

@@ -116,7 +116,7 @@ def checkpoint_names(config: Any) -> CheckpointNames:
 
 
 def _module_names(layered: LayeredModel) -> list[str]:
-    return ["embedding", *(f"layers.{i}" for i in range(len(layered.layers))), "head"]
+    return [name for name, _ in _parts(layered)]
 
 
 def _stored_and_tied(hf_model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
