@@ -46,11 +46,6 @@ class LayerSpec:
     seq_length: int
     hidden_size: int
 
-    @property
-    def boundary_shape(self) -> tuple[int, int, int]:
-        """Activation shape at the layer's input and output, ``-1`` for the batch."""
-        return (-1, self.seq_length, self.hidden_size)
-
 
 @dataclass(frozen=True)
 class FamilyAdapter:

@@ -3,7 +3,7 @@
 
     galva-train --nproc-per-node 4 --model tiny-llama --pp 2 --tp 2 --checkpoint ...
     torchrun --nproc_per_node 4 -m galva_models.cli.train --model tiny-llama --pp 2 --tp 2 --checkpoint \\
-        --global-batch-size 8 --chunks 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
+        --global-batch-size 8 --num-micro-batches 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
         --metrics-jsonl metrics.jsonl
 
 The loop reads top to bottom: global batch (identical on every rank), forward and backward under the plan
