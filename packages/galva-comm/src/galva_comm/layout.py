@@ -388,7 +388,7 @@ class RankLayout:
         self.embedding_ties = embedding_tie_groups(self.world_size, self.pp)
 
     def stage_of(self, rank: int) -> int:
-        return rank // (self.world_size // self.pp)
+        return rank // self.strategy.ranks_per_stage
 
     def boundary_plans(self) -> Iterator[tuple[int, RedistributionPlan]]:
         """(layer index, plan) for every layer whose input layout differs from what precedes it on its stage.

@@ -38,6 +38,7 @@ from galva_comm.layout import RankLayout
 from galva_hp.data_parallel import ParamRecord
 from galva_hp.parallel.mappings import group_rank, group_size
 from galva_schema import Strategy
+from galva_schema.vocabulary import layer_module
 
 __all__ = ["SharedParameters", "SharedWeight", "holder_ranks"]
 
@@ -57,7 +58,7 @@ class SharedWeight:
     @property
     def record_name(self) -> str:
         """The name of the parameter in the model's state (``layers.<home>.<path>``)."""
-        return f"layers.{self.home}.{self.path}"
+        return f"{layer_module(self.home)}.{self.path}"
 
     def bind(self, copy: nn.Parameter, dtype: torch.dtype | None) -> None:
         """Read ``copy`` (cast to ``dtype`` if given) from now on (the runtime calls this)."""

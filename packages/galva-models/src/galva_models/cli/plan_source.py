@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from galva_comm.layout import ranks_per_stage
 from galva_models.cli.arguments import spelled
 from galva_models.cli.errors import ConfigError
 from galva_schema import DataParallelType, PipelineSchedule, Precision, SchemaError, Strategy
@@ -147,11 +148,10 @@ def _dp_type(args: argparse.Namespace) -> str:
     return str(args.default_dp_type or ("zero2" if args.use_distributed_optimizer else "ddp"))
 
 
-def _batch(
-    args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp: int, cp: int = 1
-) -> tuple[int, int]:
-    """(global batch size, micro-batches); ``--micro-batch-size`` is per transformer-layer replica (Megatron)."""
-    dp = world_size // pp // tp // cp
+def _batch(args: argparse.Namespace, per_stage: int, tp: int, vocab_tp: int, cp: int = 1) -> tuple[int, int]:
+    """(global batch size, micro-batches) on stages of ``per_stage`` ranks; ``--micro-batch-size`` is per
+    transformer-layer replica (Megatron)."""
+    dp = per_stage // tp // cp
     micro_batches, gbs = args.micro_batches, args.global_batch_size
     if args.micro_batch_size is not None:
         if gbs is None:
@@ -169,7 +169,7 @@ def _batch(
             )
         micro_batches = derived
     # a sample per rank of the widest split
-    gbs = gbs or world_size // pp // min(tp, vocab_tp) // cp * (micro_batches or 1)
+    gbs = gbs or per_stage // min(tp, vocab_tp) // cp * (micro_batches or 1)
     return gbs, micro_batches or 1
 
 
@@ -177,14 +177,15 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
     pp, tp = args.pp or 1, args.tp or 1
     if world_size % pp:
         raise ConfigError(f"--pp {pp} does not divide the {world_size} ranks")
-    if (world_size // pp) % tp:
-        raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
+    per_stage = ranks_per_stage(world_size, pp)
+    if per_stage % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {per_stage} ranks of a pipeline stage")
     cp = args.cp or 1
-    if (world_size // pp) % (tp * cp) or (world_size // pp) % ((args.vocab_tp or 1) * cp):
-        degree = tp if (world_size // pp) % (tp * cp) else args.vocab_tp
+    if per_stage % (tp * cp) or per_stage % ((args.vocab_tp or 1) * cp):
+        degree = tp if per_stage % (tp * cp) else args.vocab_tp
         what = f"--tp {tp}" if degree == tp else f"--vocab-tp {degree}"
-        verb = "is more than" if degree * cp > world_size // pp else "does not divide"
-        raise ConfigError(f"{what} x --cp {cp} {verb} the {world_size // pp} ranks of a pipeline stage")
+        verb = "is more than" if degree * cp > per_stage else "does not divide"
+        raise ConfigError(f"{what} x --cp {cp} {verb} the {per_stage} ranks of a pipeline stage")
     virtual_stages = args.virtual_stages or 1
     if num_layers < pp * virtual_stages:
         what = f"--pp {pp}" if virtual_stages == 1 else f"--pp {pp} x --virtual-stages {virtual_stages} chunks"
@@ -194,7 +195,7 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
     vocab_tp = args.vocab_tp or 1
     if args.sequence_parallel and tp == 1 and vocab_tp == 1:
         raise ConfigError("--sequence-parallel splits the sequence of tp layers; it needs --tp or --vocab-tp > 1")
-    gbs, micro_batches = _batch(args, world_size, pp, tp, vocab_tp, cp)
+    gbs, micro_batches = _batch(args, per_stage, tp, vocab_tp, cp)
     schedule = args.pipeline_schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b")
     dp_type = DataParallelType.ZERO3 if args.sdp else DataParallelType(_dp_type(args))
     from pydantic import ValidationError
