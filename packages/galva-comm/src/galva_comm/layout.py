@@ -390,6 +390,11 @@ class RankLayout:
     def stage_of(self, rank: int) -> int:
         return rank // self.strategy.ranks_per_stage
 
+    def layer_holders(self, layers: Iterable[int]) -> Group:
+        """Every rank of every stage that runs one of ``layers``: the holders of a parameter those layers share."""
+        stages = {self.strategy.layer_stages[i] for i in layers}
+        return tuple(sorted(r for s in stages for r in stage_ranks(self.world_size, self.pp, s)))
+
     def boundary_plans(self) -> Iterator[tuple[int, RedistributionPlan]]:
         """(layer index, plan) for every layer whose input layout differs from what precedes it on its stage.
 
