@@ -196,7 +196,7 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
         "--pipeline-schedule",
         "--pipeline-type",
         dest="pipeline_schedule",
-        choices=[*(schedule.value for schedule in PipelineSchedule), *PIPELINE_TYPES],  # the reference's names too
+        choices=list(dict.fromkeys([*(schedule.value for schedule in PipelineSchedule), *PIPELINE_TYPES])),
         help="Default: 1f1b, or interleaved-1f1b with --virtual-stages > 1.",
     )
     s.add_argument(
