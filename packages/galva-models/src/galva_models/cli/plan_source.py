@@ -58,35 +58,6 @@ def strategy_and_overrides(
     return _global_strategy(args, world_size, num_layers, precision or default), kept
 
 
-def describe(plan: Strategy) -> str:
-    """The plan in one phrase, as the banner and the report print it."""
-    tp = sorted({layer.tp for layer in plan.layers})
-    dp = sorted({(layer.dp_type or plan.default_dp_type).value for layer in plan.layers})
-    pipeline = f"pp {plan.pp}"
-    if plan.pp > 1:
-        chunks = f", {plan.virtual_stages} chunks per stage" if plan.virtual_stages > 1 else ""
-        pipeline += f" ({plan.pipeline_schedule.value}{chunks})"
-    parts = [
-        pipeline,
-        f"tp {'/'.join(map(str, tp))}" + (" (Ulysses)" if any(layer.ulysses for layer in plan.layers) else ""),
-        f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''}",
-        f"global batch {plan.global_batch_size}",
-        "/".join(dp),
-        plan.mixed_precision.value,
-    ]
-    cp = sorted({layer.cp for layer in plan.layers})
-    if cp != [1]:
-        parts.insert(2, f"cp {'/'.join(map(str, cp))}")
-    if plan.megatron_sp:
-        parts.append("Megatron-SP")
-    ep = sorted({(layer.ep, layer.etp) for layer in plan.layers if layer.ep * layer.etp > 1})
-    if ep:
-        parts.append("experts " + "/".join(f"ep {e}" + (f" x etp {t}" if t > 1 else "") for e, t in ep))
-    if any(layer.checkpoint for layer in plan.layers):
-        parts.append(f"checkpointing {sum(layer.checkpoint for layer in plan.layers)} layers")
-    return ", ".join(parts)
-
-
 def _precision(args: argparse.Namespace) -> str | None:
     if args.mixed_precision:
         return str(args.mixed_precision)
