@@ -92,3 +92,55 @@ def test_the_distributions_depend_on_each_other_without_a_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, ())
+
+
+def _module_name(src: Path, path: Path) -> str:
+    parts = path.relative_to(src).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _own_imports(src: Path, path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``src`` that ``path`` imports, eagerly or inside a function (a lazy import is still an arrow:
+    it only hides a circle until that function runs); ``if TYPE_CHECKING`` blocks are left out (they never run)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = _module_name(src, path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
+    return {name for name in found if name in modules and name != here}
+
+
+@pytest.mark.parametrize("package", DISTRIBUTIONS, ids=lambda p: p.name)
+def test_the_modules_of_a_distribution_import_each_other_without_a_circle(package: Path) -> None:
+    """No two modules of one distribution import each other, directly or round a longer circle (``galva_profiler.cli``
+    and ``model_cli`` once did). A package's ``__init__`` is its front door, re-exporting its modules: arrows into it
+    are not followed (every module of a package runs it first anyway)."""
+    src = package / "src"
+    paths = {_module_name(src, p): p for p in sorted(src.rglob("*.py"))}
+    fronts = {name for name, p in paths.items() if p.name == "__init__.py"}
+    graph = {name: _own_imports(src, p, set(paths)) - fronts for name, p in paths.items()}
+    circles: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            circles.append(" -> ".join((*path[path.index(name) :], name)))
+            return
+        if name not in done:
+            for other in sorted(graph[name]):
+                visit(other, (*path, name))
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -16,7 +16,8 @@ import torch
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import ShardLayout, redistribution_plan
-from galva_hp.parallel.redistribute import Redistribute, local_shard, plan_groups, redistribute
+from galva_hp.batch import shard_for
+from galva_hp.parallel.redistribute import Redistribute, plan_groups, redistribute
 
 BATCH, SEQ, HIDDEN = 8, 16, 3
 
@@ -47,13 +48,13 @@ def _check_all_pairs(rank: int, world_size: int, stage: tuple[int, ...], context
     ids = torch.randint(0, 1000, (BATCH, SEQ), generator=gen)
     for plan in plans:
         where = f"rank {rank}: {plan.source} -> {plan.target}"
-        x = local_shard(full, plan.source, rank).clone().requires_grad_()
+        x = shard_for(full, plan.source, rank, True).clone().requires_grad_()
         y = Redistribute(plan, rank, cache)(x)
-        assert torch.equal(y, local_shard(full, plan.target, rank)), f"{where}: forward"
-        y.backward(local_shard(grad, plan.target, rank))
-        assert torch.equal(x.grad, local_shard(grad, plan.source, rank)), f"{where}: backward"
-        moved = redistribute(local_shard(ids, plan.source, rank), plan, rank, cache)
-        assert torch.equal(moved, local_shard(ids, plan.target, rank)), f"{where}: token ids"
+        assert torch.equal(y, shard_for(full, plan.target, rank, True)), f"{where}: forward"
+        y.backward(shard_for(grad, plan.target, rank, True))
+        assert torch.equal(x.grad, shard_for(grad, plan.source, rank, True)), f"{where}: backward"
+        moved = redistribute(shard_for(ids, plan.source, rank, True), plan, rank, cache)
+        assert torch.equal(moved, shard_for(ids, plan.target, rank, True)), f"{where}: token ids"
     return len(plans)
 
 
@@ -85,5 +86,5 @@ def test_every_pair_of_context_parallel_layouts_is_exact() -> None:
 def test_plan_groups_include_the_backward_groups() -> None:
     # splitting a replicated activation over the batch is local; its backward gathers over the tp pair
     plan = redistribution_plan(ShardLayout((0, 1), 2), ShardLayout((0, 1), 1))
-    assert plan.is_local
+    assert all(t.src == t.dst for t in plan.transfers)  # no rank needs another's data
     assert plan_groups([plan]) == [(0, 1)]

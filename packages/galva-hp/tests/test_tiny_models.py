@@ -19,9 +19,10 @@ from torch import nn
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import ShardLayout, data_parallel_groups, model_parallel_groups, redistribution_plan
 from galva_comm.testing import run_distributed
+from galva_hp.batch import shard_for
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_hp.parallel.mappings import all_reduce_sum
-from galva_hp.parallel.redistribute import Redistribute, local_shard, plan_groups
+from galva_hp.parallel.redistribute import Redistribute, plan_groups
 from galva_hp.parallel.tensor_parallel import gather_full_state
 from galva_hp.testing.compare import assert_rel_close, assert_states_close
 from galva_hp.testing.models import random_batch, tiny_gpt, tiny_llama
@@ -168,12 +169,12 @@ def _mixed(rank: int, world_size: int, family: str) -> float:
     modules += [p.layer(m, "decoder", ctx) for m, ctx in zip(model.layers, contexts[1:-1])]
     modules.append(p.head(model.head, contexts[-1]))
     # the embedding's input is the full sequence unless it is vocab sp; labels come in the head's layout
-    emb_ids = local_shard(ids, ShardLayout(STAGE, MIXED[0][1], MIXED[0][2], MIXED[0][0] == "ulysses"), rank)
+    emb_ids = shard_for(ids, ShardLayout(STAGE, MIXED[0][1], MIXED[0][2], MIXED[0][0] == "ulysses"), rank, True)
     hidden = modules[0](emb_ids)
     for plan, module in zip(plans[:-1], modules[1:-1]):
         hidden = module(Redistribute(plan, rank, cache)(hidden))
     hidden = Redistribute(plans[-1], rank, cache)(hidden)
-    loss_sum, count = modules[-1](hidden, local_shard(labels, layouts[-1], rank))
+    loss_sum, count = modules[-1](hidden, shard_for(labels, layouts[-1], rank, True))
     world = dist.group.WORLD
     total = all_reduce_sum(count, world)
     (loss_sum / total).backward()

@@ -97,7 +97,7 @@ def test_layer_types_and_specs():
     _, layered = build_layered(config)
     assert layered.layer_types == ["swin_stage0", "swin_stage1", "swin_stage2", "swin_stage2", "swin_stage3"]
     specs = adapter_for(config).layer_specs(config, 0)
-    assert [s.boundary_shape for s in specs][:2] == [(-1, 256, 16), (-1, 64, 32)]
+    assert [(s.seq_length, s.hidden_size) for s in specs][:2] == [(256, 16), (64, 32)]
     t5 = preset_config("tiny-t5")
     _, layered = build_layered(t5, encoder_seq_length=8)
     assert layered.layer_types == ["t5_encoder"] * 2 + ["t5_decoder"] * 2

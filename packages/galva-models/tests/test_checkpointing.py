@@ -19,11 +19,11 @@ import torch
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.convert import galva_to_hf, hf_to_galva
 from galva_ckpt.errors import CheckpointError
-from galva_ckpt.sharded import STALL_ENV
 from galva_ckpt.sources import resolve
 from galva_comm.testing import free_port, run_distributed
 from galva_models.cli.config import ConfigError, parse_train_config
 
+STALLED_SAVE = str(Path(__file__).with_name("_stalled_save.py"))  # galva-train whose save of a step stops half way
 COMMON = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length", "16", "--no-progress"]
 PLAN_A = ["--pp", "2", "--tp", "1", "--default-dp-type", "ddp"]  # 2 stages, dp 2 replicated
 PLAN_B = ["--pp", "1", "--tp", "2", "--vocab-tp", "2", "--sdp"]  # 1 stage, tp 2, dp 2 ZeRO-3
@@ -110,7 +110,6 @@ def test_a_save_killed_half_way_leaves_the_previous_one(tmp_path, capsys):
     root = tmp_path / "saves"
     env = {
         **os.environ,
-        STALL_ENV: "2",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "RANK": "0",
@@ -119,7 +118,7 @@ def test_a_save_killed_half_way_leaves_the_previous_one(tmp_path, capsys):
     }
     argv = ["--model", "tiny-llama", "--fp32", "--global-batch-size", "2", "--seq-length", "16", "--no-progress",
             "--train-iters", "3", "--save", str(root), "--save-interval", "1"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "galva_models.cli.train", *argv], env=env,
+    proc = subprocess.Popen([sys.executable, STALLED_SAVE, "2", *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.time() + 600  # a guard against a hang, not a timing: a loaded machine starts slowly

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from galva_ckpt.checkpoint import CheckpointReader
 from galva_ckpt.saves import LOCK_FILE
-from galva_ckpt.sharded import STALL_ENV
 from galva_comm.testing import free_port, run_distributed
 from galva_models.cli.train import main as train_main
 from galva_models.metrics import MetricsLogger
 
+STALLED_SAVE = str(Path(__file__).with_name("_stalled_save.py"))  # galva-train whose save of a step stops half way
 RUN = ["--model", "tiny-llama", "--fp32", "--global-batch-size", "2", "--seq-length", "16", "--no-progress",
        "--log-interval", "1000"]  # fmt: skip
 
@@ -62,9 +62,9 @@ def test_a_second_run_on_a_save_dir_in_use_is_refused_and_a_resume_continues_the
     to run 1's metrics (dropping the step it re-does): the file equals an uninterrupted run's, bit for bit."""
     root, metrics = tmp_path / "saves", tmp_path / "metrics.jsonl"
     first = [*RUN, "--train-iters", "3", "--save", str(root), "--save-interval", "1", "--metrics-jsonl", str(metrics)]
-    env = {**os.environ, STALL_ENV: "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
            "WORLD_SIZE": "1", "LOCAL_RANK": "0"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "galva_models.cli.train", *first], env=env,
+    proc = subprocess.Popen([sys.executable, STALLED_SAVE, "2", *first], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.time() + 600  # a guard against a hang, not a timing: a loaded machine starts slowly

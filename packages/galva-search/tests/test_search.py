@@ -109,7 +109,7 @@ def test_tight_budget_forces_some_layers_to_checkpoint(make_hw, make_model):
     cost = CostModel(hw, model, CostSettings(context_mib=0.0))
     options = SpaceOptions(preset="full", disable_pp=True, disable_tp=True, disable_sdp=True, disable_vtp=True)
     space = generate_space(2, options)
-    assert [c.label() for c in space] == ["1-1-2", "1-1-2-c"]
+    assert [(c.pp, c.tp, c.dp, c.checkpoint) for c in space] == [(1, 1, 2, False), (1, 1, 2, True)]
     terms = cost.layer_terms(0, space, 2, 1)
     (vocab,) = cost.vocab_terms(1, cost.vocab_options(1, 1, allow_sp=False, allow_zero3=False)[0], 2, 1, [1])
     plain, ckpt = terms.memory_mib(1)

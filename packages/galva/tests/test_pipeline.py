@@ -166,7 +166,7 @@ def test_the_search_stage_reads_the_summary_through_its_class(tmp_path: Path) ->
                         "--output", str(plan), "--summary-json", str(summary)]) == 0  # fmt: skip
     note = _search_note(plan, summary)
     s = Strategy.load(plan)
-    assert note.startswith(f"pp {s.pp}, layers ") and f"{s.num_micro_batches} micro-batch(es), predicted" in note
+    assert note.startswith(f"{s.describe()}; layers ") and "; predicted " in note
     assert sum(int(n) for n in re.findall(r" x(\d+)", note)) == s.num_layers  # every layer in one run
     other = tmp_path / "other.json"
     s.model_copy(update={"global_batch_size": 2 * s.global_batch_size}).save(other)

@@ -28,6 +28,7 @@ from galva_ckpt.writing import atomic_directory, copy_file, write_safetensors
 from galva_schema import SchemaError, write_json_atomic
 from galva_schema._base import load_json_object
 from galva_schema.checkpoint import CheckpointManifest, TensorInfo
+from galva_schema.vocabulary import layer_of_module
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "galva_to_hf", "hf_to_galva"]
 
@@ -54,7 +55,7 @@ def hf_to_galva(
             writer.stream_module(module.name, infos, _read_hf_tensors(weights, list(infos)), advance)
         for path in side_files(source):
             writer.copy_hf_file(path)
-        layers = sum(m.name.startswith("layers.") for m in layout.modules)
+        layers = sum(layer_of_module(m.name) is not None for m in layout.modules)
         return writer.finish(family=layout.family, config=config, num_layers=layers, tied=layout.tied)
 
 

@@ -45,7 +45,6 @@ class ProcessGroupCache:
         self._backend = backend
         self._timeout = timeout
         self._groups: dict[Group, ProcessGroup] = {}
-        self.created = 0  # communicators this cache asked torch to create
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -72,7 +71,6 @@ class ProcessGroupCache:
             if timeout is not None:
                 kwargs["timeout"] = timeout
             group = dist.new_group(list(key), backend=self._backend, **kwargs)
-            self.created += 1
             self._groups[key] = group
 
     def get(self, ranks: Sequence[int]) -> ProcessGroup:

@@ -160,16 +160,6 @@ class ShardLayout:
         mp_index = self.coords(rank)[0] if split and self.seq_sharded else 0
         return sequence_blocks(seq_len, self.cp, shards, self.cp_index(rank), mp_index)
 
-    def seq_columns(self, rank: int, seq_len: int) -> slice:
-        """Positions of a ``seq_len``-token sequence that ``rank`` holds (all of them unless sequence-sharded); a
-        context-parallel layout holds two blocks: ask :meth:`seq_blocks`."""
-        if self.cp > 1:
-            raise ValueError("a context-parallel share is two blocks of the sequence; use seq_blocks")
-        seq_part = self.shard(rank)[1]
-        return contiguous_block(
-            seq_len, self.seq_parts, seq_part, what="sequence of", unit="tokens", parts_name="degree"
-        )
-
     def local_seq_cells(self, rank: int, seq_cells: int) -> list[int]:
         """The cells of a ``seq_cells`` grid refining this layout that ``rank`` holds, in its local order."""
         per = seq_cells // self.seq_cell_count
@@ -218,11 +208,6 @@ class RedistributionPlan:
     seq_cells: int
     transfers: tuple[Transfer, ...]
     groups: tuple[Group, ...]
-
-    @property
-    def is_local(self) -> bool:
-        """True when no rank needs data from another rank."""
-        return all(t.src == t.dst for t in self.transfers)
 
     def sends(self, rank: int) -> list[Transfer]:
         return [t for t in self.transfers if t.src == rank]
@@ -403,7 +388,12 @@ class RankLayout:
         self.embedding_ties = embedding_tie_groups(self.world_size, self.pp)
 
     def stage_of(self, rank: int) -> int:
-        return rank // (self.world_size // self.pp)
+        return rank // self.strategy.ranks_per_stage
+
+    def layer_holders(self, layers: Iterable[int]) -> Group:
+        """Every rank of every stage that runs one of ``layers``: the holders of a parameter those layers share."""
+        stages = {self.strategy.layer_stages[i] for i in layers}
+        return tuple(sorted(r for s in stages for r in stage_ranks(self.world_size, self.pp, s)))
 
     def boundary_plans(self) -> Iterator[tuple[int, RedistributionPlan]]:
         """(layer index, plan) for every layer whose input layout differs from what precedes it on its stage.

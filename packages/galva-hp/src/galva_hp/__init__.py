@@ -8,7 +8,6 @@ for input_ids, labels in batches:           # the same global batch on every ran
 """
 
 from galva_hp.build import BuildOptions, HybridParallelModel, build, check_plan
-from galva_hp.global_mode import GlobalFlags, strategy_from_flags
 from galva_hp.hooks import StepMetrics, peak_memory_mib, saved_activation_meter
 from galva_hp.labels import IGNORE_INDEX
 from galva_hp.model import LayeredModel, ParallelContext, Parallelizer
@@ -22,7 +21,6 @@ __all__ = [
     "IGNORE_INDEX",
     "BuildOptions",
     "GalvaOptimizer",
-    "GlobalFlags",
     "HybridParallelModel",
     "LayeredModel",
     "OptimConfig",
@@ -36,6 +34,5 @@ __all__ = [
     "peak_memory_mib",
     "reference_optimizer",
     "saved_activation_meter",
-    "strategy_from_flags",
     "train_step",
 ]

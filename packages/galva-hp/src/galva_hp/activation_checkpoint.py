@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["Checkpointed"]
+__all__ = ["Checkpointed", "unwrapped_name"]
 
 
 class Checkpointed(nn.Module):
@@ -20,3 +20,9 @@ class Checkpointed(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter name as the model without the :class:`Checkpointed` wrapper names it (its ``inner.`` dropped):
+    ``inner.fc.weight`` -> ``fc.weight``, ``layers.3.inner.fc.weight`` -> ``layers.3.fc.weight``."""
+    return name.removeprefix("inner.") if name.startswith("inner.") else name.replace(".inner.", ".", 1)

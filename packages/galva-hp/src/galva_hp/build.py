@@ -40,6 +40,7 @@ from galva_hp.precision import PrecisionPolicy
 from galva_hp.runtime import HybridParallelModel
 from galva_hp.shared_params import SharedParameters
 from galva_schema import GroupKind, Strategy
+from galva_schema.vocabulary import layer_module
 
 __all__ = ["BuildOptions", "HybridParallelModel", "build", "check_plan"]
 
@@ -69,7 +70,7 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
         module = _convert("embedding", model.embedding, options, lambda m: parallelizer.embedding(m, ctx))
         out.embedding = _wrap(out, "embedding", module, layout.vocab_first, ctx, False)
     for index in out.layer_indices():
-        name, layer_type = f"layers.{index}", model.layer_types[index]
+        name, layer_type = layer_module(index), model.layer_types[index]
         ctx = _context(layout.layers[index], rank, groups, strategy.megatron_sp, False, out.ledger)
         convert = partial(_convert_layer, parallelizer, layer_type, ctx, out.shared, index)
         module = _convert(name, model.layers[index], options, convert)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from galva_hp.shared_params import SharedWeight
 from galva_schema import ModelConstraints
 from galva_schema.sharding import sequence_shards
+from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_module
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -148,6 +149,12 @@ class LayeredModel:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def galva_modules(self) -> list[tuple[str, nn.Module]]:
+        """(name, module) in model order: ``embedding``, ``layers.0`` ... ``layers.{n-1}``, ``head``, the names
+        checkpoints, data-parallel units and plans use (:mod:`galva_schema.vocabulary`)."""
+        layers = [(layer_module(i), layer) for i, layer in enumerate(self.layers)]
+        return [(EMBEDDING_MODULE, self.embedding), *layers, (HEAD_MODULE, self.head)]
 
     def reference_loss(self, input_ids: Tensor, labels: Tensor) -> Tensor:
         """Mean token loss of the unmodified single-process model: the correctness oracle."""

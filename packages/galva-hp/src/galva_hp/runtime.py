@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import RankLayout
+from galva_hp.activation_checkpoint import unwrapped_name
 from galva_hp.batch import micro_batch, shard_for
 from galva_hp.data_parallel import DataParallelUnit, DdpUnit, FsdpUnit, ParamRecord, all_reduce_flat, local_tensor
 from galva_hp.grad_buckets import BucketReducer
@@ -32,6 +33,7 @@ from galva_hp.pipeline import PipelineStage, run_schedule, schedule_order
 from galva_hp.precision import PrecisionPolicy
 from galva_hp.shared_params import SharedParameters
 from galva_schema import Strategy
+from galva_schema.vocabulary import EMBEDDING_MODULE, layer_module, layer_of_module
 
 __all__ = ["HybridParallelModel"]
 
@@ -113,7 +115,7 @@ class HybridParallelModel(nn.Module):
         for record in self.param_records():
             p = record.param.detach()
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[record.name.replace(".inner.", ".")] = full.clone()
+            out[unwrapped_name(record.name)] = full.clone()
         return out
 
     # --------------------------------------------------------------------------------------------------- running
@@ -123,7 +125,8 @@ class HybridParallelModel(nn.Module):
         last = self.strategy.num_chunks - 1
 
         def of(name: str) -> int:
-            return 0 if name == "embedding" else last if name == "head" else chunk_of[int(name.split(".")[1])]
+            index = layer_of_module(name)
+            return 0 if name == EMBEDDING_MODULE else last if index is None else chunk_of[index]
 
         return [u for u in self.units if of(u.name) == chunk]
 
@@ -138,7 +141,7 @@ class HybridParallelModel(nn.Module):
             key = str(index)
             if key in self.redistributions:
                 hidden = self.redistributions[key](hidden)
-            hidden = self._run(f"layers.{index}", self.layers[key], hidden)
+            hidden = self._run(layer_module(index), self.layers[key], hidden)
         if chunk != self.strategy.num_chunks - 1 or self.head is None:
             return hidden
         key = str(self.strategy.num_layers)

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from galva_hp.activation_checkpoint import unwrapped_name
 from galva_hp.data_parallel import local_tensor
 from galva_hp.model import LayeredModel
 from galva_hp.runtime import HybridParallelModel
+from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_of_module
 
 __all__ = ["ShardBox", "local_rows", "shard_map"]
 
@@ -95,8 +97,7 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
     ``fresh`` is the same model decomposed again (on the meta device: no memory until each module is labelled);
     its modules are consumed. Every local element either has a box or is padding (zero in the live model).
     """
-    modules: dict[str, nn.Module] = {"embedding": fresh.embedding, "head": fresh.head}
-    modules.update({f"layers.{i}": layer for i, layer in enumerate(fresh.layers)})
+    modules: dict[str, nn.Module] = dict(fresh.galva_modules())
     parallelizer = fresh.parallelizer
     records = {r.name: r.param for r in model.param_records()}
     out: dict[str, list[ShardBox]] = {}
@@ -112,19 +113,20 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
             _label(sources, shift, single_pass=len(passes) == 1)
             labelled_module = copy.deepcopy(single)  # a parallelizer may convert in place, once per module
             with torch.random.fork_rng(devices=[]):
-                if name == "embedding":
+                index = layer_of_module(name)
+                if name == EMBEDDING_MODULE:
                     converted = parallelizer.embedding(labelled_module, ctx)
-                elif name == "head":
+                elif name == HEAD_MODULE:
                     converted = parallelizer.head(labelled_module, ctx)
                 else:
-                    index = int(name.split(".")[1])
+                    assert index is not None
                     converted = parallelizer.layer(labelled_module, layer_type=fresh.layer_types[index], ctx=ctx)
             labelled.append({n: p.detach().clone() for n, p in converted.named_parameters()})
         single.to_empty(device="meta")
         offsets = torch.tensor([0] + [p.numel() for _, p in sources]).cumsum(0)
         for local_name, _ in _unit_parameters(model, name):
             record = f"{name}.{local_name}"
-            key = local_name.replace("inner.", "", 1) if local_name.startswith("inner.") else local_name
+            key = unwrapped_name(local_name)
             if record not in records:
                 continue
             parts = [lab[key] for lab in labelled]

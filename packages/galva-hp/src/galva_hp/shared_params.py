@@ -38,8 +38,9 @@ from galva_comm.layout import RankLayout
 from galva_hp.data_parallel import ParamRecord
 from galva_hp.parallel.mappings import group_rank, group_size
 from galva_schema import Strategy
+from galva_schema.vocabulary import layer_module
 
-__all__ = ["SharedParameters", "SharedWeight", "holder_ranks"]
+__all__ = ["SharedParameters", "SharedWeight"]
 
 
 class SharedWeight:
@@ -57,7 +58,7 @@ class SharedWeight:
     @property
     def record_name(self) -> str:
         """The name of the parameter in the model's state (``layers.<home>.<path>``)."""
-        return f"layers.{self.home}.{self.path}"
+        return f"{layer_module(self.home)}.{self.path}"
 
     def bind(self, copy: nn.Parameter, dtype: torch.dtype | None) -> None:
         """Read ``copy`` (cast to ``dtype`` if given) from now on (the runtime calls this)."""
@@ -86,17 +87,6 @@ class _GradOnFirstRank(torch.autograd.Function):
         return (grad if ctx.first else torch.zeros_like(grad)), None
 
 
-def holder_ranks(weight: SharedWeight, strategy: Strategy, layout: RankLayout) -> tuple[int, ...]:
-    """Every rank of every pipeline stage that runs a reader of ``weight``."""
-    stages = {strategy.layer_stages[i] for i in weight.users}
-    return tuple(sorted(p[s] for p in layout.pipelines for s in stages))
-
-
-def _home_ranks(weight: SharedWeight, strategy: Strategy, layout: RankLayout) -> tuple[int, ...]:
-    home = strategy.layer_stages[weight.home]
-    return tuple(sorted(p[home] for p in layout.pipelines))
-
-
 @dataclass
 class _Entry:
     weight: SharedWeight
@@ -121,7 +111,7 @@ class SharedParameters(nn.Module):
         weights: Sequence[SharedWeight], strategy: Strategy, layout: RankLayout, groups: ProcessGroupCache
     ) -> None:
         """Create the holders' groups (collective: every rank calls it with the same model and plan)."""
-        groups.create([r for w in weights if len(r := holder_ranks(w, strategy, layout)) > 1])
+        groups.create([r for w in weights if len(r := layout.layer_holders(w.users)) > 1])
 
     @classmethod
     def for_stage(
@@ -139,10 +129,10 @@ class SharedParameters(nn.Module):
         out = cls()
         stage = layout.stage_of(rank)
         for weight in weights:
-            holders = holder_ranks(weight, strategy, layout)
+            holders = layout.layer_holders(weight.users)
             if rank not in holders:
                 continue
-            home = _home_ranks(weight, strategy, layout)
+            home = layout.layer_holders([weight.home])
             source = weight.param.detach()
             value = torch.zeros(source.shape, device=device) if source.is_meta else source.float().clone()
             copy = nn.Parameter(value.to(device), requires_grad=weight.param.requires_grad)

@@ -23,6 +23,7 @@ from torch import nn
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import parameter_name_map
 from galva_models.adapters.registry import adapter_for
+from galva_schema.vocabulary import layer_module, layer_of_module
 
 __all__ = ["CheckpointNames", "ModuleNames", "checkpoint_names", "checkpoint_names_from_dict", "config_from_dict"]
 
@@ -177,10 +178,9 @@ def _buffer_name_map(hf_model: nn.Module, layered: LayeredModel) -> dict[str, st
 
 
 def _parts(layered: LayeredModel) -> list[tuple[str, nn.Module]]:
-    return [("embedding", layered.embedding), *((f"layers.{i}", m) for i, m in enumerate(layered.layers)),
-            ("head", layered.head)]  # fmt: skip
+    return layered.galva_modules()
 
 
 def _module_prefix(galva_name: str) -> str:
-    head, _, rest = galva_name.partition(".")
-    return f"{head}.{rest.partition('.')[0]}" if head == "layers" else head
+    index = layer_of_module(galva_name)
+    return galva_name.partition(".")[0] if index is None else layer_module(index)

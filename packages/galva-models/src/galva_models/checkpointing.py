@@ -31,6 +31,7 @@ from galva_hp.runtime import HybridParallelModel
 from galva_hp.shard_map import ShardBox, local_rows, shard_map
 from galva_models.checkpoint_names import CheckpointNames
 from galva_schema.checkpoint import TensorInfo
+from galva_schema.vocabulary import layer_of_module
 
 __all__ = ["MOMENTS", "CheckpointIO", "Placement"]
 
@@ -139,7 +140,7 @@ class CheckpointIO:
         finish = {
             "family": family or self.names.family,
             "config": self.config,
-            "num_layers": sum(1 for m in self.names.modules if m.name.startswith("layers.")),
+            "num_layers": sum(layer_of_module(m.name) is not None for m in self.names.modules),
             "tied": dict(self.names.tied),
             "step": step,
             "optimizer": opt,

@@ -12,26 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from galva_profiler.errors import ProfileError
-from galva_schema.argparsing import OneLineParser
+from galva_schema.argparsing import OneLineParser, positive_floats
 
 PROG = "galva-profile"
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
-
-
-def _int_list(text: str) -> list[int]:
-    values = _float_list(text)
-    if any(v != int(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return [int(v) for v in values]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--galvatron-dir", metavar="DIR", help="also write the reference system's hardware files here")
     hw.add_argument("--report", metavar="PATH", help="write every measurement and fit (with residuals) as JSON")
     hw.add_argument("--quick", action="store_true", help="a minute-scale sweep: small messages, few repetitions")
-    hw.add_argument("--sizes-mib", type=_float_list, help="message sizes of the time sweep, MiB, e.g. 1,4,16,64")
+    hw.add_argument("--sizes-mib", type=positive_floats, help="message sizes of the time sweep, MiB, e.g. 1,4,16,64")
     hw.add_argument("--bandwidth-mib", type=float, help="message size for the all-reduce bus bandwidth, MiB")
     hw.add_argument("--p2p-mib", type=float, help="message size for the p2p bandwidth, MiB")
     hw.add_argument("--max-group-size", type=int, help="cut the sweep at this group size (a big cluster)")

@@ -9,22 +9,23 @@ from galva_profiler.errors import ProfileError
 from galva_profiler.outputs import check_writable_dir, check_writable_file, writing
 from galva_profiler.timing import Repeats
 from galva_schema import ModelProfile, Precision, write_json_atomic
+from galva_schema.argparsing import positive_ints
 
 DEFAULT_OUTPUT = "{model}_seq{seq}.model_profile.json"
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    from galva_profiler.cli import _int_list
-
     src = p.add_argument_group("model")
     src.add_argument(
         "--model", "--preset", dest="preset", metavar="PRESET",
         help="a galva-models preset, as galva-train --model takes it (tiny-llama, llama2-7b, tiny-<model_type>)",
     )  # fmt: skip
     src.add_argument("--model-config", metavar="DIR", help="a Hugging Face config or checkpoint directory")
-    src.add_argument("--seq-lengths", type=_int_list, required=True, help="comma-separated, e.g. 128 or 128,256,512")
+    src.add_argument(
+        "--seq-lengths", type=positive_ints, required=True, help="comma-separated, e.g. 128 or 128,256,512"
+    )
     sweep = p.add_argument_group("sweep")
-    sweep.add_argument("--batch-sizes", type=_int_list, help="comma-separated (default 1,2,4,8; --quick 1,2)")
+    sweep.add_argument("--batch-sizes", type=positive_ints, help="comma-separated (default 1,2,4,8; --quick 1,2)")
     sweep.add_argument("--max-tp", type=int, default=8, help="largest tp / Ulysses / vocab tp degree measured")
     sweep.add_argument("--precision", choices=[x.value for x in Precision], default="fp32")
     sweep.add_argument("--megatron-sp", action="store_true", help="profile activations with Megatron-SP")

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from galva_profiler.errors import ProfileError
+from galva_schema.vocabulary import layer_module
 
 
 def load_config(preset: str | None, config_dir: str | None) -> tuple[Any, str]:
@@ -95,7 +96,7 @@ class MetaModel:
 
     def layer(self, index: int, dtype: torch.dtype) -> nn.Module:
         """Layer ``index``, materialised (the other layers stay on the meta device)."""
-        return self._materialize(f"layers.{index}", self.layered.layers[index], dtype)
+        return self._materialize(layer_module(index), self.layered.layers[index], dtype)
 
     def embedding(self, dtype: torch.dtype) -> nn.Module:
         return self._materialize("embedding", self.layered.embedding, dtype)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["OneLineParser"]
+__all__ = ["OneLineParser", "positive_floats", "positive_ints"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -26,3 +26,25 @@ class OneLineParser(argparse.ArgumentParser):
         command = self.prog.split(" ", 1)[0]  # a subcommand's prog is "CMD SUBCOMMAND"
         print(f"{command}: error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def positive_floats(text: str) -> list[float]:
+    """An argparse ``type``: comma-separated positive numbers (``1,4,16``)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):  # `not >` refuses nan too
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated positive integers (``128,256``)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values

@@ -158,12 +158,21 @@ def head_problem(layer_type: LayerTypeConstraints, degree: int, ulysses: bool) -
     """Why a model-parallel ``degree`` cannot split this layer type's heads (None if it can)."""
     if degree == 1:
         return None
+    return heads_problem(layer_type.num_heads, layer_type.kv_heads, degree, ulysses, f" of {layer_type.name} layers")
+
+
+def heads_problem(heads: int, kv_heads: int, degree: int, ulysses: bool, where: str = "") -> str | None:
+    """Why ``degree`` ranks of tp (or Ulysses) cannot split ``heads`` query and ``kv_heads`` key/value heads (None
+    if they can): the one rule the plan check and the attention modules ask. ``where`` follows the heads' count."""
+    if heads % kv_heads:
+        return f"the {heads} attention heads{where} are not a multiple of their {kv_heads} key/value heads"
+    if degree == 1:
+        return None
     kind = "Ulysses degree" if ulysses else "tp"
-    if layer_type.num_heads % degree:
-        return f"{kind} {degree} does not divide the {layer_type.num_heads} attention heads of {layer_type.name} layers"
-    kv = layer_type.kv_heads
-    if not ulysses and kv % degree and degree % kv:
-        return f"tp {degree} and the {kv} key/value heads of {layer_type.name} layers do not divide one another"
+    if heads % degree:
+        return f"{kind} {degree} does not divide the {heads} attention heads{where}"
+    if not ulysses and kv_heads % degree and degree % kv_heads:
+        return f"tp {degree} and the {kv_heads} key/value heads{where} do not divide one another"
     return None
 
 

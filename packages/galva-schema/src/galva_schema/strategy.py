@@ -294,6 +294,35 @@ class Strategy(GalvaFile):
             text += f"-cp{layer.cp}"
         return text
 
+    def describe(self) -> str:
+        """The plan in one phrase (``pp 2 (1f1b), tp 2, 4 micro-batches, ...``): the one description that galva-train's
+        banner, its report and galva run print."""
+        tp = sorted({layer.tp for layer in self.layers})
+        dp = sorted({(layer.dp_type or self.default_dp_type).value for layer in self.layers})
+        pipeline = f"pp {self.pp}"
+        if self.pp > 1:
+            chunks = f", {self.virtual_stages} model chunks per stage" if self.virtual_stages > 1 else ""
+            pipeline += f" ({self.pipeline_schedule.value}{chunks})"
+        parts = [
+            pipeline,
+            f"tp {'/'.join(map(str, tp))}" + (" (Ulysses)" if any(layer.ulysses for layer in self.layers) else ""),
+            f"{self.num_micro_batches} micro-batch{'es' if self.num_micro_batches > 1 else ''}",
+            f"global batch {self.global_batch_size}",
+            "/".join(dp),
+            self.mixed_precision.value,
+        ]
+        cp = sorted({layer.cp for layer in self.layers})
+        if cp != [1]:
+            parts.insert(2, f"cp {'/'.join(map(str, cp))}")
+        if self.megatron_sp:
+            parts.append("Megatron-SP")
+        ep = sorted({(layer.ep, layer.etp) for layer in self.layers if layer.ep * layer.etp > 1})
+        if ep:
+            parts.append("experts " + "/".join(f"ep {e}" + (f" x etp {t}" if t > 1 else "") for e, t in ep))
+        if any(layer.checkpoint for layer in self.layers):
+            parts.append(f"checkpointing {sum(layer.checkpoint for layer in self.layers)} layers")
+        return ", ".join(parts)
+
     @classmethod
     def uniform(
         cls,

@@ -77,3 +77,23 @@ class GroupKind(str, Enum):
     ETP = "etp"  # expert tensor-parallel group: ranks holding different parts of the same experts
     EDP = "edp"  # expert data-parallel group: ranks holding the same expert shard (its gradients are reduced there)
     WHOLE = "whole"  # every rank of the stage (a micro-batch's router statistics are summed over it)
+
+
+# ------------------------------------------------------------------------------------------------- module names
+# A model is Galva's ordered modules: the embedding, its layers, the head. Checkpoints, data-parallel units, plans
+# and profiles name them so; every package asks these instead of spelling the names.
+EMBEDDING_MODULE = "embedding"
+HEAD_MODULE = "head"
+
+
+def layer_module(index: int) -> str:
+    """The name of layer ``index`` (``layers.3``)."""
+    return f"layers.{index}"
+
+
+def layer_of_module(name: str) -> int | None:
+    """The layer index a module name (``layers.3``, or a parameter name under it) names; None for the embedding,
+    the head or another name."""
+    head, _, rest = name.partition(".")
+    index = rest.partition(".")[0]
+    return int(index) if head == "layers" and index.isdigit() else None

@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
 
 from galva_schema import (
     MAX_BATCH_SIZE,
@@ -22,6 +21,7 @@ from galva_schema import (
     write_json_atomic,
     write_text_atomic,
 )
+from galva_schema.argparsing import OneLineParser, positive_ints
 from galva_schema.reference import PIPELINE_TYPES
 from galva_search.cost_model import CostModel, CostSettings, TermFactors
 from galva_search.profiles import load_hardware, load_model, parse_memory
@@ -45,30 +45,8 @@ class _UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line, ``galva-search: error: ...`` (exit 2), without the usage block."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # a prefix is no flag: `--model` is never taken as `--model-config`
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="galva-search",
         description="Search the fastest per-layer hybrid-parallel strategy that fits the memory budget.",
     )
@@ -77,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Galva hardware profile JSON, or a directory of the reference's hardware files")
     g.add_argument("--model-profile", required=True, action="append", metavar="PATH",
                    help="Galva model profile JSON; or give it twice: reference computation file, then memory file")
-    g.add_argument("--num-layers", type=_int_list, help="reference files: layers per layer type, e.g. 32 or 24,24")
-    g.add_argument("--hidden-size", type=_int_list, help="reference files: hidden size per layer type")
-    g.add_argument("--seq-length", type=_int_list, help="reference files: sequence length per layer type")
+    g.add_argument("--num-layers", type=positive_ints, help="reference files: layers per layer type, e.g. 32 or 24,24")
+    g.add_argument("--hidden-size", type=positive_ints, help="reference files: hidden size per layer type")
+    g.add_argument("--seq-length", type=positive_ints, help="reference files: sequence length per layer type")
     g.add_argument("--model-name", help="reference files: model name stored in the profile")
     g.add_argument("--time-mode", choices=("static", "batch", "sequence"), default="static",
                    help="reference files: how the computation file was profiled (default static)")
@@ -114,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pipeline schedule of plans with pp > 1: 1f1b (= pipedream_flush, the reference's), gpipe, "
                    "interleaved-1f1b (--virtual-stages model chunks per stage), zb-h1 (zero-bubble H1); auto: the "
                    "search chooses among 1f1b, interleaved-1f1b and zb-h1; all: gpipe too (default 1f1b)")
-    g.add_argument("--virtual-stages", type=_int_list, default=[2, 4], metavar="V[,V...]",
+    g.add_argument("--virtual-stages", type=positive_ints, default=[2, 4], metavar="V[,V...]",
                    help="model chunks per stage tried with interleaved-1f1b, each >= 2 (default 2,4)")
     g.add_argument("--default-dp-type", choices=[t.value for t in DataParallelType], default="ddp")
     g.add_argument("--mixed-precision", choices=[pr.value for pr in Precision],

@@ -43,21 +43,6 @@ class Candidate:
         """Ulysses degree (1 for Megatron layers)."""
         return self.tp if self.ulysses else 1
 
-    def label(self, default_dp_type: DataParallelType = DataParallelType.DDP) -> str:
-        """Compact form of the reference's logs: ``pp-tp[*]-dp[f|z2|d]-c-sp`` (``*`` = consecutive tp group)."""
-        star = "*" if self.consecutive and not tp_consecutive(self.tp, self.tp * self.dp, False) else ""
-        suffix = ""
-        if self.dp_type is not default_dp_type or self.dp_type is DataParallelType.ZERO3:
-            suffix = {DataParallelType.DDP: "d", DataParallelType.ZERO2: "z2", DataParallelType.ZERO3: "f"}[
-                self.dp_type
-            ]
-        text = f"{self.pp}-{self.tp}{star}-{self.dp}{suffix}"
-        if self.checkpoint:
-            text += "-c"
-        if self.ulysses:
-            text += "-sp"
-        return text
-
 
 @dataclass(frozen=True)
 class SpaceOptions:

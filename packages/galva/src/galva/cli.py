@@ -30,6 +30,9 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from galva.pipeline import PipelineOptions
+
+    d = PipelineOptions()  # the one place galva run's defaults are written; help texts and subcommands read them
     # one-line errors, and no prefix taken for a flag (`--train-it` is not `--train-iters`), in every subcommand
     p = OneLineParser(
         prog="galva",
@@ -43,33 +46,41 @@ def build_parser() -> argparse.ArgumentParser:
         "memory budget, train it with a checkpoint, export to Hugging Face (g2h), generate with transformers, "
         "report. One line per stage; every artefact's path at the end (also in OUT/run.json).",
     )
-    run.add_argument("--out", help="output directory (default galva-run)")
+    run.add_argument("--out", help=f"output directory (default {d.out})")
     run.add_argument("--force", action="store_true", default=None, help="replace a non-empty output directory")
     run.add_argument("--nproc", type=_positive, help="ranks (default: the local GPUs, or 4 CPU ranks with gloo)")
     run.add_argument("--quick", action="store_true",
                      help="the CI variant: 4 layers, 8 steps, a smaller corpus (explicit flags still win)")
     m = run.add_argument_group("model (a Llama-style decoder)")
-    m.add_argument("--num-layers", type=_positive, help="decoder layers (default 8)")
-    m.add_argument("--hidden-size", type=_positive, help="default 128")
-    m.add_argument("--num-attention-heads", type=_positive, help="default 4")
-    m.add_argument("--num-key-value-heads", type=_positive, help="default 2 (grouped-query attention)")
-    m.add_argument("--ffn-hidden-size", type=_positive, help="default 352")
-    m.add_argument("--seq-length", type=_positive, help="default 128")
-    m.add_argument("--vocab-size", type=_positive, help="tokenizer and model vocabulary (default 512)")
-    m.add_argument("--documents", type=_positive, help="documents in the generated corpus (default 2000)")
+    m.add_argument("--num-layers", type=_positive, help=f"decoder layers (default {d.num_layers})")
+    m.add_argument("--hidden-size", type=_positive, help=f"default {d.hidden_size}")
+    m.add_argument("--num-attention-heads", type=_positive, help=f"default {d.num_attention_heads}")
+    m.add_argument(
+        "--num-key-value-heads", type=_positive, help=f"default {d.num_key_value_heads} (grouped-query attention)"
+    )
+    m.add_argument("--ffn-hidden-size", type=_positive, help=f"default {d.ffn_hidden_size}")
+    m.add_argument("--seq-length", type=_positive, help=f"default {d.seq_length}")
+    m.add_argument("--vocab-size", type=_positive, help=f"tokenizer and model vocabulary (default {d.vocab_size})")
+    m.add_argument("--documents", type=_positive, help=f"documents in the generated corpus (default {d.documents})")
     s = run.add_argument_group("plan and training")
-    s.add_argument("--memory", help="memory budget per device for the search, e.g. 1300MiB or 36GB (default 1300MiB)")
-    s.add_argument("--context-memory", help="framework context per device the search reserves (default 1024MiB)")
-    s.add_argument("--global-batch-size", type=_positive, help="default 16")
-    s.add_argument("--train-iters", type=_positive, help="training steps (default 40)")
-    s.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    s.add_argument(
+        "--memory", help=f"memory budget per device for the search, e.g. 1300MiB or 36GB (default {d.memory})"
+    )
+    s.add_argument(
+        "--context-memory", help=f"framework context per device the search reserves (default {d.context_memory})"
+    )
+    s.add_argument("--global-batch-size", type=_positive, help=f"default {d.global_batch_size}")
+    s.add_argument("--train-iters", type=_positive, help=f"training steps (default {d.train_iters})")
+    s.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr:g})")
     s.add_argument("--prompt", help="prompt for the generation stage")
-    s.add_argument("--max-new-tokens", type=_positive, help="tokens to generate (default 16)")
+    s.add_argument("--max-new-tokens", type=_positive, help=f"tokens to generate (default {d.max_new_tokens})")
 
     c = sub.add_parser("corpus", help="write the synthetic JSONL corpus", description="A deterministic "
                        "English-like corpus from a small grammar (galva.data), one {\"text\": ...} per line.")
     c.add_argument("-o", "--output", required=True, help="JSONL file to write")
-    c.add_argument("--documents", type=_positive, default=2000, help="number of documents (default 2000)")
+    c.add_argument(
+        "--documents", type=_positive, default=d.documents, help=f"number of documents (default {d.documents})"
+    )
     c.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
 
     t = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a JSONL corpus",
@@ -77,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "Hugging Face tokenizer directory.")
     t.add_argument("corpus", help="JSONL corpus")
     t.add_argument("-o", "--output", required=True, help="tokenizer directory to write")
-    t.add_argument("--vocab-size", type=_positive, default=512, help="at most this many tokens (default 512)")
+    t.add_argument(
+        "--vocab-size", type=_positive, default=d.vocab_size, help=f"at most this many tokens (default {d.vocab_size})"
+    )
     t.add_argument("--json-key", default="text", help="key holding the text (default text)")
 
     mc = sub.add_parser("model-config", help="write a Llama-style Hugging Face config.json",
@@ -86,20 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     mc.add_argument("-o", "--output", required=True, help="directory to write config.json into")
     mc.add_argument("--tokenizer", help="tokenizer directory: its bos/eos/pad ids go into the config, its files next "
                     "to it")
-    mc.add_argument("--num-layers", type=_positive, default=8)
-    mc.add_argument("--hidden-size", type=_positive, default=128)
-    mc.add_argument("--num-attention-heads", type=_positive, default=4)
-    mc.add_argument("--num-key-value-heads", type=_positive, default=2)
-    mc.add_argument("--ffn-hidden-size", type=_positive, default=352)
-    mc.add_argument("--vocab-size", type=_positive, default=512)
-    mc.add_argument("--seq-length", type=_positive, default=128, help="max_position_embeddings")
+    mc.add_argument("--num-layers", type=_positive, default=d.num_layers)
+    mc.add_argument("--hidden-size", type=_positive, default=d.hidden_size)
+    mc.add_argument("--num-attention-heads", type=_positive, default=d.num_attention_heads)
+    mc.add_argument("--num-key-value-heads", type=_positive, default=d.num_key_value_heads)
+    mc.add_argument("--ffn-hidden-size", type=_positive, default=d.ffn_hidden_size)
+    mc.add_argument("--vocab-size", type=_positive, default=d.vocab_size)
+    mc.add_argument("--seq-length", type=_positive, default=d.seq_length, help="max_position_embeddings")
 
     g = sub.add_parser("generate", help="load a Hugging Face directory with transformers and generate",
                        description="Greedy generation from a local Hugging Face model directory (e.g. galva-ckpt "
                        "g2h's output with a tokenizer), local files only.")
     g.add_argument("model_dir", help="Hugging Face model directory (config.json, weights, tokenizer)")
-    g.add_argument("--prompt", default="The old farmer", help="text to continue")
-    g.add_argument("--max-new-tokens", type=_positive, default=16)
+    g.add_argument("--prompt", default=d.prompt, help="text to continue")
+    g.add_argument("--max-new-tokens", type=_positive, default=d.max_new_tokens)
     g.add_argument("--json", help="also write the result here as JSON")
     return p
 

@@ -222,11 +222,13 @@ def _max_tp(nproc: int) -> int:
 
 def _search_note(strategy_path: Path, summary_path: Path) -> str:
     """The plan as galva-search summarised it (a :class:`galva_schema.SearchSummary`, checked against the strategy
-    it was written with): pipeline degree, layer plans with their counts, micro-batches, predicted throughput."""
+    it was written with): the plan's one phrase (:meth:`Strategy.describe`), layer plans with their counts, predicted
+    throughput."""
     from galva_schema import SearchSummary, Strategy
 
     summary = SearchSummary.load(summary_path)
-    mismatch = summary.mismatch(Strategy.load(strategy_path))
+    plan = Strategy.load(strategy_path)
+    mismatch = summary.mismatch(plan)
     if mismatch is not None:
         raise ValueError(f"{summary_path}: {mismatch} in {strategy_path}: the summary of another plan")
     runs: list[tuple[str, int]] = []  # (plan label, layers) over the whole model, stages joined
@@ -237,8 +239,7 @@ def _search_note(strategy_path: Path, summary_path: Path) -> str:
         else:
             runs.append((run.strategy, count))
     layers = ", ".join(f"{label} x{count}" for label, count in runs)
-    return (f"pp {summary.pp}, layers {layers}, {summary.num_micro_batches} micro-batch(es), predicted "
-            f"{summary.throughput_samples_per_s:.2f} samples/s")
+    return f"{plan.describe()}; layers {layers}; predicted {summary.throughput_samples_per_s:.2f} samples/s"
 
 
 def _metrics_note(path: Path) -> str:

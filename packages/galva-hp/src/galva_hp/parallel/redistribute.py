@@ -30,7 +30,7 @@ from torch.distributed import ProcessGroup
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, RedistributionPlan, ShardLayout
 
-__all__ = ["Redistribute", "execute_plan", "local_shard", "plan_groups", "redistribute"]
+__all__ = ["Redistribute", "execute_plan", "plan_groups", "redistribute"]
 
 GroupSource = Union[ProcessGroupCache, Callable[[Group], ProcessGroup]]
 
@@ -45,15 +45,6 @@ def plan_groups(plans: Iterable[RedistributionPlan]) -> list[Group]:
         found.update(plan.groups)
         found.update(plan.reverse().groups)
     return sorted((g for g in found if len(g) > 1), key=lambda g: (len(g), g))
-
-
-def local_shard(full: Tensor, layout: ShardLayout, rank: int) -> Tensor:
-    """The share of a full ``[batch, seq, ...]`` tensor that ``rank`` holds under ``layout``."""
-    batch_part = layout.shard(rank)[0]
-    _check_cells(full.shape[0], layout.dp, "batch", "data-parallel parts")
-    _check_cells(full.shape[1], layout.seq_cell_count, "sequence", "sequence cells")
-    rows = full.chunk(layout.dp, 0)[batch_part]
-    return torch.cat([rows[:, block] for block in layout.seq_blocks(rank, full.shape[1])], dim=1)
 
 
 def _check_cells(size: int, cells: int, dim: str, what: str) -> None:

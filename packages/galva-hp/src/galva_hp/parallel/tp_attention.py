@@ -32,6 +32,7 @@ from galva_hp.parallel.tp_regions import (
     row_parallel_linear,
     shard,
 )
+from galva_schema.constraints import heads_problem
 
 __all__ = ["TensorParallelAttention"]
 
@@ -73,10 +74,8 @@ class TensorParallelAttention(nn.Module):
         if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
             raise ValueError("q_bias, k_bias and v_bias must be given together or not at all")
         tp, rank = group_size(group), group_rank(group)
-        if heads % tp:
-            raise ValueError(f"tp={tp} does not divide the {heads} attention heads")
-        if heads % kv_heads:
-            raise ValueError(f"{heads} heads are not a multiple of {kv_heads} key/value heads")
+        if problem := heads_problem(heads, kv_heads, tp, ulysses=False):
+            raise ValueError(problem)
         self.group, self.sequence_parallel, self.rotary = group, sequence_parallel, rotary
         self.causal = causal
         self.head_dim = q_weight.shape[0] // heads
@@ -95,7 +94,7 @@ class TensorParallelAttention(nn.Module):
             biases = [q_b] + [None if b is None else shard(b, 0, rank, tp) for b in (k_bias, v_bias)]
             self.kv_weight = None
             self.kv_bias = None
-        elif tp % kv_heads == 0:
+        else:  # tp % kv_heads == 0 (heads_problem refused the rest)
             # each rank's query heads use one K/V head; compute just that one, from a replicated K/V weight
             self.local_kv_heads = 1
             self.kv_head = (rank * self.local_heads) // (heads // kv_heads)
@@ -113,8 +112,6 @@ class TensorParallelAttention(nn.Module):
                     torch.arange((kv_heads + self.kv_head) * d, (kv_heads + self.kv_head + 1) * d),
                 ]
             )
-        else:
-            raise ValueError(f"tp={tp} and kv_heads={kv_heads}: one must divide the other")
         has_bias = q_bias is not None
         local_bias = torch.cat([b for b in biases if b is not None]) if has_bias else None
         self.qkv = column_parallel_linear(torch.cat(rows).detach(), local_bias, hidden, group)

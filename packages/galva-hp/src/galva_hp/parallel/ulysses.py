@@ -26,6 +26,7 @@ from torch.distributed import ProcessGroup
 from galva_hp.parallel.attention import Rotary, attention
 from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
 from galva_hp.parallel.rng import rank_stream
+from galva_schema.constraints import heads_problem
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
 
@@ -34,10 +35,8 @@ _SEQ, _HEADS = 1, 2
 
 def ulysses_kv_repeat(heads: int, kv_heads: int, sp: int) -> int:
     """How many times each K/V head is repeated before the Ulysses all-to-all (1 when ``sp`` divides kv_heads)."""
-    if heads % sp:
-        raise ValueError(f"Ulysses degree {sp} does not divide the {heads} attention heads")
-    if heads % kv_heads:
-        raise ValueError(f"{heads} heads are not a multiple of {kv_heads} key/value heads")
+    if problem := heads_problem(heads, kv_heads, sp, ulysses=True):
+        raise ValueError(problem)
     return math.lcm(kv_heads, sp) // kv_heads
 
 

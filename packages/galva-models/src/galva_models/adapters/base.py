@@ -46,11 +46,6 @@ class LayerSpec:
     seq_length: int
     hidden_size: int
 
-    @property
-    def boundary_shape(self) -> tuple[int, int, int]:
-        """Activation shape at the layer's input and output, ``-1`` for the batch."""
-        return (-1, self.seq_length, self.hidden_size)
-
 
 @dataclass(frozen=True)
 class FamilyAdapter:
@@ -126,10 +121,7 @@ class SingleRankParallelizer:
 def galva_named_parameters(model: LayeredModel) -> list[tuple[str, nn.Parameter]]:
     """Every (Galva name, parameter) of a LayeredModel, shared parameters listed under each holder."""
     out: list[tuple[str, nn.Parameter]] = []
-    parts: list[tuple[str, nn.Module]] = [("embedding", model.embedding)]
-    parts += [(f"layers.{i}", layer) for i, layer in enumerate(model.layers)]
-    parts.append(("head", model.head))
-    for prefix, module in parts:
+    for prefix, module in model.galva_modules():
         out += [(f"{prefix}.{name}", p) for name, p in module.named_parameters(remove_duplicate=False)]
     return out
 

@@ -15,7 +15,9 @@ from typing import Any, NoReturn
 from galva_hp.optim import DECAY_STYLES
 from galva_models.cli.errors import ConfigError
 from galva_models.presets import PRESETS
+from galva_schema import PipelineSchedule
 from galva_schema.argparsing import OneLineParser
+from galva_schema.reference import PIPELINE_TYPES
 
 
 class _Parser(OneLineParser):
@@ -64,7 +66,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "num_layers": (1, None, False), "hidden_size": (1, None, False), "num_attention_heads": (1, None, False),
     "num_query_groups": (1, None, False), "ffn_hidden_size": (1, None, False), "vocab_size": (1, None, False),
     "seq_length": (2, None, False), "decoder_seq_length": (2, None, False), "max_position_embeddings": (1, None, False),
-    "world_size": (1, None, False), "pp": (1, None, False), "tp": (1, None, False), "chunks": (1, None, False),
+    "world_size": (1, None, False), "pp": (1, None, False), "tp": (1, None, False), "micro_batches": (1, None, False),
     "virtual_stages": (1, None, False), "ep": (1, None, False), "etp": (1, None, False),
     "vocab_tp": (1, None, False), "global_batch_size": (1, None, False), "micro_batch_size": (1, None, False),
     "lr": (0, None, False), "min_lr": (0, None, False), "lr_warmup_iters": (0, None, False),
@@ -184,14 +186,17 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--use-distributed-optimizer", action="store_true", help="Megatron alias of --default-dp-type zero2."
     )
-    s.add_argument("--chunks", "--num-micro-batches", dest="chunks", type=int, help="Micro-batches per step.")
+    s.add_argument(
+        "--num-micro-batches", "--chunks", dest="micro_batches", type=int, metavar="N",
+        help="Micro-batches per step (--chunks: the reference's name for them).",
+    )  # fmt: skip
     s.add_argument("--checkpoint", "--global-checkpoint", dest="checkpoint", action="store_true")
     s.add_argument("--recompute-granularity", choices=["full", "selective"], help="Megatron: full = --checkpoint.")
     s.add_argument(
         "--pipeline-schedule",
         "--pipeline-type",
         dest="pipeline_schedule",
-        choices=["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"],
+        choices=list(dict.fromkeys([*(schedule.value for schedule in PipelineSchedule), *PIPELINE_TYPES])),
         help="Default: 1f1b, or interleaved-1f1b with --virtual-stages > 1.",
     )
     s.add_argument(

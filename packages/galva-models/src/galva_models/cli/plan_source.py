@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 
+from galva_comm.layout import ranks_per_stage
+from galva_models.cli.arguments import spelled
 from galva_models.cli.errors import ConfigError
-from galva_schema import SchemaError, Strategy
+from galva_schema import DataParallelType, PipelineSchedule, Precision, SchemaError, Strategy
+from galva_schema.reference import PIPELINE_TYPES
 
 PLAN_FLAGS = (
-    "pp", "tp", "tp_consecutive", "ulysses", "cp", "sequence_parallel", "sdp", "default_dp_type", "chunks",
+    "pp", "tp", "tp_consecutive", "ulysses", "cp", "sequence_parallel", "sdp", "default_dp_type", "micro_batches",
     "checkpoint", "recompute_granularity", "pipeline_schedule", "virtual_stages", "vocab_tp", "vocab_sp", "embed_sdp",
     "use_distributed_optimizer", "micro_batch_size", "ep", "etp", "expert_dp_type",
 )  # fmt: skip
@@ -53,35 +56,6 @@ def strategy_and_overrides(
             plan = Strategy.model_validate({**plan.model_dump(), "mixed_precision": precision})
         return plan, overrides
     return _global_strategy(args, world_size, num_layers, precision or default), kept
-
-
-def describe(plan: Strategy) -> str:
-    """The plan in one phrase, as the banner and the report print it."""
-    tp = sorted({layer.tp for layer in plan.layers})
-    dp = sorted({(layer.dp_type or plan.default_dp_type).value for layer in plan.layers})
-    pipeline = f"pp {plan.pp}"
-    if plan.pp > 1:
-        chunks = f", {plan.virtual_stages} chunks per stage" if plan.virtual_stages > 1 else ""
-        pipeline += f" ({plan.pipeline_schedule.value}{chunks})"
-    parts = [
-        pipeline,
-        f"tp {'/'.join(map(str, tp))}" + (" (Ulysses)" if any(layer.ulysses for layer in plan.layers) else ""),
-        f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''}",
-        f"global batch {plan.global_batch_size}",
-        "/".join(dp),
-        plan.mixed_precision.value,
-    ]
-    cp = sorted({layer.cp for layer in plan.layers})
-    if cp != [1]:
-        parts.insert(2, f"cp {'/'.join(map(str, cp))}")
-    if plan.megatron_sp:
-        parts.append("Megatron-SP")
-    ep = sorted({(layer.ep, layer.etp) for layer in plan.layers if layer.ep * layer.etp > 1})
-    if ep:
-        parts.append("experts " + "/".join(f"ep {e}" + (f" x etp {t}" if t > 1 else "") for e, t in ep))
-    if any(layer.checkpoint for layer in plan.layers):
-        parts.append(f"checkpointing {sum(layer.checkpoint for layer in plan.layers)} layers")
-    return ", ".join(parts)
 
 
 def _precision(args: argparse.Namespace) -> str | None:
@@ -145,40 +119,44 @@ def _dp_type(args: argparse.Namespace) -> str:
     return str(args.default_dp_type or ("zero2" if args.use_distributed_optimizer else "ddp"))
 
 
-def _batch(
-    args: argparse.Namespace, world_size: int, pp: int, tp: int, vocab_tp: int, cp: int = 1
-) -> tuple[int, int]:
-    """(global batch size, micro-batches); ``--micro-batch-size`` is per transformer-layer replica (Megatron)."""
-    dp = world_size // pp // tp // cp
-    chunks, gbs = args.chunks, args.global_batch_size
+def _batch(args: argparse.Namespace, per_stage: int, tp: int, vocab_tp: int, cp: int = 1) -> tuple[int, int]:
+    """(global batch size, micro-batches) on stages of ``per_stage`` ranks; ``--micro-batch-size`` is per
+    transformer-layer replica (Megatron)."""
+    dp = per_stage // tp // cp
+    micro_batches, gbs = args.micro_batches, args.global_batch_size
     if args.micro_batch_size is not None:
         if gbs is None:
-            gbs = args.micro_batch_size * dp * (chunks or 1)
+            gbs = args.micro_batch_size * dp * (micro_batches or 1)
         if gbs % (args.micro_batch_size * dp):
             raise ConfigError(
                 f"--global-batch-size {gbs} is not a multiple of --micro-batch-size {args.micro_batch_size} x "
                 f"data-parallel degree {dp}"
             )
         derived = gbs // (args.micro_batch_size * dp)
-        if chunks is not None and chunks != derived:
-            raise ConfigError(f"--chunks {chunks} contradicts --micro-batch-size (which gives {derived} micro-batches)")
-        chunks = derived
-    gbs = gbs or world_size // pp // min(tp, vocab_tp) // cp * (chunks or 1)  # a sample per rank of the widest split
-    return gbs, chunks or 1
+        if micro_batches is not None and micro_batches != derived:
+            flag = spelled(args, "micro_batches")
+            raise ConfigError(
+                f"{flag} {micro_batches} contradicts --micro-batch-size (which gives {derived} micro-batches)"
+            )
+        micro_batches = derived
+    # a sample per rank of the widest split
+    gbs = gbs or per_stage // min(tp, vocab_tp) // cp * (micro_batches or 1)
+    return gbs, micro_batches or 1
 
 
 def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int, precision: str) -> Strategy:
     pp, tp = args.pp or 1, args.tp or 1
     if world_size % pp:
         raise ConfigError(f"--pp {pp} does not divide the {world_size} ranks")
-    if (world_size // pp) % tp:
-        raise ConfigError(f"--tp {tp} does not divide the {world_size // pp} ranks of a pipeline stage")
+    per_stage = ranks_per_stage(world_size, pp)
+    if per_stage % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {per_stage} ranks of a pipeline stage")
     cp = args.cp or 1
-    if (world_size // pp) % (tp * cp) or (world_size // pp) % ((args.vocab_tp or 1) * cp):
-        degree = tp if (world_size // pp) % (tp * cp) else args.vocab_tp
+    if per_stage % (tp * cp) or per_stage % ((args.vocab_tp or 1) * cp):
+        degree = tp if per_stage % (tp * cp) else args.vocab_tp
         what = f"--tp {tp}" if degree == tp else f"--vocab-tp {degree}"
-        verb = "is more than" if degree * cp > world_size // pp else "does not divide"
-        raise ConfigError(f"{what} x --cp {cp} {verb} the {world_size // pp} ranks of a pipeline stage")
+        verb = "is more than" if degree * cp > per_stage else "does not divide"
+        raise ConfigError(f"{what} x --cp {cp} {verb} the {per_stage} ranks of a pipeline stage")
     virtual_stages = args.virtual_stages or 1
     if num_layers < pp * virtual_stages:
         what = f"--pp {pp}" if virtual_stages == 1 else f"--pp {pp} x --virtual-stages {virtual_stages} chunks"
@@ -188,39 +166,43 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
     vocab_tp = args.vocab_tp or 1
     if args.sequence_parallel and tp == 1 and vocab_tp == 1:
         raise ConfigError("--sequence-parallel splits the sequence of tp layers; it needs --tp or --vocab-tp > 1")
-    gbs, chunks = _batch(args, world_size, pp, tp, vocab_tp, cp)
-    from galva_hp.global_mode import GlobalFlags, strategy_from_flags
-
-    flags = GlobalFlags(
-        world_size=world_size,
-        num_layers=num_layers,
-        global_batch_size=gbs,
-        pp=pp,
-        tp=tp,
-        tp_consecutive=bool(args.tp_consecutive if args.tp_consecutive is not None else 1),
-        ulysses=args.ulysses,
-        megatron_sp=args.sequence_parallel,
-        sdp=args.sdp,
-        default_dp_type=_dp_type(args),
-        chunks=chunks,
-        checkpoint=args.checkpoint or args.recompute_granularity == "full",
-        pipeline_type=args.pipeline_schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
-        virtual_stages=virtual_stages,
-        vocab_tp=vocab_tp,
-        vocab_sp=args.vocab_sp,
-        embed_sdp=args.embed_sdp,
-        mixed_precision=precision,
-        cp=cp,
-        ep=args.ep or 1,
-        etp=args.etp or 1,
-        expert_dp_type=args.expert_dp_type,
-    )
+    gbs, micro_batches = _batch(args, per_stage, tp, vocab_tp, cp)
+    schedule = args.pipeline_schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b")
+    dp_type = DataParallelType.ZERO3 if args.sdp else DataParallelType(_dp_type(args))
     from pydantic import ValidationError
 
     from galva_schema.errors import from_validation_error
 
     try:
-        return strategy_from_flags(flags)
+        return Strategy.uniform(
+            world_size=world_size,
+            num_layers=num_layers,
+            global_batch_size=gbs,
+            layer={
+                "tp": tp,
+                "tp_consecutive": bool(args.tp_consecutive if args.tp_consecutive is not None else 1),
+                "ulysses": args.ulysses,
+                "cp": cp,
+                "checkpoint": args.checkpoint or args.recompute_granularity == "full",
+                "ep": args.ep or 1,
+                "etp": args.etp or 1,
+                "expert_dp_type": args.expert_dp_type,
+            },
+            pp=pp,
+            pipeline_schedule=PIPELINE_TYPES.get(schedule) or PipelineSchedule(schedule),
+            virtual_stages=virtual_stages,
+            num_micro_batches=micro_batches,
+            mixed_precision=Precision(precision),
+            default_dp_type=dp_type,
+            megatron_sp=args.sequence_parallel,
+            vocab={
+                "tp": vocab_tp,
+                "sp": args.vocab_sp,
+                "cp": cp,
+                "dp_type": DataParallelType.ZERO3 if args.embed_sdp else None,
+            },
+            description="global mode",
+        )
     except ValidationError as err:
         raise ConfigError(str(from_validation_error(err, "global flags"))) from None
     except (SchemaError, ValueError) as err:

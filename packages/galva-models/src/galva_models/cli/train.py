@@ -3,7 +3,7 @@
 
     galva-train --nproc-per-node 4 --model tiny-llama --pp 2 --tp 2 --checkpoint ...
     torchrun --nproc_per_node 4 -m galva_models.cli.train --model tiny-llama --pp 2 --tp 2 --checkpoint \\
-        --global-batch-size 8 --chunks 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
+        --global-batch-size 8 --num-micro-batches 2 --seq-length 64 --train-iters 30 --data-path data/corpus \\
         --metrics-jsonl metrics.jsonl
 
 The loop reads top to bottom: global batch (identical on every rank), forward and backward under the plan
@@ -84,9 +84,7 @@ def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
 
 def banner(cfg: TrainConfig, world: int) -> str:
     """The start-of-run line: model, ranks and the plan actually used (with what a flag changed in a plan file)."""
-    from galva_models.cli.plan_source import describe
-
-    line = f"galva-train: {cfg.model_name} on {world} rank{'s' if world > 1 else ''}: {describe(cfg.strategy)}"
+    line = f"galva-train: {cfg.model_name} on {world} rank{'s' if world > 1 else ''}: {cfg.strategy.describe()}"
     line += f" (plan from {cfg.plan_source}"
     line += "; " + "; ".join(cfg.plan_overrides) + ")" if cfg.plan_overrides else ")"
     return line
@@ -320,12 +318,10 @@ def _write_report(path: str, cfg: TrainConfig, records: list[dict[str, Any]], wo
     from galva_models.report import write_report
 
     s = cfg.strategy
-    tp = sorted({layer.tp for layer in s.layers})
     facts = {
         "model": cfg.model_name,
         "world size": world,
-        "plan": f"pp {s.pp}, tp {'/'.join(map(str, tp))}, {s.num_micro_batches} micro-batches, "
-        f"{s.default_dp_type.value}" + (", Megatron-SP" if s.megatron_sp else ""),
+        "plan": s.describe(),
         "global batch size": s.global_batch_size,
         "sequence length": cfg.seq_length,
         "precision": s.mixed_precision.value,

@@ -231,7 +231,9 @@ class _Reader:
                 "global_bsz: missing (the reference runtime falls back to --global_train_batch_size; "
                 "pass global_batch_size=)"
             )
-        chunks = self.int_key("chunks") if "chunks" in self.data else _auto_chunks(batch, ranks_per_stage, pp)
+        micro_batches = (  # the reference's "chunks" key is its micro-batch count
+            self.int_key("chunks") if "chunks" in self.data else _auto_micro_batches(batch, ranks_per_stage, pp)
+        )
         division = self.enc("pp_division", pp, minimum=1) if "pp_division" in self.data else None
         schedule = self.choice("pipeline_type", PIPELINE_TYPES, "gpipe")
         default_dp = self.choice("default_dp_type", _DP_TYPES, "ddp")
@@ -255,7 +257,7 @@ class _Reader:
             "pp": pp,
             "pp_division": division,
             "pipeline_schedule": schedule,
-            "num_micro_batches": chunks,
+            "num_micro_batches": micro_batches,
             "global_batch_size": batch,
             "mixed_precision": precision,
             "default_dp_type": default_dp,
@@ -358,7 +360,7 @@ def _to_reference_names(detail: str) -> str:
     return detail
 
 
-def _auto_chunks(batch: int, ranks_per_stage: int, pp: int) -> int:
+def _auto_micro_batches(batch: int, ranks_per_stage: int, pp: int) -> int:
     """The reference's ``chunks = -1``: 1 without pipelining, else about four samples per rank per micro-batch."""
     if pp == 1:
         return 1
