@@ -67,6 +67,7 @@ def test_export_schemas_command(tmp_path, capsys):
             "checkpoint_manifest.schema.json",
             "calibration.schema.json",
             "search_summary.schema.json",
+            "run_check.schema.json",
         ]
     )
 

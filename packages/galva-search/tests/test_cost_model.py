@@ -26,7 +26,7 @@ from galva_search.space import Candidate
 DDP, ZERO2, ZERO3 = DataParallelType.DDP, DataParallelType.ZERO2, DataParallelType.ZERO3
 EXACT = {"rel": 1e-12, "abs": 1e-18}
 S, H, E = 512, 1024, 2  # sequence, hidden, bytes per bf16 element
-GRAD_BYTES = 64 * 2**20 / 4 * E  # 16 Mi parameters in bf16
+GRAD_BYTES = 64 * 2**20 / 4 * E  # 16 Mi parameters in bf16 (the reference's accounting reduces bf16 gradients)
 
 
 def terms(model, hw, cand, micro=8, c=1, **settings):
@@ -88,12 +88,26 @@ def test_compute_forward_backward_and_recompute(tiny, tiny_hw):
 
 
 def test_ddp_gradient_sync_is_once_per_iteration_and_overlapped(tiny, tiny_hw):
-    t, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4))
+    t, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4), state_accounting="reference")
     sync = 2 * 3 / 4 * GRAD_BYTES / 100e9
     assert t.grad_sync_s[0] == pytest.approx(sync, **EXACT)
     assert t.micro_batch_s[0] == pytest.approx(0.012, **EXACT)  # no sync inside a micro-batch
     assert t.exposed_sync_s[0] == pytest.approx(sync * 0.25, **EXACT)  # overlapped with 8 ms of backward
     assert t.tp_comm_s[0] == 0.0
+
+
+def test_galva_hp_reduces_gradients_in_fp32_and_gathers_the_bf16_copy(tiny, tiny_hw):
+    """galva-hp keeps a bf16 plan's gradients in fp32 and reduces them so (DDP into the fp32 master's gradient,
+    FSDP2's reduce dtype): its gradient sync moves twice the reference's bf16 bytes; ZeRO-3's all-gathers move the
+    bf16 compute copy, the same bytes under both accountings."""
+    ref, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4), state_accounting="reference")
+    hp, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4), state_accounting="galva-hp")
+    assert hp.grad_sync_s[0] == pytest.approx(2 * ref.grad_sync_s[0], **EXACT)
+    ref, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4, dp_type=ZERO3), state_accounting="reference")
+    hp, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4, dp_type=ZERO3), state_accounting="galva-hp")
+    gather = 3 / 4 * GRAD_BYTES / 100e9  # all-gather of the bf16 copy: half a ring all-reduce of it
+    assert ref.grad_sync_s[0] == pytest.approx(2 * gather, **EXACT)  # reduce-scatter + all-gather, both bf16
+    assert hp.grad_sync_s[0] == pytest.approx(2 * gather + gather, **EXACT)  # fp32 reduce-scatter + bf16 gather
 
 
 def test_zero3_gathers_every_micro_batch_and_reduce_scatters_once(tiny, tiny_hw):
@@ -102,7 +116,7 @@ def test_zero3_gathers_every_micro_batch_and_reduce_scatters_once(tiny, tiny_hw)
     all-gather overlapped with 8 ms of backward (sigma 1.25: 0.125 sync); the reduce-scatter is once per iteration,
     overlapped with the last backward together with that all-gather. (Before, every micro-batch paid both, 0.75 sync,
     and nothing was left per iteration: with c = 1 the two give the same total, 0.75 sync.)"""
-    t, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4, dp_type=ZERO3))
+    t, _ = terms(tiny, tiny_hw, Candidate(1, 1, 4, dp_type=ZERO3), state_accounting="reference")
     sync = 2 * 3 / 4 * GRAD_BYTES / 100e9
     assert t.zero3_comm_s[0] == pytest.approx(0.5 * sync + 0.125 * sync, **EXACT)
     assert t.micro_batch_s[0] == pytest.approx(0.012 + 0.625 * sync, **EXACT)
@@ -111,7 +125,7 @@ def test_zero3_gathers_every_micro_batch_and_reduce_scatters_once(tiny, tiny_hw)
 
 
 def test_megatron_tp_collectives_and_strided_dp_group(tiny, tiny_hw):
-    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=True))  # 4 samples per rank, x = 2
+    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=True), state_accounting="reference")  # 4 samples per rank, x = 2
     act_bytes = 4 * S * H * E
     per = 2 * 1 / 2 * act_bytes / 200e9
     assert t.forward_s[0] == pytest.approx(0.004, **EXACT)
@@ -119,7 +133,7 @@ def test_megatron_tp_collectives_and_strided_dp_group(tiny, tiny_hw):
     assert t.grad_sync_s[0] == pytest.approx(2 * 1 / 2 * GRAD_BYTES / 2 / 50e9, **EXACT)  # strided dp group
     t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=True, checkpoint=True))
     assert t.tp_comm_s[0] == pytest.approx(6 * per, **EXACT)
-    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=False))
+    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=False), state_accounting="reference")
     assert t.tp_comm_s[0] == pytest.approx(4 * act_bytes / 50e9, **EXACT)  # strided tp group
     assert t.grad_sync_s[0] == pytest.approx(GRAD_BYTES / 2 / 200e9, **EXACT)  # consecutive dp group
 
@@ -131,7 +145,7 @@ def test_megatron_sp_moves_the_same_volume(make_model, tiny_hw):
 
 
 def test_ulysses_all_to_alls_on_the_sequence_shard(tiny, tiny_hw):
-    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, ulysses=True))
+    t, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, ulysses=True), state_accounting="reference")
     buffer = 4 * S * H * E / 2
     assert t.tp_comm_s[0] == pytest.approx(8 * (1 / 2) * buffer / 200e9, **EXACT)
     # states are replicated over the sp group and synchronised over dp * sp = 4 consecutive ranks
@@ -286,7 +300,7 @@ def _reference_hardware(hw_1x8: HardwareProfile) -> HardwareProfile:
 def test_layer_time_agrees_with_reference_where_no_defect_applies(hw_1x8, llama7b, label, cand, with_comm, no_comm):
     """§4.6 golden per-layer times at a global micro-batch of 8 (s): equal once bandwidth units are converted
     exactly. The reference's 'with comm' time = our micro-batch time + the exposed gradient sync."""
-    cost = CostModel(_reference_hardware(hw_1x8), llama7b, CostSettings(default_dp_type=ZERO2))
+    cost = CostModel(_reference_hardware(hw_1x8), llama7b, CostSettings(default_dp_type=ZERO2, state_accounting="reference"))
     t = cost.layer_terms(0, [cand], 8, 4)
     assert t.micro_batch_s[0] + t.exposed_sync_s[0] == pytest.approx(with_comm, abs=6e-8), label
     if no_comm is not None:
@@ -386,7 +400,7 @@ def test_galva_hp_zero_over_one_rank_is_ddp(make_model, tiny_hw, precision, dp_t
 
 def test_galva_hp_vocab_states_are_the_profiles_bytes(tiny, tiny_hw):
     """The profiler writes a bf16 profile's vocabulary states at galva-hp's 18 bytes per parameter: the cost model
-    reads them back unchanged under ddp, shards them as a layer under ZeRO-3, and syncs 2 bytes per parameter."""
+    reads them back unchanged under ddp, shards them as a layer under ZeRO-3, and syncs its fp32 gradients, 4 bytes per parameter."""
     from galva_search.cost_model import state_bytes_per_parameter
 
     assert state_bytes_per_parameter(Precision.BF16) == 18
@@ -395,7 +409,7 @@ def test_galva_hp_vocab_states_are_the_profiles_bytes(tiny, tiny_hw):
     cost = CostModel(tiny_hw, tiny, CostSettings(state_accounting="galva-hp"))
     (v,) = cost.vocab_terms(1, VocabOption(1), 8, 1, [1])
     assert v.memory_mib == pytest.approx(400 + 2 * 40.0)
-    sync = 2 * 3 / 4 * (400 * 2**20 / 18 * 2) / 100e9
+    sync = 2 * 3 / 4 * (400 * 2**20 / 18 * 4) / 100e9
     assert v.exposed_sync_s == pytest.approx(0.25 * sync, **EXACT)
     (v,) = cost.vocab_terms(1, VocabOption(2, zero3=True), 8, 1, [1])
     assert v.memory_mib == pytest.approx(200 * (4 / 2 + 12 / 2) / 18 + 4 * 20.0)

@@ -17,6 +17,7 @@ import pytest
 from galva.cli import main
 from galva.data import documents, train_tokenizer, write_corpus
 from galva.pipeline import _search_note
+from galva_schema import RunCheck
 
 
 def test_corpus_is_a_function_of_the_seed(tmp_path: Path) -> None:
@@ -68,6 +69,11 @@ BAD_INPUT = [  # (argv, what the one line names); {tmp}: a directory holding `fi
     (["run", "--out", "{tmp}/file"], "--out {tmp}/file: is not a directory"),
     (["run", "--bogus"], "unrecognized arguments: --bogus (see galva --help)"),
     (["generate"], "the following arguments are required: model_dir (see galva generate --help)"),
+    (["check", "--metrics", "{tmp}/missing.jsonl", "--strategy", "{tmp}/file", "--summary", "{tmp}/file", "-o",
+      "{tmp}/c.json"], "--metrics {tmp}/missing.jsonl: no such file"),
+    (["check", "--metrics", "{tmp}/file", "--strategy", "{tmp}/file", "--summary", "{tmp}/file", "-o",
+      "{tmp}/dir"], "--output {tmp}/dir: is a directory"),
+    (["run", "--out", "{tmp}/new", "--calibration", "{tmp}/file"], "--calibration {tmp}/file: "),
 ]  # fmt: skip
 
 
@@ -127,10 +133,10 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         stdout = proc.stdout
-    stage_lines = [line for line in stdout.splitlines() if re.match(r"\[\s*\d+/11\] ", line)]
+    stage_lines = [line for line in stdout.splitlines() if re.match(r"\[\s*\d+/12\] ", line)]
     names = ["corpus", "tokenizer", "preprocess", "model-config", "profile-hardware", "profile-model", "search",
-             "train", "export", "generate", "report"]
-    assert [re.match(r"\[\s*\d+/11\] (\S+)", line).group(1) for line in stage_lines] == names, stdout
+             "train", "export", "generate", "check", "report"]
+    assert [re.match(r"\[\s*\d+/12\] (\S+)", line).group(1) for line in stage_lines] == names, stdout
     run = json.loads((out / "run.json").read_text())
     assert [s["name"] for s in run["stages"]] == names and run["devices"]["ranks"] >= 1
     for key, path in run["artefacts"].items():
@@ -151,6 +157,16 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     report = (out / "report.html").read_text()
     for section in ('id="plan"', 'id="memory"', 'id="time"', 'id="training"', 'id="measured"', 'id="chart-loss"'):
         assert section in report, section
+    # the check stage: the run's own metrics against the prediction, each with its band, in its line and the report
+    check = RunCheck.load(out / "check.json")
+    hardware = json.loads((out / "profiles" / "hardware.json").read_text())
+    assert hardware["base_memory_mib"] > 0 and hardware["optimizer_ms_per_million_parameters"] > 0
+    assert check.base_memory_mib.predicted == hardware["base_memory_mib"]  # the measured base was reserved
+    assert metrics[0]["base_memory_mib"] == check.base_memory_mib.measured > 0
+    check_line = next(line for line in stage_lines if "] check" in line)
+    assert re.search(r"step time .* = [0-9.]+x \((within|outside) ±\d+%\), peak .* MiB", check_line), check_line
+    assert (check.calibration is None) == all(a.agrees for a in (check.step_time_s, check.peak_memory_mib))
+    assert "noise band" in report and f"±{check.step_time_s.noise:.0%}" in report
 
 
 def test_the_search_stage_reads_the_summary_through_its_class(tmp_path: Path) -> None:

@@ -6,10 +6,14 @@
   they are model states, so the number is activations only).
 - Peak memory is the device's own counter where it keeps one (CUDA: ``max_memory_allocated``); on CPU it is the
   process's peak resident set (``ru_maxrss``), which only grows, so it is a high-water mark, not a per-step value.
+- Base memory is what the process holds before the model exists (CUDA: device memory in use outside the allocator,
+  the context and communicator buffers; CPU: the resident set); :func:`peak_above_base_mib` is the peak on the
+  same footing on both (CUDA: the allocator's peak; CPU: the resident high-water mark less the base).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -20,7 +24,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-__all__ = ["SavedActivationMeter", "StepMetrics", "Timer", "peak_memory_mib", "saved_activation_meter"]
+__all__ = [
+    "SavedActivationMeter",
+    "StepMetrics",
+    "Timer",
+    "base_memory_mib",
+    "peak_above_base_mib",
+    "peak_memory_mib",
+    "saved_activation_meter",
+]
 
 
 @dataclass
@@ -72,6 +84,28 @@ def peak_memory_mib() -> float | None:
         return torch.cuda.max_memory_allocated() / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def base_memory_mib() -> float:
+    """Memory this process holds outside the model's tensors, in MiB (call it before building the model)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        free, total = torch.cuda.mem_get_info()
+        return (total - free - torch.cuda.memory_reserved()) / 2**20
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):  # not Linux: the high-water mark so far
+        return peak_memory_mib() or 0.0
+
+
+def peak_above_base_mib(base_mib: float) -> float | None:
+    """The peak over ``base_mib`` (what :func:`base_memory_mib` returned before the model was built)."""
+    peak = peak_memory_mib()
+    if peak is None:
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return peak  # the allocator starts from nothing: its peak is above the base already
+    return max(0.0, peak - base_mib)
 
 
 class Timer:

@@ -2,8 +2,10 @@
 
 Only the rank that owns the logger writes (galva-train gives one to global rank 0). Each record holds at least
 ``step, loss, lr, grad_norm, step_time_s, tokens_per_s``, plus ``tflops`` (model FLOP/s estimate per rank, see
-:func:`train_flops_per_token`) and ``peak_memory_mib``. ``step`` counts from 1, as the console and the checkpoints
-do: the record of step 1 is that of the first step, after which a save is ``step-00000001``.
+:func:`train_flops_per_token`), ``peak_memory_mib``, and ``base_memory_mib`` / ``peak_above_base_mib``
+(:mod:`galva_hp.hooks`: the process before the model, and the peak over it). ``step`` counts from 1, as the
+console and the checkpoints do: the record of step 1 is that of the first step, after which a save is
+``step-00000001``.
 """
 
 from __future__ import annotations

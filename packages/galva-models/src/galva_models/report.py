@@ -2,11 +2,13 @@
 
     galva-report metrics.jsonl -o report.html
     galva-report metrics.jsonl --strategy plan.json --summary summary.json -o report.html   # with the plan
+    galva-report metrics.jsonl --strategy plan.json --summary summary.json --check check.json -o report.html
 
 The page is galva-search's report (``galva_search.report``: one package and one look for the search, training and
 whole-run pages): no scripts and no external assets, one chart per metric (loss with a smoothed line, tokens/s,
 learning rate, grad norm, step time, TFLOP/s, peak memory), a header with run facts, and with ``--strategy`` and
-``--summary`` also the plan, predicted memory and time, and measured against predicted. ``galva-train
+``--summary`` also the plan, predicted memory and time, and measured against predicted (with ``--check``, the
+``galva check`` file of the run: its measured base and peak, and each quantity's noise band). ``galva-train
 --report-html PATH`` writes the training page at the end of training.
 """
 
@@ -16,10 +18,11 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from galva_schema import SchemaError, SearchSummary, Strategy, write_text_atomic
+from galva_schema import RunCheck, SchemaError, SearchSummary, Strategy, write_text_atomic
 from galva_search.report import CHARTS, PlanFacts, ReportError, render_page
 
 __all__ = ["CHARTS", "ReportError", "load_metrics", "load_plan", "main", "render_report", "write_report"]
@@ -69,15 +72,22 @@ def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-def load_plan(strategy_path: str | os.PathLike[str], summary_path: str | os.PathLike[str]) -> PlanFacts:
+def load_plan(
+    strategy_path: str | os.PathLike[str],
+    summary_path: str | os.PathLike[str],
+    check_path: str | os.PathLike[str] | None = None,
+) -> PlanFacts:
     """A strategy file and the ``galva-search --summary-json`` (a :class:`galva_schema.SearchSummary`) written with
-    it, as the report's plan facts; a bad file, or a summary of another plan, is one line."""
+    it, and optionally the ``galva check`` file of a run of it, as the report's plan facts; a bad file, or a summary
+    of another plan, is one line."""
     try:
         strategy = Strategy.load(strategy_path)
         summary = SearchSummary.load(summary_path)
+        check = RunCheck.load(check_path) if check_path is not None else None
     except (SchemaError, OSError) as err:
         raise ReportError(str(err).splitlines()[0]) from None
-    return PlanFacts.matched(strategy, summary, str(summary_path), str(strategy_path))
+    plan = PlanFacts.matched(strategy, summary, str(summary_path), str(strategy_path))
+    return replace(plan, check=check)
 
 
 def render_report(
@@ -115,9 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", default=None, help="page title (default: 'Galva training report: METRICS')")
     p.add_argument("--strategy", help="the strategy file the run trained (with --summary: plan, predicted costs)")
     p.add_argument("--summary", help="the galva-search --summary-json written with --strategy")
+    p.add_argument("--check", help="the galva check file of this run (with --strategy): noise bands, measured base")
     args = p.parse_args(argv)
     if (args.strategy is None) != (args.summary is None):
         print("galva-report: error: --strategy and --summary go together", file=sys.stderr)
+        return 2
+    if args.check is not None and args.strategy is None:
+        print("galva-report: error: --check needs --strategy and --summary", file=sys.stderr)
         return 2
     src = Path(args.metrics)
     out = Path(args.output) if args.output else src.with_suffix(".html")
@@ -132,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         records = load_metrics(src)
-        plan = load_plan(args.strategy, args.summary) if args.strategy else None
+        plan = load_plan(args.strategy, args.summary, args.check) if args.strategy else None
         default_title = f"Galva {'run' if plan else 'training'} report: {src.name}"
         write_report(out, records, {"metrics file": str(src)}, args.title or default_title, plan)
     except ReportError as err:

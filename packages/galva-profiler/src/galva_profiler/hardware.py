@@ -12,7 +12,9 @@ Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``m
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
   the latency of one send (a 4 KiB send's time less what the bandwidth explains);
 * the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
-  against one alone (:mod:`galva_profiler.overlap`).
+  against one alone (:mod:`galva_profiler.overlap`);
+* first, before any buffer of the sweep exists, the base memory of one rank's process
+  (:mod:`galva_profiler.base_memory`); then the AdamW step's rate per parameter (:mod:`galva_profiler.optimizer_step`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import torch
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
+from galva_profiler.base_memory import measure_base_memory
 from galva_profiler.collectives import MIB, Collective, bus_bandwidth_gb_per_s, time_collective, time_p2p
 from galva_profiler.distributed import World
 from galva_profiler.fitting import Fit, alpha_beta
+from galva_profiler.optimizer_step import measure_optimizer_rate
 from galva_profiler.overlap import OverlapResult, measure_overlap
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
@@ -51,6 +55,7 @@ class SweepOptions:
     overlap_matmul: int = 1024
     overlap_calls: int = 4
     timed: tuple[Collective, ...] = TIMED
+    optimizer_parameters: int = 16_000_000  # parameters of the timed AdamW step
 
     def __post_init__(self) -> None:
         if len(self.message_mib) < 2 or sorted(set(self.message_mib)) != list(self.message_mib):
@@ -67,6 +72,7 @@ QUICK = SweepOptions(
     overlap_mib=4.0,
     overlap_matmul=256,
     overlap_calls=2,
+    optimizer_parameters=2_000_000,
 )
 """A minute-scale sweep (``--quick``): small messages, few repetitions."""
 
@@ -146,6 +152,8 @@ class SweepResult:
     p2p: dict[int, float] = field(default_factory=dict)
     p2p_latency_ms: dict[int, float] = field(default_factory=dict)
     overlap: OverlapResult | None = None
+    base_memory_mib: float | None = None
+    optimizer_ms_per_million_parameters: float = 0.0
 
     def fit(self, collective: Collective, n: int) -> Fit:
         points = sorted(self.times[(collective, n)].items())
@@ -172,6 +180,8 @@ class SweepResult:
             ],
             "p2p_bandwidth_gb_per_s": {str(pp): v for pp, v in sorted(self.p2p.items())},
             "overlap": self.overlap.to_dict() if self.overlap else None,
+            "base_memory_mib": self.base_memory_mib,
+            "optimizer_ms_per_million_parameters": self.optimizer_ms_per_million_parameters,
         }
 
 
@@ -179,7 +189,10 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
     """Run ``steps`` on every rank (collective); every rank returns the same result."""
     cache = ProcessGroupCache(backend=world.backend)
     cache.create(sweep_groups(world.size, steps))
-    result = SweepResult(world.size)
+    result = SweepResult(world.size, base_memory_mib=measure_base_memory(world))
+    result.optimizer_ms_per_million_parameters = measure_optimizer_rate(
+        world, options.optimizer_parameters, options.repeats
+    )
     for step in steps:
         if step.kind == "bandwidth":
             groups = layout_groups(world.size, step.group_size, step.consecutive)
@@ -247,4 +260,6 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         reduce_scatter_time=table(Collective.REDUCE_SCATTER),
         overlap_slowdown=result.overlap.slowdown if result.overlap else 1.0,
         compute_slowdown=result.overlap.concurrency_slowdown if result.overlap else 1.0,
+        base_memory_mib=result.base_memory_mib,
+        optimizer_ms_per_million_parameters=result.optimizer_ms_per_million_parameters,
     )

@@ -56,3 +56,34 @@ def layer_forward(
         return module(x)
 
     return run
+
+
+def weight_grad_share(
+    module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype, repeats: Repeats,
+    device: torch.device | None = None,
+) -> float:
+    """The share of a layer's backward that is weight gradients: what zb-h1 defers into the bubble.
+
+    Each repetition times the whole backward and, on a fresh forward, the input-gradient backward alone
+    (``torch.autograd.grad`` with respect to the input); the share is ``1 - median(input) / median(whole)``, in
+    [0, 1]. The two are paired so that a burst of outside load moves both.
+    """
+    device = device or torch.device("cpu")
+    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    whole, inputs = [], []
+    for index in range(repeats.warmup + repeats.repetitions):
+        for only_input in (False, True):
+            module.zero_grad(set_to_none=True)
+            x.grad = None
+            out = module(x)
+            seed = torch.ones_like(out)
+            synchronize(device)
+            start = time.perf_counter()
+            if only_input:
+                torch.autograd.grad(out, x, seed)
+            else:
+                out.backward(seed)
+            synchronize(device)
+            if index >= repeats.warmup:
+                (inputs if only_input else whole).append(time.perf_counter() - start)
+    return min(1.0, max(0.0, 1.0 - statistics.median(inputs) / statistics.median(whole)))

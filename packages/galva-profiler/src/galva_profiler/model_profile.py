@@ -23,7 +23,7 @@ import torch
 from galva_profiler.activation_memory import LayerActivations, measure_layer
 from galva_profiler.errors import ProfileError
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
-from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes
+from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes, weight_grad_share
 from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
@@ -80,6 +80,7 @@ class LayerMeasurement:
     parameter_bytes: int
     times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
+    weight_grad_share: dict[int, float] = field(default_factory=dict)  # seq -> share of backward (zb-h1's W)
 
 
 @dataclass
@@ -181,6 +182,9 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
                 measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)
                 progress.step(f"{measurement.name} seq {seq} batch {batch}")
+            measurement.weight_grad_share[seq] = weight_grad_share(
+                module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
+            )
             for _ in range(RETIMES):
                 problem = unsteady_timing(measurement.times[seq])
                 if problem is None:
@@ -266,6 +270,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     megatron_sp_activation_mib_per_sample=_per_degree(acts, "megatron_sp"),
                     ulysses_activation_mib_per_sample=_per_degree(acts, "ulysses"),
                     activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
+                    weight_grad_share=m.weight_grad_share.get(seq),
                 )
             )
         vocab = sweep.vocab[seq]

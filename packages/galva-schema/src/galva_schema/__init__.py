@@ -27,6 +27,7 @@ from galva_schema.model_profile import (
     VocabMemory,
     VocabProfile,
 )
+from galva_schema.run_check import Agreement, RunCheck
 from galva_schema.search_summary import LayerRun, SearchCounts, SearchSummary, SummaryVocab, TimeBreakdown
 from galva_schema.strategy import MAX_BATCH_SIZE, LayerStrategy, Strategy, VocabStrategy, even_division
 from galva_schema.vocabulary import (
@@ -48,6 +49,7 @@ FILE_TYPES: dict[str, type[GalvaFile]] = {
     "checkpoint_manifest": CheckpointManifest,
     "calibration": Calibration,
     "search_summary": SearchSummary,
+    "run_check": RunCheck,
 }
 """Every top-level file type, by the name used for its JSON Schema under ``docs/schemas/``."""
 
@@ -55,6 +57,7 @@ __all__ = [
     "FILE_TYPES",
     "MAX_BATCH_SIZE",
     "SCHEMA_VERSION",
+    "Agreement",
     "AllreduceBandwidth",
     "BatchTime",
     "Calibration",
@@ -77,6 +80,7 @@ __all__ = [
     "ParallelForm",
     "PipelineSchedule",
     "Precision",
+    "RunCheck",
     "SchemaError",
     "SearchCounts",
     "SearchSummary",

@@ -1,4 +1,5 @@
-"""``Calibration``: per-term correction factors of galva-search's cost model, fitted by ``galva-profile check``.
+"""``Calibration``: per-term correction factors of galva-search's cost model, fitted by ``galva-profile check`` or
+by ``galva run``'s check stage (one trained plan against its prediction).
 
 The check runs strategies for real and compares every predicted term family with the runtime. The factors multiply
 the cost model's terms (``galva-search --calibration FILE``), so the planner learns from the machine it plans for;
@@ -52,3 +53,9 @@ class Calibration(GalvaFile):
     time_factors: TimeFactors = Field(default_factory=TimeFactors)
     memory_factors: MemoryFactors = Field(default_factory=MemoryFactors)
     points: tuple[CalibrationPoint, ...] = Field((), description="The runs the factors were fitted on.")
+    base_memory_mib: float | None = Field(
+        None,
+        ge=0.0,
+        description="Per-device base memory a run measured (its peak less the memory terms the cost model prices); "
+        "galva-search reserves it in place of the hardware profile's. None: keep the profile's.",
+    )

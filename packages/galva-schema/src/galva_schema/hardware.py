@@ -86,6 +86,19 @@ class HardwareProfile(GalvaFile):
         description="Factor (>= 1) by which compute runs slower with every rank of the profiled world computing at "
         "once than with one rank alone (ranks sharing cores or memory bandwidth); the model profile is measured alone.",
     )
+    base_memory_mib: NonNegativeFloat | None = Field(
+        None,
+        description="Memory one rank's process holds before any model is built (MiB), measured after the imports, the "
+        "process group's creation and a first collective: on GPU the CUDA context and communicator buffers (device "
+        "memory in use outside the allocator), on CPU the process's resident set. galva-search reserves it per "
+        "device; None: not measured (an older profile: galva-search's --context-memory default).",
+    )
+    optimizer_ms_per_million_parameters: NonNegativeFloat = Field(
+        0.0,
+        description="Milliseconds of one AdamW step (fp32 master weights, foreach) per million parameters a rank "
+        "updates, with every rank stepping at once; galva-search adds the slowest stage's step to each iteration. "
+        "0: not measured.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:

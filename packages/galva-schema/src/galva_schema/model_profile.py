@@ -81,6 +81,13 @@ class LayerTypeProfile(GalvaModel):
         description="Activation memory one forward call of the layer keeps whatever the batch (e.g. rotary cos/sin "
         "tables; measured on the plain layer), MiB, per micro-batch in flight; not kept by a checkpointed layer.",
     )
+    weight_grad_share: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Share of the layer's backward time that is weight gradients (what zb-h1 defers into the "
+        "pipeline bubble), measured as 1 - input-gradient-only / whole backward. None: not profiled (taken as 1/2).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LayerTypeProfile:

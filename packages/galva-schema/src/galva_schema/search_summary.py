@@ -42,6 +42,7 @@ class TimeBreakdown(GalvaModel):
     p2p: float = Field(ge=0.0, description="Pipeline point-to-point sends.")
     redistribution: float = Field(ge=0.0, description="Re-sharding between layers of different layouts.")
     bubble: float = Field(ge=0.0, description="Fill and drain of the pipeline schedule.")
+    optimizer: float = Field(0.0, ge=0.0, description="The optimizer step after the last backward (slowest stage).")
 
 
 class SearchCounts(GalvaModel):
@@ -90,6 +91,12 @@ class SearchSummary(GalvaFile):
     layer_runs: tuple[LayerRun, ...] = Field(description="The plan as runs of layers with the same plan per stage.")
     search_time_s: float | None = Field(None, ge=0.0, description="Seconds the search took.")
     counts: SearchCounts = Field(default_factory=SearchCounts)
+    base_memory_mib: float | None = Field(
+        None,
+        ge=0.0,
+        description="Per-device base memory inside stage_memory_mib (the process before any model: CUDA context and "
+        "communicator buffers, or the resident set on CPU); null in a summary written before it was recorded.",
+    )
 
     @field_validator("time_breakdown_s", mode="before")
     @classmethod

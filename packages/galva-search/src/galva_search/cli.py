@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 
 from galva_schema import (
     MAX_BATCH_SIZE,
+    Calibration,
     DataParallelType,
+    HardwareProfile,
     PipelineSchedule,
     Precision,
     SchemaError,
@@ -30,6 +32,7 @@ from galva_search.search import NoFeasibleStrategy, SearchOptions, SearchResult,
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
 from galva_search.summary import text_summary
 
+DEFAULT_CONTEXT_MIB = 1024.0  # base memory per device when neither a run nor the hardware profile measured it
 _SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
     **{schedule.value: (schedule,) for schedule in PipelineSchedule},
     **{name: (schedule,) for name, schedule in PIPELINE_TYPES.items()},  # the reference's names (pipedream_flush)
@@ -71,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the hardware profile's device memory)")
     g.add_argument("--memory-reserve", help="memory kept free for allocator fragmentation, e.g. 4GiB or 0 "
                    "(default: 5%% of the budget; transients are terms of the memory model)")
-    g.add_argument("--context-memory", default="1024MiB", help="framework context per device (default 1024MiB)")
+    g.add_argument("--context-memory", help="base memory per device before any model, e.g. 400MiB (default: the "
+                   "--calibration's measured base, else the hardware profile's, else 1024MiB)")
 
     g = p.add_argument_group("batch")
     g.add_argument("--global-batch-size", type=int, help="fix the global batch size")
@@ -143,13 +147,20 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
     return show
 
 
-def _factors(path: str | None) -> TermFactors:
+def _factors(calibration: Calibration | None) -> TermFactors:
     """The calibration's per-term factors (1.0 everywhere without one)."""
-    if path is None:
-        return TermFactors()
-    from galva_schema import Calibration
+    return TermFactors() if calibration is None else TermFactors.from_calibration(calibration)
 
-    return TermFactors.from_calibration(Calibration.load(path))
+
+def _context_mib(flag: str | None, calibration: Calibration | None, hardware: HardwareProfile) -> float:
+    """Base memory per device: the flag, else what a run measured (calibration), else what the hardware profile
+    measured, else the guess older profiles were searched with."""
+    if flag is not None:
+        return parse_memory(flag, allow_zero=True)
+    for measured in (calibration.base_memory_mib if calibration else None, hardware.base_memory_mib):
+        if measured is not None:
+            return measured
+    return DEFAULT_CONTEXT_MIB
 
 
 _RANGES: dict[str, tuple[float, bool]] = {
@@ -273,15 +284,16 @@ def run(args: argparse.Namespace) -> int:
         disable_ckpt=args.disable_ckpt,
         disable_tp_consec=args.disable_tp_consec,
     )
+    calibration = Calibration.load(args.calibration) if args.calibration else None
     settings = CostSettings(
         precision=Precision(args.mixed_precision) if args.mixed_precision else model.precision,
         backward_coefficient=args.backward_coefficient,
         pipeline_schedule=_SCHEDULES[args.pipeline_schedule][0],
         default_dp_type=default_dp,
         megatron_sp=megatron_sp,
-        context_mib=parse_memory(args.context_memory, allow_zero=True),
+        context_mib=_context_mib(args.context_memory, calibration, hardware),
         state_accounting=args.state_accounting,
-        factors=_factors(args.calibration),
+        factors=_factors(calibration),
     )
     cost = CostModel(hardware, model, settings, hardware_source=str(args.hardware_profile), model_source=model_source)
     options = SearchOptions(

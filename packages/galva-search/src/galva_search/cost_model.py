@@ -105,6 +105,13 @@ class CostModel:
         (:meth:`VocabCosts.boundaries`)."""
         return self._vocab.boundaries(option, candidates, micro_batch)
 
+    def optimizer_s(self, states_mib: float) -> float:
+        """Seconds of the optimizer step of a rank holding ``states_mib`` of model states: the parameters those
+        states stand for (the accounting's bytes per parameter) at the profile's measured AdamW rate."""
+        parameters = states_mib * 2**20 / sum(self.settings.state_bytes)
+        rate_ms = self.hardware.optimizer_ms_per_million_parameters
+        return parameters / 1e6 * rate_ms * 1e-3 * self.settings.factors.compute
+
     # ----------------------------------------------------------------------------------------------- pipeline
     def in_flight(
         self, pp: int, num_micro_batches: int, schedule: PipelineSchedule | None = None, virtual_stages: int = 1

@@ -39,9 +39,11 @@ class PlanCost:
     virtual_stages: int = 1
     stage_weight_grad_s: list[float] = field(default_factory=list)  # weight-gradient work per micro-batch (zb-h1)
     bubble_s: float | None = None  # fill and drain of the pipeline (cost_model.pipeline_time); None: 1F1B's
+    optimizer_s: float = 0.0  # the optimizer step after the pipeline, slowest stage (inside iteration_time_s)
 
     def time_breakdown_s(self, num_micro_batches: int) -> dict[str, float]:
-        """Seconds of one iteration by kind: ``compute``, ``tp``, ``dp``, ``p2p``, ``redistribution``, ``bubble``.
+        """Seconds of one iteration by kind: ``compute``, ``tp``, ``dp``, ``p2p``, ``redistribution``, ``bubble``,
+        ``optimizer``.
 
         The slowest stage sets the pace: its micro-batch time, split by kind, counts ``num_micro_batches`` times;
         what the schedule's fill and drain add is the ``bubble``; the gradient-sync tail after the last backward is
@@ -54,6 +56,7 @@ class PlanCost:
         out["bubble"] = (
             self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
         )
+        out["optimizer"] = self.optimizer_s
         out["dp"] = out.get("dp", 0.0) + max(0.0, self.iteration_time_s - sum(out.values()))
         return out
 
@@ -127,8 +130,10 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         parts["redistribution"][-1] += float(to_head[prev[1]])
     mem_list = [m + tr for m, tr in zip(mem_list, transient_list)]
     timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
+    # every stage steps its optimizer once the pipeline has drained; the iteration waits for the slowest
+    optimizer = max(cost.optimizer_s(states) for states in states_list)
     return PlanCost(
-        timing.total,
+        timing.total + optimizer,
         mem_list,
         u_list,
         states_list,
@@ -141,6 +146,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         task.virtual_stages,
         w_list,
         timing.bubble,
+        optimizer,
     )
 
 

@@ -54,8 +54,9 @@ class LayerTerms:
     states_mib: np.ndarray  # parameters + gradients + optimizer states
     activation_mib: np.ndarray  # activations kept for ONE in-flight micro-batch
     transient_mib: np.ndarray  # held only while this layer runs (ZeRO-3 gather, recomputation, Megatron-SP gather)
-    # weight-gradient (W) share of backward_s, the work zb-h1 defers into the bubble: half the backward compute
-    # without recomputation (a matmul's input-gradient and weight-gradient cost the same FLOPs; docs §7)
+    # weight-gradient (W) share of backward_s, the work zb-h1 defers into the bubble, without recomputation: the
+    # model profile's measured weight_grad_share, else half (a matmul's input and weight gradients cost the same
+    # FLOPs; docs §7)
     weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
@@ -149,7 +150,11 @@ class LayerCosts:
         n = len(candidates)
         tp_degree = np.array([c.tp_degree for c in candidates], dtype=float)
         e = s.element_bytes
-        grad_bytes = layer.parameter_mib * MIB / 4.0 / tp_degree * e  # parameter_mib is fp32 bytes
+        elements = layer.parameter_mib * MIB / 4.0 / tp_degree  # parameter_mib is fp32 bytes
+        # gradients are reduced in the dtype the runtime keeps them in (galva-hp: fp32, also under bf16), ZeRO
+        # gathers move the compute copy (its element size)
+        grad_bytes = elements * s.state_bytes[1]
+        param_bytes = elements * e
         sync = np.zeros(n)
         gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
@@ -174,7 +179,7 @@ class LayerCosts:
             d, consecutive = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)
             if d > 1:
                 if c.dp_type in (ZERO2, ZERO3):  # reduce-scatter + all-gather, each with its own measured latency
-                    gather[i] = comm.all_gather(d, consecutive, grad_bytes[i])
+                    gather[i] = comm.all_gather(d, consecutive, param_bytes[i])
                     sync[i] = comm.reduce_scatter(d, consecutive, grad_bytes[i]) + gather[i]
                 else:
                     sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
@@ -264,6 +269,7 @@ class LayerCosts:
             f.activations
         )
         transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
+        share = 0.5 if layer.weight_grad_share is None else layer.weight_grad_share  # the profile's measured W share
         return LayerTerms(
             forward_s=forward,
             backward_s=backward,
@@ -276,7 +282,7 @@ class LayerCosts:
             states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
             activation_mib=act,
             transient_mib=transient,
-            weight_grad_s=0.5 * s.backward_coefficient * forward,
+            weight_grad_s=share * s.backward_coefficient * forward,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

@@ -183,6 +183,7 @@ class _Planner:
             usable_memory_mib=o.usable_mib,
             search_time_s=time.perf_counter() - start,
             counts=self.counts,
+            base_memory_mib=self.cost.settings.context_mib,
         )
         return SearchResult(strategy=strategy, summary=summary, candidates=model_order(task, choices), log=log)
 

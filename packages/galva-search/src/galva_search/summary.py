@@ -34,6 +34,7 @@ def search_summary(
     usable_memory_mib: float,
     search_time_s: float | None,
     counts: Mapping[str, int],
+    base_memory_mib: float | None = None,
 ) -> SearchSummary:
     """The summary of ``strategy`` with its predicted cost and what the search did."""
     s = strategy
@@ -55,6 +56,7 @@ def search_summary(
         layer_runs=tuple(layer_runs(s)),
         search_time_s=search_time_s,
         counts=SearchCounts(**counts),
+        base_memory_mib=base_memory_mib,
     )
 
 

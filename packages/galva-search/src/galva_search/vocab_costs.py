@@ -117,10 +117,10 @@ class VocabCosts:
             states = states_full * float(
                 state_fraction(dp_type, shard, accumulating, precision=s.precision, accounting=s.state_accounting)
             ) * f.states
-            grad_bytes = parameters * e
+            grad_bytes = parameters * s.state_bytes[1]  # reduced in the dtype the runtime keeps gradients in
             sync = gather = 0.0
             if shard > 1 and dp_type in (ZERO2, ZERO3):
-                gather = float(comm.all_gather(shard, consecutive, grad_bytes)) * f.dp_comm
+                gather = float(comm.all_gather(shard, consecutive, parameters * e)) * f.dp_comm
                 sync = float(comm.reduce_scatter(shard, consecutive, grad_bytes)) * f.dp_comm + gather
             elif shard > 1:
                 sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm

@@ -5,6 +5,7 @@
     galva tokenizer corpus.jsonl -o tokenizer/ [--vocab-size 512]
     galva model-config -o model/ --tokenizer tokenizer/ [--num-layers 8 --hidden-size 128 ...]
     galva generate HF_DIR [--prompt "The cat"] [--max-new-tokens 16]
+    galva check --metrics metrics.jsonl --strategy strategy.json --summary summary.json -o check.json
 
 Bad input ends in one line ``galva: error: ...`` and exit status 2.
 """
@@ -66,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--memory", help=f"memory budget per device for the search, e.g. 1300MiB or 36GB (default {d.memory})"
     )
-    s.add_argument(
-        "--context-memory", help=f"framework context per device the search reserves (default {d.context_memory})"
-    )
+    s.add_argument("--context-memory", help="base memory per device the search reserves (default: measured, by "
+                   "--calibration's run, else by the hardware profile)")
+    s.add_argument("--calibration", help="calibration.json an earlier run's check stage wrote: the search uses its "
+                   "factors and measured base")
     s.add_argument("--global-batch-size", type=_positive, help=f"default {d.global_batch_size}")
     s.add_argument("--train-iters", type=_positive, help=f"training steps (default {d.train_iters})")
     s.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr:g})")
@@ -114,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default=d.prompt, help="text to continue")
     g.add_argument("--max-new-tokens", type=_positive, default=d.max_new_tokens)
     g.add_argument("--json", help="also write the result here as JSON")
+    k = sub.add_parser("check", help="a trained plan's measured step time and peak memory against its prediction",
+                       description="Compare the step time and peak memory a galva-train run logged with what "
+                       "galva-search predicted for its plan (galva.check: the bands, the calibration). Exit 0 "
+                       "either way; the comparison is in the output file and on one line.")
+    k.add_argument("--metrics", required=True, help="galva-train --metrics-jsonl file of the run")
+    k.add_argument("--strategy", required=True, help="the strategy file the run trained")
+    k.add_argument("--summary", required=True, help="the galva-search --summary-json written with it")
+    k.add_argument("-o", "--output", required=True, help="check file to write (a galva_schema RunCheck)")
+    k.add_argument("--calibration-output", help="calibration to write when a quantity is outside its noise band "
+                   "(for galva-search --calibration)")
+    k.add_argument("--calibration", help="the calibration the search used, if any: its factors are carried forward")
     return p
 
 
@@ -144,6 +157,18 @@ def _model_config(args: argparse.Namespace) -> str:
         tok.save_pretrained(args.output)
         return f"galva model-config: wrote {Path(args.output) / 'config.json'} and the tokenizer's files"
     return f"galva model-config: wrote {Path(args.output) / 'config.json'}"
+
+
+def _check(args: argparse.Namespace) -> str:
+    from galva.check import check_run, describe
+
+    def path(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
+    got = check_run(Path(args.metrics), Path(args.strategy), Path(args.summary), Path(args.output),
+                    path(args.calibration_output), path(args.calibration))
+    return f"galva check: {describe(got)}; wrote {args.output}" + (
+        f" and {got.calibration}" if got.calibration else "")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -179,6 +204,8 @@ def _main(argv: list[str] | None) -> int:
             print(f"galva tokenizer: wrote {args.output} ({size} tokens)")
         elif args.command == "model-config":
             print(_model_config(args))
+        elif args.command == "check":
+            print(_check(args))
         elif args.command == "generate":
             from galva.generate import generate
 
@@ -215,6 +242,10 @@ def _check_paths(args: argparse.Namespace) -> None:
     elif args.command == "generate":
         inputs.append(("model_dir", args.model_dir, True))
         outputs.append(("--json", args.json, False))
+    elif args.command == "check":
+        inputs += [(flag, getattr(args, flag[2:]), False) for flag in ("--metrics", "--strategy", "--summary",
+                                                                         "--calibration")]
+        outputs += [("--output", args.output, False), ("--calibration-output", args.calibration_output, False)]
     for flag, path, directory in inputs:
         if path is None:
             continue

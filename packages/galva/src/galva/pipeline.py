@@ -1,7 +1,7 @@
 """``galva run``: the whole job on this machine, one stage after another, each stage one command a user could type.
 
     corpus → tokenizer → preprocess → model config → profile hardware → profile model → search → train (+ save)
-    → export (g2h) → generate (transformers) → report
+    → export (g2h) → generate (transformers) → check (measured against predicted) → report
 
 Every stage runs as a subprocess of the same Python (the commands of the other distributions, exactly as installed),
 its output goes to ``OUT/logs/<stage>.log``, and ``galva run`` prints one line per stage with the time it took and
@@ -9,6 +9,9 @@ the command, so any stage can be re-run on its own. While a stage runs, the last
 progress line) is shown: redrawn in place on a terminal, an indented line every 10 s otherwise. At the end it prints
 where every artefact went and writes the same list as ``OUT/run.json``. A failing stage stops the run: its last log
 lines are printed and the exit status is 1.
+The check stage trains nothing: it reads the train stage's metrics (:mod:`galva.check`); when the step time or the
+peak is outside its noise band it writes ``OUT/calibration.json``, which the next run's search takes with
+``--calibration`` (a calibration inside ``--out`` is read before the directory is replaced).
 Ctrl-C or SIGTERM is passed on to the stage running, which ends the same way (its line in its log, no temporary file
 left); ``galva run`` then prints one line and exits with 130 / 143.
 
@@ -50,8 +53,9 @@ class PipelineOptions:
     seq_length: int = 128
     vocab_size: int = 512
     documents: int = 2000
-    memory: str = "1300MiB"  # per device; with the CPU context below it steers the search off plain dp
-    context_memory: str = "1024MiB"
+    memory: str = "1300MiB"  # per device, the base memory the hardware profile measured included
+    context_memory: str | None = None  # None: the measured base (calibration, else hardware profile)
+    calibration: Path | None = None  # a calibration from an earlier run's check stage, for the search
     global_batch_size: int = 16
     train_iters: int = 40
     lr: float = 3e-3
@@ -257,9 +261,11 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     problem = output_problem(out, directory=True)  # a full disk fails here, not stages later (an earlier run kept)
     if problem is not None:
         raise ValueError(f"--out {out}: {problem}")
+    if out.exists() and any(out.iterdir()) and not o.force:
+        raise ValueError(f"--out {out} is not empty; pass --force to replace it or --out elsewhere")
+    # read before the directory is replaced: an earlier run's calibration.json may live inside it
+    earlier = _load_calibration(o.calibration) if o.calibration is not None else None
     if out.exists() and any(out.iterdir()):
-        if not o.force:
-            raise ValueError(f"--out {out} is not empty; pass --force to replace it or --out elsewhere")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     gpus, kind = detect_devices()
@@ -268,10 +274,13 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     print(f"galva run: {nproc} {'GPU' if kind == 'gpu' else 'CPU'} rank(s) ({'nccl' if kind == 'gpu' else 'gloo'}, "
           f"{precision}), output in {out}", file=stream, flush=True)
     started = time.perf_counter()
-    r = _Runner(out, 11, stream)
+    r = _Runner(out, 12, stream)
     data, prof = out / "data", out / "profiles"
     data.mkdir(exist_ok=True)
     prof.mkdir(exist_ok=True)
+    used_calibration = None
+    if earlier is not None:
+        used_calibration = earlier.save(prof / "calibration-used.json")
     corpus, tokenizer, model_dir = data / "corpus.jsonl", out / "tokenizer", out / "model"
     prefix = data / "corpus"
     hw, model_profile = prof / "hardware.json", prof / "model.json"
@@ -301,7 +310,9 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--report", str(prof / "model-report.json")), {"model profile": model_profile})
     r.stage("search", _python_command(
         "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,
-        "--context-memory", o.context_memory, "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",
+        *(["--context-memory", o.context_memory] if o.context_memory else []),
+        *(["--calibration", str(used_calibration)] if used_calibration else []),
+        "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",
         "--mixed-precision", precision, "--output", str(strategy), "--summary-json", str(summary),
         "--galvatron-output", str(out / "galvatron_config.json"), "--quiet"),
         {"strategy": strategy, "summary": summary}, work=lambda: _search_note(strategy, summary))
@@ -318,8 +329,15 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     r.stage("generate", _python_command("galva.cli", "generate", str(export), "--prompt", o.prompt,
                                         "--max-new-tokens", str(o.max_new_tokens), "--json", str(generation)),
             {"generation": generation}, work=lambda: repr(json.loads(generation.read_text())["text"]))
+    checked, calibration = out / "check.json", out / "calibration.json"
+    r.stage("check", _python_command("galva.cli", "check", "--metrics", str(metrics), "--strategy", str(strategy),
+                                     "--summary", str(summary), "-o", str(checked), "--calibration-output",
+                                     str(calibration),
+                                     *(["--calibration", str(used_calibration)] if used_calibration else [])),
+            {"check": checked}, work=lambda: _check_note(checked))
     r.stage("report", _python_command("galva_models.report", str(metrics), "--strategy", str(strategy),
-                                      "--summary", str(summary), "-o", str(report)), {"report": report})
+                                      "--summary", str(summary), "--check", str(checked), "-o", str(report)),
+            {"report": report})
     total = time.perf_counter() - started
     artefacts = {k: str(out / v) for res in r.results for k, v in res.artefacts.items()}
     artefacts["checkpoint"] = str(saved)
@@ -338,6 +356,27 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     return r.results
 
 
+def _load_calibration(path: Path) -> Any:
+    """An earlier check's calibration, validated before anything runs (one line naming the file otherwise)."""
+    from galva_schema import Calibration, SchemaError
+
+    try:
+        return Calibration.load(path)
+    except (SchemaError, OSError) as err:
+        raise ValueError(f"--calibration {path}: {str(err).splitlines()[0]}") from None
+
+
+def _check_note(path: Path) -> str:
+    """The check's line, and what to do with a calibration it wrote."""
+    from galva.check import describe
+    from galva_schema import RunCheck
+
+    got = RunCheck.load(path)
+    if got.calibration is None:
+        return describe(got)
+    return f"{describe(got)}; the next search: galva run --calibration {got.calibration}"
+
+
 def _exported_tokenizer(export: Path) -> str:
     """The export holds what galva-train saved: config, weights and the tokenizer of its --model-config directory."""
     if not (export / "config.json").is_file():
@@ -351,6 +390,8 @@ def options_from_args(args: Any) -> PipelineOptions:
     """The argparse namespace of ``galva run`` as options (``--quick``: the CI variant, a few steps)."""
     kw = {k: getattr(args, k) for k in PipelineOptions.__dataclass_fields__ if getattr(args, k, None) is not None}
     kw["out"] = Path(kw.get("out", "galva-run"))
+    if kw.get("calibration") is not None:
+        kw["calibration"] = Path(kw["calibration"])
     if getattr(args, "quick", False):
         kw.setdefault("train_iters", 8)
         kw.setdefault("documents", 400)

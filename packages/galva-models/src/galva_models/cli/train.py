@@ -184,11 +184,13 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
     import torch.distributed as dist
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
+    from galva_hp.hooks import base_memory_mib, peak_above_base_mib
     from galva_models.adapters.base import hf_init_fn
     from galva_models.metrics import MetricsLogger, train_flops_per_token
 
     if rank == 0:
         print(banner(cfg, world), file=sys.stderr, flush=True)
+    base_mib = base_memory_mib()  # before the model: galva run's check stage compares the peak above it
     hf_model, layered = build_model(cfg)
     num_params = sum(p.numel() for p in hf_model.parameters())
     recompute = sum(layer.checkpoint for layer in cfg.strategy.layers) / cfg.strategy.num_layers
@@ -263,6 +265,8 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
                     "samples_per_s": batch.size / seconds,
                     "tflops": flops_per_token * tokens / seconds / world / 1e12,
                     "peak_memory_mib": metrics.peak_memory_mib,
+                    "base_memory_mib": base_mib,
+                    "peak_above_base_mib": peak_above_base_mib(base_mib),
                 }
                 logger.log(record)
                 if report_records is not None:

@@ -18,13 +18,22 @@ def measured_vs_predicted(plan: PlanFacts, records: Sequence[Mapping[str, Any]])
     """Pairs of bars (predicted, measured): iteration time, throughput, and the peak memory of stage 0 (rank 0 logs
     the metrics); a ratio column says how far apart they are."""
     rows: list[tuple[str, str, float, float | None, str]] = []  # kind, label, predicted, measured, unit
-    step_time = steady(records, "step_time_s")
+    bands: dict[str, float] = {}  # kind: relative noise band, where a check measured one
+    check = plan.check
+    step_time = check.step_time_s.measured if check else steady(records, "step_time_s")
     rows.append(("step_time", "step time", plan.summary.iteration_time_s, step_time, "s"))
     samples = plan.strategy.global_batch_size / step_time if step_time else None
     rows.append(("throughput", "throughput", plan.summary.throughput_samples_per_s, samples, "samples/s"))
-    mem = [v for _, v in series(records, "peak_memory_mib")]
     stage0 = plan.summary.stage_memory_mib[0] if plan.summary.stage_memory_mib else math.nan
-    rows.append(("memory", "peak memory, stage 0", stage0, max(mem) if mem else None, "MiB"))
+    if check is not None:
+        rows.append(("memory", "peak memory, stage 0", stage0, check.peak_memory_mib.measured, "MiB"))
+        rows.append(("base", "base memory, stage 0", check.base_memory_mib.predicted, check.base_memory_mib.measured,
+                     "MiB"))
+        bands = {"step_time": check.step_time_s.noise, "throughput": check.step_time_s.noise,
+                 "memory": check.peak_memory_mib.noise, "base": check.base_memory_mib.noise}
+    else:
+        mem = [v for _, v in series(records, "peak_memory_mib")]
+        rows.append(("memory", "peak memory, stage 0", stage0, max(mem) if mem else None, "MiB"))
     width, left, row_h, top = WIDTH, 170, 46, 10
     height = top + len(rows) * row_h + 10
     svg = [f'<svg id="measured-chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
@@ -46,14 +55,26 @@ def measured_vs_predicted(plan: PlanFacts, records: Sequence[Mapping[str, Any]])
                        f'<text x="{left + value * scale + 6:.1f}" y="{yy + 12}" font-size="11">{escape(text)}</text>'
                        f'</g>')
     svg.append("</svg>")
+    memory_note = ("base before the model plus the peak above it: GPU the allocator's peak, CPU the resident "
+                   "high-water mark" if check else "rank 0 high-water mark, on a CPU the process's resident set")
     legend = (f'<div class="legend"><span>{swatch(PREDICTED)}predicted by galva-search</span>'
-              f'<span>{swatch(MEASURED)}measured (median step without the first; memory: rank 0 high-water mark,'
-              f' on a CPU the process\'s resident set)</span></div>')
+              f'<span>{swatch(MEASURED)}measured (median step without the first; memory: {memory_note})</span>'
+              f'</div>')
     table = "".join(
-        f'<tr><td>{escape(label)} ({unit})</td><td class="n">{fmt(p)}</td><td class="n">'
+        f'<tr data-kind="{kind}"><td>{escape(label)} ({unit})</td><td class="n">{fmt(p)}</td><td class="n">'
         f'{fmt(m) if m is not None else "–"}</td><td class="n">'
-        f'{f"{m / p:.2f}×" if m is not None and p and math.isfinite(p) else "–"}</td></tr>'
-        for _, label, p, m, unit in rows
+        f'{f"{m / p:.2f}×" if m is not None and p and math.isfinite(p) else "–"}</td>'
+        + (f'<td class="n">±{bands[kind]:.0%}</td><td>{_verdict(p, m, bands[kind])}</td>' if bands else "")
+        + "</tr>"
+        for kind, label, p, m, unit in rows
     )
+    band_heads = "<th>noise band</th><th>agreement</th>" if bands else ""
     return (f'{"".join(svg)}{legend}<table id="measured-table"><tr><th></th><th>predicted</th><th>measured</th>'
-            f'<th>measured / predicted</th></tr>{table}</table>')
+            f'<th>measured / predicted</th>{band_heads}</tr>{table}</table>')
+
+
+def _verdict(predicted: float, measured: float | None, band: float) -> str:
+    """Whether measured is within the noise band of predicted (throughput: the inverse of time, same band)."""
+    if measured is None or not predicted or not math.isfinite(predicted):
+        return "–"
+    return "within the band" if abs(measured / predicted - 1.0) <= band else "outside the band"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from galva_schema import SearchSummary, Strategy
+from galva_schema import RunCheck, SearchSummary, Strategy
 
 
 class ReportError(ValueError):
@@ -13,10 +13,12 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class PlanFacts:
-    """A strategy and its :class:`galva_schema.SearchSummary` (predicted cost, what the search did)."""
+    """A strategy and its :class:`galva_schema.SearchSummary` (predicted cost, what the search did), and the
+    :class:`galva_schema.RunCheck` of a run of it where there is one (measured against predicted, noise bands)."""
 
     strategy: Strategy
     summary: SearchSummary
+    check: RunCheck | None = None
 
     @classmethod
     def matched(

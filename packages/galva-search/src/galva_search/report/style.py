@@ -14,6 +14,7 @@ TIME_PARTS = {  # kind of TimeBreakdown: (label, colour)
     "p2p": ("pipeline p2p", "#CC79A7"),
     "redistribution": ("re-sharding between layers", "#F0E442"),
     "bubble": ("pipeline bubble", "#BBBBBB"),
+    "optimizer": ("optimizer step", "#56B4E9"),
 }
 WIDTH = 960  # every plan figure; training charts are 640 wide, two per row
 
