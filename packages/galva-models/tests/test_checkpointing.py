@@ -54,8 +54,10 @@ def losses(path: Path) -> list[float]:
 
 
 def test_resume_under_another_plan_continues_the_run(tmp_path):
-    """6 steps under A == 3 under A, save, 3 more under B (1e-5) or under A again (bit-identical)."""
-    run = ["--model", "tiny-llama", *COMMON, "--train-iters", "6"]
+    """6 steps under A == 3 under A, save, 3 more under B (1e-5) or under A again (bit-identical). GPT-2 ties its
+    word table and head: under A one holder per stage, under B both on one; the tied weight's AdamW moments are its
+    owner's (the embedding's), saved once."""
+    run = ["--model", "tiny-gpt2", *COMMON, "--train-iters", "6"]
     galva_train([*run, *PLAN_A, "--metrics-jsonl", tmp_path / "full.jsonl"])
     galva_train([*run, *PLAN_A, "--save", tmp_path / "a", "--save-interval", "3", "--exit-interval", "3"])
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["step-00000003"]

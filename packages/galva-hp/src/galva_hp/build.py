@@ -9,7 +9,8 @@
 4. convert each module with the model's parallelizer and a :class:`~galva_hp.model.ParallelContext` of its layer;
 5. wrap activation checkpointing, then data parallelism (ddp / zero2 / zero3 over the layer's sharding group);
 6. insert a redistribution wherever a layer's input layout differs from its predecessor's output layout;
-7. tie the embedding and head copies of shared weights (one rank when pp == 1, the tie group otherwise);
+7. tie the embedding and head holders of shared weights (the embedding's owns the optimizer state, the head's
+   follows it; one rank when pp == 1, the tie group otherwise);
    parameters shared between layers get one copy per rank of their readers' stages (:mod:`galva_hp.shared_params`).
 
 The result is a :class:`~galva_hp.runtime.HybridParallelModel` in training mode (dropout on), whatever mode the
@@ -37,7 +38,7 @@ from galva_hp.parallel.balance import BalanceLedger
 from galva_hp.parallel.redistribute import Redistribute
 from galva_hp.plan_check import check_plan
 from galva_hp.precision import PrecisionPolicy
-from galva_hp.runtime import HybridParallelModel
+from galva_hp.runtime import HybridParallelModel, Tie
 from galva_hp.shared_params import SharedParameters
 from galva_schema import GroupKind, Strategy
 from galva_schema.vocabulary import layer_module
@@ -234,12 +235,13 @@ def _redistribution(plan: RedistributionPlan, cache: ProcessGroupCache, rank: in
 
 
 def _separate_tied_copies(model: LayeredModel) -> None:
-    """Give the head its own copy of every tied weight that it shares with the embedding as one tensor object.
+    """Give the head its own holder of every tied weight that it shares with the embedding as one tensor object.
 
     Hugging Face ties weights by sharing one ``Parameter``; a parallelizer that keeps a degree-1 module as it is
     would then hand the same tensor to the embedding's and the head's data-parallel units: its gradient would be
-    reduced by both and doubled by the tie, and the optimizer would update it twice. With two copies, the runtime's
-    one tie mechanism applies everywhere: gradients summed once, values kept equal (:meth:`sync_tied_weights`).
+    reduced by both and doubled by the tie. With a holder per side, the runtime's one tie mechanism applies on one
+    stage as across stages (:class:`~galva_hp.runtime.Tie`): gradients summed once, one optimizer state (the
+    embedding holder's), the head holder given its value after every step.
     """
     for emb_name, head_name in model.tied_weights:
         emb = model.embedding.get_parameter(emb_name.removeprefix("embedding."))
@@ -268,7 +270,7 @@ def _tie(out: HybridParallelModel, tied: Sequence[tuple[str, str]]) -> None:
             if param is None and (out.is_first if side == "embedding" else out.is_last):
                 raise ValueError(f"tied weight {name}: no such parameter in the parallel {side} (names must be kept)")
         if out.strategy.pp == 1:
-            out._ties.append((emb, head, None, out.rank))
+            out.ties.append(Tie(emb_name, emb, head, None, out.rank))
         elif emb is not None or head is not None:
             assert tie_group is not None
-            out._ties.append((emb, head, out.groups.get(tie_group), tie_group[0]))
+            out.ties.append(Tie(emb_name, emb, head, out.groups.get(tie_group), tie_group[0]))

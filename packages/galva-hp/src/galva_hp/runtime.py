@@ -5,11 +5,17 @@
 cost model prices them: ddp buckets launched from the last micro-batch's backward, FSDP2 reduce-scatters in it,
 tp-replicated parameters summed once per iteration), and hands the optimizer its parameters with
 :meth:`~HybridParallelModel.param_records`.
+
+A weight tied between the embedding and the head (:class:`Tie`) is one parameter with two holders: the embedding's
+holder owns it (the optimizer's record and AdamW states), the head's follows it (a record marked ``follows``, no
+states). The holders' gradients are summed (on one rank when pp == 1, over the first and last stages' tie group
+otherwise), the owner steps, and :meth:`~HybridParallelModel.after_step` hands its value to the follower.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +41,19 @@ from galva_hp.shared_params import SharedParameters
 from galva_schema import Strategy
 from galva_schema.vocabulary import EMBEDDING_MODULE, layer_module, layer_of_module
 
-__all__ = ["HybridParallelModel"]
+__all__ = ["HybridParallelModel", "Tie"]
+
+
+@dataclass
+class Tie:
+    """One tied weight on this rank: its embedding holder (the owner, ``owner``) and its head holder (``follower``),
+    each None where this rank's stage does not hold that side."""
+
+    owner_name: str  # the owner's record name (``embedding.<name>``)
+    owner: nn.Parameter | None
+    follower: nn.Parameter | None
+    group: dist.ProcessGroup | None  # the tie group (first and last stage) when pp > 1
+    src: int  # the owner's global rank in ``group``
 
 
 class HybridParallelModel(nn.Module):
@@ -64,7 +82,7 @@ class HybridParallelModel(nn.Module):
         self.shared = SharedParameters()  # parameters shared between layers: this rank's copies (set by build())
         self._unit_tp: dict[str, int] = {}  # unit name -> tp degree of its module
         self._tp_partitioned: dict[str, set[str]] = {}  # unit name -> parameter names split over tp
-        self._ties: list[tuple[nn.Parameter | None, nn.Parameter | None, dist.ProcessGroup | None, int]] = []
+        self.ties: list[Tie] = []  # weights tied between embedding and head (set by build())
         self.saved_bytes: dict[str, int] = {}
         self.contexts: dict[str, ParallelContext] = {}  # unit name -> the context its module was converted with
         self.replica_index: dict[str, int] = {}  # unit name -> this rank's data-parallel replica (where several)
@@ -94,7 +112,7 @@ class HybridParallelModel(nn.Module):
     def param_records(self) -> list[ParamRecord]:
         """The optimizer's parameters on this rank, with the replication used for the global gradient norm."""
         records = []
-        skipped = {id(head) for _, head, _, _ in self._ties if head is not None}
+        follows = {id(t.follower): t.owner_name for t in self.ties if t.follower is not None}
         for unit in self.units:
             tp = self._unit_tp[unit.name]
             for name, param in unit.master_parameters():
@@ -104,7 +122,7 @@ class HybridParallelModel(nn.Module):
                         name=f"{unit.name}.{name}",
                         param=param,
                         replicas=unit.replicas_over_dp() * tp_replicas,
-                        counted=id(param) not in skipped,
+                        follows=follows.get(id(param)),
                     )
                 )
         return records + self.shared.records()
@@ -205,21 +223,22 @@ class HybridParallelModel(nn.Module):
 
     def finish_gradients(self) -> None:
         """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
-        tp-replicated parameters over their groups, then add up the tied copies and the layers' shared parameters."""
+        tp-replicated parameters over their groups, then add up the tied weights' holders and the layers' shared
+        parameters."""
         if self.reducer is not None:
             self.reducer.finish()
         self._sum_replicated_grads()
         self.shared.reduce_grads()
-        for emb, head, group, _ in self._ties:
-            if emb is not None and head is not None:  # both copies on this rank (pp == 1)
-                ge, gh = _grad_or_zero(emb), _grad_or_zero(head)
-                total = ge + gh
-                ge.copy_(total)
-                gh.copy_(total)
+        for tie in self.ties:
+            # both holders end with the sum (the owner steps with it; the follower's is the same gradient, by name)
+            if tie.owner is not None and tie.follower is not None:  # both holders on this rank (pp == 1)
+                owner, follower = _grad_or_zero(tie.owner), _grad_or_zero(tie.follower)
+                owner.add_(follower)
+                follower.copy_(owner)
             else:
-                param = emb if emb is not None else head
+                param = tie.owner if tie.owner is not None else tie.follower
                 assert param is not None
-                dist.all_reduce(_grad_or_zero(param), group=group)
+                dist.all_reduce(_grad_or_zero(param), group=tie.group)
 
     def _sum_replicated_grads(self) -> None:
         """Once per iteration: sum over its group the gradient of every parameter that forward passed through
@@ -240,22 +259,23 @@ class HybridParallelModel(nn.Module):
             all_reduce_flat(grads, group, grads[0].dtype)
 
     def after_step(self) -> None:
-        """Refresh compute weights from the master weights (bf16 ddp units) and the other stages' copies of shared
-        parameters from their home stage."""
+        """Hand every tied weight's follower its owner's value, refresh compute weights from the master weights
+        (bf16 ddp units) and the other stages' copies of shared parameters from their home stage."""
+        with torch.no_grad():
+            for tie in self.ties:
+                if tie.owner is not None and tie.follower is not None:
+                    local_tensor(tie.follower).copy_(local_tensor(tie.owner))
+                else:
+                    param = tie.owner if tie.owner is not None else tie.follower
+                    assert param is not None
+                    dist.broadcast(local_tensor(param.data), src=tie.src, group=tie.group)
         for unit in self.units:
             unit.after_step()
         self.shared.sync()
 
     def sync_tied_weights(self) -> None:
-        """Make the head copy of every tied weight equal to the embedding copy."""
-        with torch.no_grad():
-            for emb, head, group, src in self._ties:
-                if emb is not None and head is not None:
-                    local_tensor(head).copy_(local_tensor(emb))
-                else:
-                    param = emb if emb is not None else head
-                    assert param is not None
-                    dist.broadcast(local_tensor(param.data), src=src, group=group)
+        """Give every follower its owner's value, and the compute weights and shared copies theirs (after a build
+        or a load: :meth:`after_step`)."""
         self.after_step()
 
 

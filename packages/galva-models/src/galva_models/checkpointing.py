@@ -73,6 +73,8 @@ class CheckpointIO:
         # the run's model directory, and over them those of the checkpoint it loads
         self.side_files = dict(side_files or {})
         self.params = {r.name: r.param for r in model.param_records()}
+        # a tied weight's head holder has no optimizer state: its owner's (the embedding's) moments are the weight's
+        self.followers = {r.name for r in model.param_records() if r.follows is not None}
         holder = {hf: m.name for m in names.modules for hf in m.shapes}
         to_hf = {g: hf for m in names.modules for g, hf in m.galva_names.items()}
         self.placements: list[Placement] = []
@@ -109,7 +111,7 @@ class CheckpointIO:
         for p in self.placements:
             param = self.params[p.record]
             pieces.append((_piece(module_file(p.module), p.tensor, p.box), self._block(param, p)))
-            if self.optimizer is not None:
+            if self.optimizer is not None and p.record not in self.followers:
                 state = self.optimizer.optimizer.state.get(param, {})
                 for moment in MOMENTS:
                     value = state.get(moment)
@@ -214,6 +216,8 @@ class CheckpointIO:
         inner = self.optimizer.optimizer
         with torch.no_grad():
             for p in self.placements:
+                if p.record in self.followers:
+                    continue
                 param = self.params[p.record]
                 state = inner.state[param]
                 if not state:

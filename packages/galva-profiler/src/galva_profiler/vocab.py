@@ -5,10 +5,10 @@ first stage) and ``pp_last`` (norm, head and loss, on the last stage). Model sta
 rank holds in the module's vocabulary-parallel form (built in a gloo group of ``k`` forked ranks, as for layers)
 times the bytes galva-hp holds per parameter under ddp (:data:`STATE_BYTES_PER_PARAMETER`: fp32 4 + 4 + 8 = 16;
 bf16 2 + 4 + 12 = 18, the bf16 compute weight, its fp32 gradient, the fp32 master and Adam's two moments; galva-search's
-``state_accounting="galva-hp"``). Tied embedding and head weights count twice when both sit on one stage: galva-hp
-keeps a separate head copy (``build._separate_tied_copies``) with its own gradient, and its optimizer updates both
-copies (AdamW states for each), so ``pp_off`` is the embedding's parameters plus the head's, as ``pp_first`` plus
-``pp_last``, at every vocabulary tp degree. Activations are saved-tensor bytes per local sample.
+``state_accounting="galva-hp"``). A weight tied between embedding and head is one parameter with two holders
+(``galva_hp.runtime.Tie``): the embedding's holds its full states, the head's its weight and gradient but no AdamW
+moments (:data:`ADAM_MOMENT_BYTES` less per parameter), on one stage as across stages; so ``pp_off`` is still
+``pp_first`` plus ``pp_last`` at every vocabulary tp degree. Activations are saved-tensor bytes per local sample.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from galva_profiler.timing import Repeats
 STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
 """Model-state bytes galva-hp holds per parameter under ddp with AdamW, by compute dtype (measured by
 ``galva-profile check``; galva-search's ``state_bytes_per_parameter`` with ``state_accounting="galva-hp"``)."""
+ADAM_MOMENT_BYTES = 8
+"""AdamW's two fp32 moments per parameter: what the head's holder of a tied weight does not keep."""
 POSITIONS = ("pp_off", "pp_first", "pp_last")
 MIB = 2**20
 
@@ -37,6 +39,11 @@ def tie(layered: Any) -> None:
         owner_path, _, attr = head_name.removeprefix("head.").rpartition(".")
         owner = layered.head.get_submodule(owner_path) if owner_path else layered.head
         setattr(owner, attr, source)
+
+
+def _tied(layered: Any) -> tuple[str, ...]:
+    """The head's names (in the head module) of the weights it ties to the embedding."""
+    return tuple(head.removeprefix("head.") for _, head in layered.tied_weights)
 
 
 @dataclass
@@ -70,9 +77,10 @@ def _unique_elements(*modules: nn.Module) -> int:
 
 def _position_bytes(
     embedding: nn.Module, head: nn.Module, seq: int, local_seq: int, hidden: int, vocab: int, dtype: torch.dtype,
-    rank_offset: int,
+    rank_offset: int, tied: tuple[str, ...] = (),
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
-    """``{position: (parameter elements, activation bytes per sample)}`` for one rank's modules."""
+    """``{position: (model-state bytes, activation bytes per sample)}`` for one rank's modules; ``tied``: the head's
+    names of its tied weights (their holder there keeps no AdamW moments)."""
 
     def embed_at(b: int) -> Tensor:
         ids, _ = _inputs(b, seq, vocab)
@@ -90,11 +98,16 @@ def _position_bytes(
     def slope(run: Any) -> int:
         return saved_bytes(lambda: run(2)) - saved_bytes(lambda: run(1))
 
+    per_parameter = STATE_BYTES_PER_PARAMETER[dtype]
+    emb = _unique_elements(embedding) * per_parameter
+    # the head's holder of a tied weight: its weight and gradient, the moments being the embedding holder's
+    head_bytes = _unique_elements(head) * per_parameter - ADAM_MOMENT_BYTES * sum(
+        head.get_parameter(n).numel() for n in tied
+    )
     return {
-        # the runtime's head keeps its own copy of a tied weight, with its own gradient and optimizer states
-        "pp_off": (_unique_elements(embedding) + _unique_elements(head), slope(both_at)),
-        "pp_first": (_unique_elements(embedding), slope(embed_at)),
-        "pp_last": (_unique_elements(head), slope(head_at)),
+        "pp_off": (emb + head_bytes, slope(both_at)),
+        "pp_first": (emb, slope(embed_at)),
+        "pp_last": (head_bytes, slope(head_at)),
     }
 
 
@@ -110,7 +123,7 @@ def _rank_worker(
     head = layered.parallelizer.head(layered.head, ctx)
     local_seq = seq // world_size if megatron_sp else seq
     offset = rank * local_seq if megatron_sp else 0
-    return _position_bytes(embedding, head, seq, local_seq, hidden, vocab, dtype, offset)
+    return _position_bytes(embedding, head, seq, local_seq, hidden, vocab, dtype, offset, _tied(layered))
 
 
 def measure_vocab(
@@ -137,7 +150,8 @@ def measure_vocab(
             return loss_sum
 
         result.times[batch] = time_passes(forward, repeats)
-    per_degree = {1: _position_bytes(layered.embedding, layered.head, seq, seq, hidden, vocab, dtype, 0)}
+    tied = _tied(layered)
+    per_degree = {1: _position_bytes(layered.embedding, layered.head, seq, seq, hidden, vocab, dtype, 0, tied)}
     for degree in degrees:
         if degree > 1:
             ranks = run_distributed(
@@ -148,8 +162,6 @@ def measure_vocab(
                 for position in POSITIONS
             }
     for position in POSITIONS:
-        result.model_states_mib[position] = {
-            k: v[position][0] * STATE_BYTES_PER_PARAMETER[dtype] / MIB for k, v in per_degree.items()
-        }
+        result.model_states_mib[position] = {k: v[position][0] / MIB for k, v in per_degree.items()}
         result.activation_mib_per_sample[position] = {k: v[position][1] / MIB for k, v in per_degree.items()}
     return result
