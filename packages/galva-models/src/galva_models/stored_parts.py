@@ -109,14 +109,15 @@ def _block_of(
     sizes = [1] * len(shape)
     axes: list[int | None] = []
     for size, stride in zip(view.shape, view.stride()):
-        match = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == stride and d not in axes]
-        if size == 1 or not match:
-            if size != 1:
-                return None
-            axes.append(None)
-            continue
-        axes.append(match[0])
-        sizes[match[0]] = size
+        if size == 1:  # an axis of size 1: the in-memory one of size 1 it stands for, if any (else a new one)
+            match = [d for d in range(len(shape)) if shape[d] == 1 and d not in axes]
+        else:
+            match = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == stride and d not in axes]
+        if not match and size != 1:
+            return None
+        axes.append(match[0] if match else None)
+        if match:
+            sizes[match[0]] = size
     if any(o + s > n for o, s, n in zip(offsets, sizes, shape)):
         return None
     return tuple(offsets), tuple(sizes), tuple(axes)
