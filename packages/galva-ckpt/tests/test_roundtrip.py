@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from galva_ckpt import CheckpointReader
 
 PRESETS = ["tiny-gpt2", "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-bert", "tiny-t5", "tiny-vit", "tiny-swin"]
+PRESETS += ["tiny-mixtral"]  # fused expert tensors in memory, one per expert and projection (w1, w3, w2) on disk
 
 
 def _tokenizer(directory: Path) -> None:

@@ -278,15 +278,23 @@ def test_a_form_a_family_cannot_take_is_refused_in_one_line_by_the_search_s_chec
 
 
 # ------------------------------------------------------------------------------------------- checkpoints, any family
-def _round_trip(rank: int, world_size: int, base: str) -> int:
-    """galva-train --load (the h2g output) under pp2 x tp2 (vocab tp2) for 2 steps, then save; the caller compares
-    its first loss with Hugging Face's and its save with the g2h export."""
+def _round_trip(rank: int, world_size: int, bases: list[str], plan: list[str]) -> int:
+    """galva-train --load (the h2g output) under pp2 x tp2 (vocab tp2) and ``plan`` for 2 steps, then save, for each
+    directory of ``bases`` in turn; the caller compares each first loss with Hugging Face's and each save with the g2h
+    export."""
+    import torch.distributed as dist
+
     from galva_models.cli.config import parse_train_config
     from galva_models.cli.train import run
 
-    argv = ["--load", f"{base}/g", *_ROUND_TRIP_ARGS, "--train-iters", "2", "--save", f"{base}/run",
-            "--metrics-jsonl", f"{base}/m.jsonl", "--no-progress"]  # fmt: skip
-    return run(parse_train_config(argv, world_size=world_size))
+    for base in bases:
+        if not dist.is_initialized():  # galva-train ends its group: one launch (one set of imports) for every family
+            dist.init_process_group("gloo", init_method=f"file://{base}/group", rank=rank, world_size=world_size)
+        argv = ["--load", f"{base}/g", *_ROUND_TRIP_ARGS, *plan, "--train-iters", "2", "--save", f"{base}/run",
+                "--metrics-jsonl", f"{base}/m.jsonl", "--no-progress"]  # fmt: skip
+        if run(parse_train_config(argv, world_size=world_size)) != 0:
+            return 1
+    return 0
 
 
 _ROUND_TRIP_ARGS = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--seq-length", "16", "--pp", "2", "--tp",
@@ -296,13 +304,34 @@ _ROUND_TRIP_ARGS = ["--fp32", "--global-batch-size", "4", "--chunks", "2", "--se
 SAVED = DENSE
 """Every dense family; Apertus's xIELU activation also keeps two persistent buffers (``beta``, ``eps``) that
 Hugging Face writes to disk: they are loaded, saved and exported like the parameters."""
+SAVED_GROUPS = [SAVED[i : i + 14] for i in range(0, len(SAVED), 14)] + [MOE]
+"""Launches of the round trip; the mixtures of experts train under ep2 as well (their fused expert tensors are one
+tensor per expert and projection on disk)."""
+
+
+def _first_loss(model, inputs, labels, micro_batches: int) -> float:
+    """Hugging Face's loss on galva-train's first batch (labels already shifted): a mixture of experts adds its
+    router loss per micro-batch (one statistic per forward), as galva-train does."""
+    config = model.config
+    if not getattr(config, "output_router_logits", False):
+        logits = model.eval()(input_ids=inputs).logits
+        return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()))
+    total = 0.0
+    for ids, part in zip(inputs.chunk(micro_batches), labels.chunk(micro_batches)):
+        out = model.eval()(input_ids=ids, output_router_logits=True)
+        loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), part.flatten())
+        if getattr(out, "aux_loss", None) is not None:
+            loss = loss + config.router_aux_loss_coef * out.aux_loss
+        total += float(loss) / micro_batches
+    return total
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("families", [SAVED[i : i + 14] for i in range(0, len(SAVED), 14)], ids=lambda f: f[0])
+@pytest.mark.parametrize("families", SAVED_GROUPS, ids=lambda f: f[0])
 def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str]):
-    """HF checkpoint -> h2g -> galva-train --load (pp2 x tp2, vocab tp2; first loss == Hugging Face's) -> save ->
-    g2h -> from_pretrained: every tensor equal to the saved one, with no per-family rename anywhere."""
+    """HF checkpoint -> h2g -> galva-train --load (pp2 x tp2, vocab tp2, ep2 for the mixtures of experts; first
+    loss == Hugging Face's) -> save -> g2h -> from_pretrained: every tensor equal to the saved one, with no
+    per-family rename anywhere."""
     import json
 
     from transformers import AutoModelForCausalLM
@@ -324,14 +353,15 @@ def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str])
         model.save_pretrained(base / "hf")
         hf_to_galva(base / "hf", base / "g", progress=False)
         models[family] = model
+    plan = ["--ep", "2"] if families == MOE else []
+    bases = [str(tmp_path / family) for family in models]
+    assert run_distributed(_round_trip, 4, bases, plan, timeout=600) == [0] * 4, families
     for family, model in models.items():
         base = tmp_path / family
-        assert run_distributed(_round_trip, 4, str(base), timeout=600) == [0] * 4, family
-        argv = ["--load", str(base / "g"), *_ROUND_TRIP_ARGS]
+        argv = ["--load", str(base / "g"), *_ROUND_TRIP_ARGS, *plan]
         batch = make_source(parse_train_config(argv, world_size=4)).batch(0)
         with torch.no_grad():
-            logits = model.eval()(input_ids=batch.inputs).logits
-            reference = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
+            reference = _first_loss(model, batch.inputs, batch.labels, micro_batches=2)
         first = json.loads((base / "m.jsonl").read_text().splitlines()[0])["loss"]
         assert abs(first - reference) < 1e-5, (family, first, reference)
         galva_to_hf(base / "run" / "step-00000002", base / "back", progress=False)
@@ -347,6 +377,62 @@ def test_hugging_face_round_trip_for_every_family(tmp_path, families: list[str])
             assert torch.equal(state[name], tensor), (family, name)
         stored = set(saved) | set(reader.manifest.tied)
         assert stored >= {n for n in state if "rotary" not in n and not n.endswith("inv_freq")}, family
+
+
+def _resume_under_other_expert_layouts(rank: int, world_size: int, root: str) -> dict[str, object]:
+    """Mixtral under ep2: 2 steps, save, 2 more; then the save loaded under ep4 and under ep2 x etp2 for the same 2
+    steps. Returns every run's last 2 (loss, grad norm) and the experts this rank's placements hold."""
+    from galva_hp import BuildOptions, GalvaOptimizer, build, train_step
+    from galva_hp.testing.oracle import OPTIM, batch
+    from galva_models.checkpoint_names import checkpoint_names
+    from galva_models.checkpointing import CheckpointIO, open_source, scheduler_state
+
+    config = _config("mixtral")
+    ids, labels = batch(seq=SEQ)
+
+    def built(plan: str):
+        model = build(ADAPTER.decompose(_model("mixtral")), PLANS[plan], BuildOptions(seq_len=SEQ))
+        optimizer = GalvaOptimizer(model.param_records(), OPTIM)
+        with torch.device("meta"):
+            fresh = ADAPTER.build_model(config)
+        layered = ADAPTER.decompose(fresh)
+        return model, optimizer, CheckpointIO(model, optimizer, checkpoint_names(config), layered, config.to_dict())
+
+    def steps(model, optimizer, which: range) -> list[tuple[float, float]]:
+        return [
+            (m.loss, float(m.grad_norm or 0)) for m in (train_step(model, optimizer, ids[s], labels[s]) for s in which)
+        ]
+
+    def experts(io: CheckpointIO) -> list[int]:  # expert indices of the on-disk tensors this rank writes or reads
+        return sorted({int(p.tensor.split(".experts.")[1].split(".")[0]) for p in io.placements if p.part})
+
+    model, optimizer, io = built("ep2")
+    steps(model, optimizer, range(2))
+    io.save(root, 2, scheduler_state(optimizer))
+    out: dict[str, object] = {"ep2": steps(model, optimizer, range(2, 4)), "ep2/experts": experts(io)}
+    for plan in ("ep4", "ep2-etp2"):
+        model, optimizer, io = built(plan)
+        assert io.load(open_source(f"{root}/step-00000002")) == 2
+        out[plan], out[f"{plan}/experts"] = steps(model, optimizer, range(2, 4)), experts(io)
+    return out
+
+
+@pytest.mark.distributed
+def test_a_mixture_of_experts_saved_under_ep2_resumes_under_ep4_and_etp2(tmp_path):
+    """The next two steps after resuming an ep2 save under ep4 or ep2 x etp2 equal the uninterrupted run (1e-5
+    relative, loss and gradient norm); each rank writes and reads only its own experts' tensors (ep2: experts
+    0-1 or 2-3, ep4: one), never the whole layer."""
+    results = run_distributed(_resume_under_other_expert_layouts, 4, str(tmp_path), timeout=600)
+    full = results[0]["ep2"]
+    for plan in ("ep4", "ep2-etp2"):
+        resumed = results[0][plan]
+        for k in (0, 1):  # loss, grad norm
+            diff = _rel([r[k] for r in resumed], [f[k] for f in full])
+            assert diff < TOL, f"{plan}: {('loss', 'grad norm')[k]} differs from the uninterrupted run by {diff:.2e}"
+    for plan, ep in (("ep2", 2), ("ep4", 4), ("ep2-etp2", 2)):  # a contiguous run of 4 / ep experts per rank
+        held = [r[f"{plan}/experts"] for r in results]
+        runs = [list(range(k * 4 // ep, (k + 1) * 4 // ep)) for k in range(ep)]
+        assert all(h in runs for h in held) and all(run in held for run in runs), (plan, held)
 
 
 def _train(rank: int, world_size: int, argv: list[str]) -> int:

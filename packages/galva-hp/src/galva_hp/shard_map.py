@@ -47,8 +47,9 @@ class ShardBox:
     sizes: tuple[int, ...]
     perm: tuple[int, ...]
     cols: tuple[int, int] | None = None
-    """Local columns ``[start, stop)`` of those rows, where a row holds pieces of several blocks (a packed
-    projection split along its columns: GPT-2's Conv1D ``c_attn``); None: the whole rows."""
+    """Local columns (axis 1) ``[start, stop)`` of those rows, where a row holds pieces of several blocks (a packed
+    projection split along its columns: GPT-2's Conv1D ``c_attn``; an expert's gate and up parts under etp); None:
+    the whole rows."""
 
     def restrict(self, start: int, stop: int) -> ShardBox | None:
         """This box cut to local rows ``[start, stop)`` (an FSDP shard), or None when they do not meet."""
@@ -101,8 +102,11 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
     parallelizer = fresh.parallelizer
     records = {r.name: r.param for r in model.param_records()}
     out: dict[str, list[ShardBox]] = {}
+    units: dict[str, list[str]] = {}  # module -> its units (a layer's experts are a unit of their own inside it)
     for unit in model.units:
-        name, ctx = unit.name, model.contexts[unit.name]
+        units.setdefault(_module_of(unit.name), []).append(unit.name)
+    for name, unit_names in units.items():
+        ctx = model.contexts[name]
         single = modules[name]
         single.to_empty(device="cpu")
         sources = [(f"{name}.{n}", p) for n, p in single.named_parameters(remove_duplicate=False)]
@@ -124,18 +128,27 @@ def shard_map(model: HybridParallelModel, fresh: LayeredModel) -> dict[str, list
             labelled.append({n: p.detach().clone() for n, p in converted.named_parameters()})
         single.to_empty(device="meta")
         offsets = torch.tensor([0] + [p.numel() for _, p in sources]).cumsum(0)
-        for local_name, _ in _unit_parameters(model, name):
-            record = f"{name}.{local_name}"
-            key = unwrapped_name(local_name)
-            if record not in records:
-                continue
-            parts = [lab[key] for lab in labelled]
-            out[record] = _boxes(record, parts, sources, offsets)
+        for unit_name in unit_names:
+            path = unit_name[len(name) + 1 :]  # the unit's place inside the module ("" for the module's own unit)
+            for local_name, _ in _unit_parameters(model, unit_name):
+                record = f"{unit_name}.{local_name}"
+                if record not in records:
+                    continue
+                key = f"{path}.{local_name}" if path else local_name
+                key = unwrapped_name(key)
+                parts = [lab[key] for lab in labelled]
+                out[record] = _boxes(record, parts, sources, offsets)
     for shared in model.shared.records():  # a shared parameter's copy is the whole single-process tensor
         shape = tuple(shared.param.shape)
         dims = tuple(range(len(shape)))
         out[shared.name] = [ShardBox((0, shape[0] if shape else 1), shared.name, (0,) * len(shape), shape, dims)]
     return out
+
+
+def _module_of(unit_name: str) -> str:
+    """The Galva module a data-parallel unit belongs to (``layers.3`` for ``layers.3.layer.mlp.experts``)."""
+    head, _, rest = unit_name.partition(".")
+    return f"{head}.{rest.partition('.')[0]}" if head == "layers" else head
 
 
 def _unit_parameters(model: HybridParallelModel, unit_name: str) -> list[tuple[str, nn.Parameter]]:
@@ -175,11 +188,14 @@ def _boxes(
     try:
         return _row_boxes(record, labels, sources, offsets, None)
     except ValueError:
-        if labels.dim() != 2:
+        if labels.dim() < 2:
             raise
-    # rows holding pieces of several blocks: cut the columns where the first row's labels stop running on
-    flat = labels[0]
-    breaks = [0] + [c for c in range(1, flat.shape[0]) if int(flat[c]) != int(flat[c - 1]) + 1] + [flat.shape[0]]
+    # rows holding pieces of several blocks (GPT-2's packed c_attn; an expert's gate and up parts under etp): cut
+    # axis 1 where the first row's labels stop running on with the step they run on
+    flat = labels[0].reshape(labels.shape[1], -1)[:, 0]
+    steps = (flat[1:] - flat[:-1]).tolist()
+    step = max(set(steps), key=steps.count) if steps else 1
+    breaks = [0] + [c for c in range(1, flat.shape[0]) if steps[c - 1] != step] + [flat.shape[0]]
     boxes: list[ShardBox] = []
     for c0, c1 in itertools.pairwise(breaks):
         boxes += _row_boxes(record, labels[:, c0:c1], sources, offsets, (c0, c1))

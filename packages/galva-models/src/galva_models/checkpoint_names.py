@@ -3,12 +3,14 @@
 A Galva checkpoint stores one file per module of the :class:`~galva_hp.model.LayeredModel` (``embedding``,
 ``layers.0`` ... ``layers.N-1``, ``head``) holding full tensors under the names Hugging Face writes to disk. This
 module answers, from the config alone, which on-disk names each module holds, their full shapes, which on-disk
-names are tied aliases of another (stored once), and which Galva parameter each name is.
+names are tied aliases of another (stored once), and which Galva parameter each name is, or which block of one (a
+mixture of experts' fused expert tensors are one tensor per expert and projection on disk).
 
 Everything is found on the meta device (no memory, no initialisation): the family adapter builds and decomposes
 the model, :func:`~galva_models.adapters.base.parameter_name_map` gives each Galva parameter's in-memory Hugging
-Face name, and transformers' own save-time conversion turns in-memory names into on-disk names (they differ for
-ViT and Swin in transformers 5), so the names are exactly what ``save_pretrained`` writes.
+Face name, and transformers' own save-time conversion turns in-memory tensors into on-disk ones (renamed for ViT and
+Swin in transformers 5, cut into blocks for the experts: :mod:`galva_models.stored_parts`), so the names are
+exactly what ``save_pretrained`` writes.
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ from torch import nn
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import parameter_name_map
 from galva_models.adapters.registry import adapter_for
+from galva_models.stored_parts import StoredPart, stored_parts
 from galva_schema.vocabulary import layer_module, layer_of_module
 
-__all__ = ["CheckpointNames", "ModuleNames", "checkpoint_names", "checkpoint_names_from_dict", "config_from_dict"]
+__all__ = [
+    "CheckpointNames",
+    "ModuleNames",
+    "StoredPart",
+    "checkpoint_names",
+    "checkpoint_names_from_dict",
+    "config_from_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,10 @@ class ModuleNames:
     """On-disk Hugging Face name -> full (unsharded) shape, in the model's order. Tied aliases are not listed."""
     galva_names: dict[str, str]
     """Galva parameter name (``layers.3.layer.attn.c_attn.weight``) -> on-disk Hugging Face name (possibly a name
-    another module stores, for a tied weight)."""
+    another module stores, for a tied weight), for a parameter stored whole."""
+    parts: dict[str, tuple[StoredPart, ...]] = field(default_factory=dict)
+    """Galva parameter name -> the on-disk tensors that are blocks of it, for a parameter stored as several (a
+    mixture of experts' ``experts.gate_up_proj``: one ``gate`` and one ``up`` tensor per expert)."""
     buffers: dict[str, str] = field(default_factory=dict)
     """Galva name -> on-disk name of each persistent buffer the module stores (Apertus's xIELU ``beta``/``eps``):
     state Hugging Face saves that no optimizer updates, whole on every rank that holds the module."""
@@ -85,7 +98,7 @@ def checkpoint_names(config: Any) -> CheckpointNames:
     options = {"encoder_seq_length": 1} if wants_boundary else {}
     layered = adapter.decompose(hf_model, **options)
     stored, tied_memory = _stored_and_tied(hf_model)
-    to_disk = _disk_names(hf_model, stored)
+    to_disk = {memory: stored_parts(hf_model, memory, tuple(t.shape)) for memory, t in stored.items()}
     galva_to_memory = parameter_name_map(hf_model, layered)
     held_by = _module_of_each_name(hf_model, layered, galva_to_memory)
     galva_buffers = _buffer_name_map(hf_model, layered)
@@ -93,25 +106,35 @@ def checkpoint_names(config: Any) -> CheckpointNames:
     modules: list[ModuleNames] = []
     for module_name in _module_names(layered):
         shapes = {
-            to_disk[memory]: tuple(tensor.shape)
-            for memory, tensor in stored.items()
+            part.tensor: part.shape
+            for memory in stored
             if held_by.get(memory) == module_name
+            for part in to_disk[memory]
         }
-        galva = {
-            galva_name: to_disk[tied_memory.get(memory, memory)]
-            for galva_name, memory in galva_to_memory.items()
-            if galva_name == module_name or galva_name.startswith(module_name + ".")
-        }
+        galva: dict[str, str] = {}
+        parts: dict[str, tuple[StoredPart, ...]] = {}
+        for galva_name, memory in galva_to_memory.items():
+            if galva_name == module_name or galva_name.startswith(module_name + "."):
+                blocks = to_disk[tied_memory.get(memory, memory)]
+                if _whole(blocks, stored[tied_memory.get(memory, memory)]):
+                    galva[galva_name] = blocks[0].tensor
+                else:
+                    parts[galva_name] = tuple(blocks)
         buffers = {
-            galva_name: to_disk[memory]
+            galva_name: _whole_name(to_disk[memory], stored[memory], memory)
             for galva_name, memory in galva_buffers.items()
             if _module_prefix(galva_name) == module_name and memory in stored
         }
-        modules.append(ModuleNames(module_name, shapes, galva, buffers))
-    unplaced = sorted(to_disk[m] for m in stored if m not in held_by)
+        modules.append(ModuleNames(module_name, shapes, galva, parts, buffers))
+    unplaced = sorted(p.tensor for m in stored if m not in held_by for p in to_disk[m])
     if unplaced:
         raise ValueError(f"{adapter.name}: tensors in no Galva module: {', '.join(unplaced[:5])}")
-    tied = {_disk_name(hf_model, alias): to_disk[target] for alias, target in tied_memory.items()}
+    tied = {
+        _whole_name(stored_parts(hf_model, alias, tuple(stored[target].shape)), stored[target], alias): _whole_name(
+            to_disk[target], stored[target], target
+        )
+        for alias, target in tied_memory.items()
+    }
     family = adapter.name if adapter.model_types else str(config.model_type)
     return CheckpointNames(family, str(config.model_type), tuple(modules), tied)
 
@@ -137,18 +160,16 @@ def _tensor_of(hf_model: Any, name: str) -> Any:
     return hf_model.get_parameter_or_buffer(name)
 
 
-def _disk_names(hf_model: Any, stored: dict[str, torch.Tensor]) -> dict[str, str]:
-    """In-memory name -> on-disk name, for the names transformers renames on save (one to one)."""
-    return {name: _disk_name(hf_model, name) for name in stored}
+def _whole(parts: list[StoredPart], tensor: torch.Tensor) -> bool:
+    """Whether ``parts`` is the whole tensor under one name (a renaming at most)."""
+    whole = parts[0]
+    return len(parts) == 1 and whole.sizes == tuple(tensor.shape) and whole.axes == tuple(range(tensor.dim()))
 
 
-def _disk_name(hf_model: Any, memory_name: str) -> str:
-    from transformers.core_model_loading import revert_weight_conversion
-
-    reverted = revert_weight_conversion(hf_model, {memory_name: torch.empty(0, device="meta")})
-    if len(reverted) != 1:  # a many-to-one conversion: not a pure renaming, which no adapter family uses yet
-        raise ValueError(f"{memory_name}: transformers converts this weight on save; galva-ckpt handles renames only")
-    return next(iter(reverted))
+def _whole_name(parts: list[StoredPart], tensor: torch.Tensor, memory_name: str) -> str:
+    if not _whole(parts, tensor):
+        raise ValueError(f"{memory_name}: transformers stores this tied weight or buffer as blocks; galva-ckpt cannot")
+    return parts[0].tensor
 
 
 def _module_of_each_name(hf_model: nn.Module, layered: LayeredModel, galva_to_memory: dict[str, str]) -> dict[str, str]:

@@ -2,10 +2,12 @@
 
 Each rank knows, for every element of its master parameters, which Hugging Face tensor and which block of it the
 element is (:func:`galva_hp.shard_map.shard_map` boxes, named on disk by
-:func:`galva_models.checkpoint_names.checkpoint_names`). Saving hands those blocks (weights, AdamW moments) to
-:func:`galva_ckpt.sharded.save_sharded`, which writes them in place into the per-module files; loading reads the
-same blocks with slice reads from a Galva checkpoint or a Hugging Face directory. No rank ever holds more than its
-own shards; a checkpoint saved under one plan loads under any other, because the files hold full tensors.
+:func:`galva_models.checkpoint_names.checkpoint_names`; a box of a parameter stored as several on-disk tensors, the
+experts of a mixture, is cut into one placement per on-disk tensor it meets). Saving hands those blocks (weights,
+AdamW moments) to :func:`galva_ckpt.sharded.save_sharded`, which writes them in place into the per-module files;
+loading reads the same blocks with slice reads from a Galva checkpoint or a Hugging Face directory. No rank ever
+holds more than its own shards; a checkpoint saved under one plan loads under any other, because the files hold full
+tensors.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from galva_hp.model import LayeredModel
 from galva_hp.optim import GalvaOptimizer
 from galva_hp.runtime import HybridParallelModel
 from galva_hp.shard_map import ShardBox, local_rows, shard_map
-from galva_models.checkpoint_names import CheckpointNames
+from galva_models.checkpoint_names import CheckpointNames, StoredPart
 from galva_schema.checkpoint import TensorInfo
 from galva_schema.vocabulary import layer_of_module
 
@@ -42,7 +44,9 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 @dataclass(frozen=True)
 class Placement:
     """One block of this rank's local piece of a master parameter: local rows ``[start, stop)`` of the piece are
-    ``box`` of the Hugging Face tensor ``tensor`` stored in module ``module``."""
+    ``box`` of the Galva parameter, and its sub-block ``offsets`` / ``sizes`` (the whole box, unless the parameter
+    is stored as several tensors) is stored in module ``module`` as tensor ``tensor`` (as block ``part`` of the
+    parameter; None: the parameter is that tensor, under another name at most)."""
 
     record: str
     start: int
@@ -50,10 +54,62 @@ class Placement:
     module: str
     tensor: str
     box: ShardBox
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    part: StoredPart | None = None
+
+    @property
+    def disk_offsets(self) -> tuple[int, ...]:
+        return self.offsets if self.part is None else self.part.disk_offsets(self.offsets)
+
+    @property
+    def disk_sizes(self) -> tuple[int, ...]:
+        return self.sizes if self.part is None else self.part.disk_sizes(self.sizes)
 
     @property
     def index(self) -> tuple[slice, ...]:
-        return tuple(slice(o, o + s) for o, s in zip(self.box.offsets, self.box.sizes))
+        """The block's slice of the on-disk tensor."""
+        return tuple(slice(o, o + s) for o, s in zip(self.disk_offsets, self.disk_sizes))
+
+    @property
+    def within_box(self) -> tuple[slice, ...]:
+        """The block's slice of the box (in the parameter's layout)."""
+        return tuple(slice(o - b, o - b + s) for o, b, s in zip(self.offsets, self.box.offsets, self.sizes))
+
+
+def _placements(record: str, start: int, stop: int, box: ShardBox, where: _Where) -> list[Placement]:
+    """``box``'s placements: one, or one per on-disk tensor it meets for a parameter stored as several."""
+    galva = _strip(box.source)
+    if galva in where.whole:
+        hf = where.whole[galva]
+        return [Placement(record, start, stop, where.holder[hf], hf, box, box.offsets, box.sizes)]
+    out = []
+    module, parts = where.parts[galva]
+    for part in parts:
+        lo = [max(a, b) for a, b in zip(box.offsets, part.offsets)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(box.offsets, box.sizes, part.offsets, part.sizes)]
+        if all(h > low for low, h in zip(lo, hi)):
+            sizes = tuple(h - low for low, h in zip(lo, hi))
+            out.append(Placement(record, start, stop, module, part.tensor, box, tuple(lo), sizes, part))
+    return out
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where each Galva parameter is stored: whole (Galva name -> on-disk name, on-disk name -> its module) or as
+    blocks (Galva name -> its module and the blocks)."""
+
+    whole: dict[str, str]
+    holder: dict[str, str]
+    parts: dict[str, tuple[str, tuple[StoredPart, ...]]]
+
+    @classmethod
+    def of(cls, names: CheckpointNames) -> _Where:
+        return cls(
+            {g: hf for m in names.modules for g, hf in m.galva_names.items()},
+            {hf: m.name for m in names.modules for hf in m.shapes},
+            {g: (m.name, parts) for m in names.modules for g, parts in m.parts.items()},
+        )
 
 
 class CheckpointIO:
@@ -75,17 +131,14 @@ class CheckpointIO:
         self.params = {r.name: r.param for r in model.param_records()}
         # a tied weight's head holder has no optimizer state: its owner's (the embedding's) moments are the weight's
         self.followers = {r.name for r in model.param_records() if r.follows is not None}
-        holder = {hf: m.name for m in names.modules for hf in m.shapes}
-        to_hf = {g: hf for m in names.modules for g, hf in m.galva_names.items()}
+        where = _Where.of(names)
         self.placements: list[Placement] = []
         for record, boxes in shard_map(model, fresh).items():
             start, stop = local_rows(self.params[record])
             for box in boxes:
                 cut = box.restrict(start, stop) if self.params[record].dim() else box
-                if cut is None:
-                    continue
-                hf = to_hf[_strip(box.source)]
-                self.placements.append(Placement(record, start, stop, holder[hf], hf, cut))
+                if cut is not None:
+                    self.placements += _placements(record, start, stop, cut, where)
         # persistent buffers (state Hugging Face saves that no optimizer updates): whole on every rank holding their
         # module, written once (the lowest holder), read back whole
         built = {_strip(name): buffer for name, buffer in model.named_buffers()}
@@ -110,14 +163,14 @@ class CheckpointIO:
         pieces: list[tuple[Piece, Tensor]] = []
         for p in self.placements:
             param = self.params[p.record]
-            pieces.append((_piece(module_file(p.module), p.tensor, p.box), self._block(param, p)))
+            pieces.append((_piece(module_file(p.module), p.tensor, p), self._block(param, p)))
             if self.optimizer is not None and p.record not in self.followers:
                 state = self.optimizer.optimizer.state.get(param, {})
                 for moment in MOMENTS:
                     value = state.get(moment)
                     if value is None:  # before the first step: zeros, as AdamW would start
                         value = torch.zeros_like(param)
-                    piece = _piece(optimizer_file(p.module), f"{moment}/{p.tensor}", p.box)
+                    piece = _piece(optimizer_file(p.module), f"{moment}/{p.tensor}", p)
                     pieces.append((piece, self._block(value, p)))
         for module, hf, buffer in self.buffers:
             whole = Piece(module_file(module), hf, (0,) * buffer.dim(), tuple(buffer.shape))
@@ -192,7 +245,10 @@ class CheckpointIO:
         if local.dim() == 0:
             return local.reshape(())
         rows = local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]
-        return p.box.to_source(p.box.cut(rows)).contiguous()
+        block = p.box.to_source(p.box.cut(rows))
+        if p.part is not None:
+            block = p.part.to_disk(block[p.within_box])
+        return block.contiguous()
 
     # ------------------------------------------------------------------------------------------------------ load
     def load(self, source: WeightSource, weights_only: bool = False) -> int:
@@ -243,7 +299,10 @@ class CheckpointIO:
         if local.dim() == 0:
             local.copy_(block.reshape(()))
             return
-        p.box.cut(local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]).copy_(p.box.to_local(block))
+        place = p.box.to_source(p.box.cut(local[p.box.rows[0] - p.start : p.box.rows[1] - p.start]))
+        if p.part is not None:
+            place, block = place[p.within_box], p.part.from_disk(block, p.sizes)
+        place.copy_(block)
 
     def _check_shapes(self, source: WeightSource) -> None:
         """Every tensor this rank needs is in the source with the model's full shape (one line otherwise)."""
@@ -266,8 +325,8 @@ def _strip(name: str) -> str:
     return name.replace(".inner.", ".")
 
 
-def _piece(file: str, tensor: str, box: ShardBox) -> Piece:
-    return Piece(file, tensor, box.offsets, box.sizes)
+def _piece(file: str, tensor: str, p: Placement) -> Piece:
+    return Piece(file, tensor, p.disk_offsets, p.disk_sizes)
 
 
 def _load_scheduler(optimizer: GalvaOptimizer, state: dict[str, Any]) -> None:
