@@ -22,6 +22,7 @@ import torch
 
 from galva_profiler.activation_memory import LayerActivations, measure_layer
 from galva_profiler.errors import ProfileError
+from galva_profiler.experts import experts_module, measure_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
 from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes
 from galva_profiler.model_source import MetaModel
@@ -30,6 +31,7 @@ from galva_profiler.timing import Repeats
 from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
     BatchTime,
+    ExpertProfile,
     LayerTypeProfile,
     ModelProfile,
     Precision,
@@ -80,6 +82,7 @@ class LayerMeasurement:
     parameter_bytes: int
     times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
+    experts: dict[int, ExpertProfile] = field(default_factory=dict)  # seq -> routed experts (MoE layer types)
 
 
 @dataclass
@@ -203,6 +206,9 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 degrees, options.timeout_s,
             )  # fmt: skip
             progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
+            profiled = _experts_of(model, measurement, module, seq, layer_seq, batches, dtype, options)
+            if profiled is not None:
+                measurement.experts[seq] = profiled
     model.embedding(dtype).train()
     model.head(dtype).train()
     tie(model.layered)
@@ -215,6 +221,30 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+def _experts_of(
+    model: MetaModel, m: LayerMeasurement, module: Any, seq: int, layer_seq: int, batches: list[int],
+    dtype: torch.dtype, options: ModelSweepOptions,
+) -> ExpertProfile | None:  # fmt: skip
+    """The routed experts of a mixture-of-experts layer type (None for a dense one), routed on the profiled inputs:
+    every profiled batch size once."""
+    parallelizer = model.layered.parallelizer
+    found = experts_module(module, getattr(getattr(parallelizer, "tables", None), "ep", None) or {})
+    if found is None:
+        return None
+    from galva_models.tables.router import router_class
+
+    own = model.constraints(seq).layer_types[[r[1] for r in model.layer_runs()].index(m.first_index)]
+    inner = getattr(module, "layer", module)
+    block_path = found[0].rpartition(".")[0]
+    block = inner.get_submodule(block_path) if block_path else inner
+    router = router_class(model.hf_model.base_model)
+    inputs = [torch.randn(b, layer_seq, m.hidden, dtype=dtype) for b in batches]
+    return measure_experts(
+        module, found, block, router[0] if router else None, model.config, own.expert_ffn or 1, inputs, dtype,
+        options.repeats, options.timeout_s,
+    )  # fmt: skip
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
@@ -266,6 +296,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     megatron_sp_activation_mib_per_sample=_per_degree(acts, "megatron_sp"),
                     ulysses_activation_mib_per_sample=_per_degree(acts, "ulysses"),
                     activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
+                    experts=m.experts.get(seq),
                 )
             )
         vocab = sweep.vocab[seq]
@@ -308,6 +339,7 @@ def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
                 "backward_batch_fit": bwd.to_dict(),
                 "backward_over_forward": _ratio(times),
                 "activations": m.activations[seq].to_dict(),
+                "experts": m.experts[seq].to_dict() if seq in m.experts else None,
             }
         seq_fit = sweep.sequence_fit(m.times)
         layers.append(
