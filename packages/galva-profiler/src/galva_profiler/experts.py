@@ -55,12 +55,12 @@ def _balanced(tokens: int, top_k: int, experts: int) -> Tensor:
     return (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
 
 
-def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inputs: list[Tensor]) -> Tensor:
-    """Rows each expert receives while ``layer`` runs on ``inputs`` (its own router's choice)."""
-    counts = torch.zeros(num_experts, dtype=torch.float64)
+def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inputs: list[Tensor]) -> list[Tensor]:
+    """Rows each expert receives in each forward of ``layer`` on ``inputs`` (its own router's choice)."""
+    counts: list[Tensor] = []
 
     def record(module: nn.Module, args: tuple[Any, ...]) -> None:
-        counts.add_(torch.bincount(args[1].reshape(-1), minlength=num_experts).double())
+        counts.append(torch.bincount(args[1].reshape(-1), minlength=num_experts).double())
 
     handle = experts.register_forward_pre_hook(record)
     try:
@@ -72,17 +72,21 @@ def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inpu
     return counts
 
 
-def imbalance_by_ep(counts: Tensor) -> dict[int, float]:
+def imbalance_by_ep(counts: list[Tensor]) -> dict[int, float]:
     """Largest over mean rows of the ep ranks, the experts split in contiguous runs, for each power-of-two ep
-    dividing the expert count."""
-    total = counts.numel()
+    dividing the expert count: the mean over forwards (``counts``: rows per expert of each forward) of each
+    forward's figure, since a rank holds the activations of the forward it ran, not of a pooled one."""
+    total = counts[0].numel()
     out = {}
     ep = 1
     while ep <= total:
         if total % ep == 0:
-            per_rank = counts.view(ep, total // ep).sum(dim=1)
-            mean = float(per_rank.mean())
-            out[ep] = max(1.0, float(per_rank.max()) / mean) if mean > 0 else 1.0
+            ratios = []
+            for forward in counts:
+                per_rank = forward.view(ep, total // ep).sum(dim=1)
+                mean = float(per_rank.mean())
+                ratios.append(float(per_rank.max()) / mean if mean > 0 else 1.0)
+            out[ep] = max(1.0, sum(ratios) / len(ratios))
         ep *= 2
     return out
 

@@ -223,12 +223,16 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
 
 
+ROUTING_FORWARDS = 8
+"""Forwards whose routing gives the measured imbalance (the mean of their figures)."""
+
+
 def _experts_of(
     model: MetaModel, m: LayerMeasurement, module: Any, seq: int, layer_seq: int, batches: list[int],
     dtype: torch.dtype, options: ModelSweepOptions,
 ) -> ExpertProfile | None:  # fmt: skip
-    """The routed experts of a mixture-of-experts layer type (None for a dense one), routed on the profiled inputs:
-    every profiled batch size once."""
+    """The routed experts of a mixture-of-experts layer type (None for a dense one), routed on
+    :data:`ROUTING_FORWARDS` random inputs of the largest profiled batch."""
     parallelizer = model.layered.parallelizer
     found = experts_module(module, getattr(getattr(parallelizer, "tables", None), "ep", None) or {})
     if found is None:
@@ -240,7 +244,9 @@ def _experts_of(
     block_path = found[0].rpartition(".")[0]
     block = inner.get_submodule(block_path) if block_path else inner
     router = router_class(model.hf_model.base_model)
-    inputs = [torch.randn(b, layer_seq, m.hidden, dtype=dtype) for b in batches]
+    generator = torch.Generator().manual_seed(model.seed)  # the same inputs on every run: a reproducible figure
+    shape = (batches[-1], layer_seq, m.hidden)
+    inputs = [torch.randn(shape, generator=generator).to(dtype) for _ in range(ROUTING_FORWARDS)]
     return measure_experts(
         module, found, block, router[0] if router else None, model.config, own.expert_ffn or 1, inputs, dtype,
         options.repeats, options.timeout_s,
