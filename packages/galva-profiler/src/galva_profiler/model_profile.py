@@ -22,6 +22,7 @@ import torch
 
 from galva_profiler.activation_memory import LayerActivations, measure_layer
 from galva_profiler.errors import ProfileError
+from galva_profiler.experts import experts_module, measure_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
 from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes, weight_grad_share
 from galva_profiler.model_source import MetaModel
@@ -30,6 +31,7 @@ from galva_profiler.timing import Repeats
 from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
     BatchTime,
+    ExpertProfile,
     LayerTypeProfile,
     ModelProfile,
     Precision,
@@ -81,6 +83,7 @@ class LayerMeasurement:
     times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
     weight_grad_share: dict[int, float] = field(default_factory=dict)  # seq -> share of backward (zb-h1's W)
+    experts: dict[int, ExpertProfile] = field(default_factory=dict)  # seq -> routed experts (MoE layer types)
 
 
 @dataclass
@@ -207,6 +210,9 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 degrees, options.timeout_s,
             )  # fmt: skip
             progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
+            profiled = _experts_of(model, measurement, module, seq, layer_seq, batches, dtype, options)
+            if profiled is not None:
+                measurement.experts[seq] = profiled
     model.embedding(dtype).train()
     model.head(dtype).train()
     tie(model.layered)
@@ -219,6 +225,36 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+ROUTING_FORWARDS = 8
+"""Forwards whose routing gives the measured imbalance (the mean of their figures)."""
+
+
+def _experts_of(
+    model: MetaModel, m: LayerMeasurement, module: Any, seq: int, layer_seq: int, batches: list[int],
+    dtype: torch.dtype, options: ModelSweepOptions,
+) -> ExpertProfile | None:  # fmt: skip
+    """The routed experts of a mixture-of-experts layer type (None for a dense one), routed on
+    :data:`ROUTING_FORWARDS` random inputs of the largest profiled batch."""
+    parallelizer = model.layered.parallelizer
+    found = experts_module(module, getattr(getattr(parallelizer, "tables", None), "ep", None) or {})
+    if found is None:
+        return None
+    from galva_models.tables.router import router_class
+
+    own = model.constraints(seq).layer_types[[r[1] for r in model.layer_runs()].index(m.first_index)]
+    inner = getattr(module, "layer", module)
+    block_path = found[0].rpartition(".")[0]
+    block = inner.get_submodule(block_path) if block_path else inner
+    router = router_class(model.hf_model.base_model)
+    generator = torch.Generator().manual_seed(model.seed)  # the same inputs on every run: a reproducible figure
+    shape = (batches[-1], layer_seq, m.hidden)
+    inputs = [torch.randn(shape, generator=generator).to(dtype) for _ in range(ROUTING_FORWARDS)]
+    return measure_experts(
+        module, found, block, router[0] if router else None, model.config, own.expert_ffn or 1, inputs, dtype,
+        options.repeats, options.timeout_s,
+    )  # fmt: skip
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
@@ -271,6 +307,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     ulysses_activation_mib_per_sample=_per_degree(acts, "ulysses"),
                     activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
                     weight_grad_share=m.weight_grad_share.get(seq),
+                    experts=m.experts.get(seq),
                 )
             )
         vocab = sweep.vocab[seq]
@@ -313,6 +350,7 @@ def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
                 "backward_batch_fit": bwd.to_dict(),
                 "backward_over_forward": _ratio(times),
                 "activations": m.activations[seq].to_dict(),
+                "experts": m.experts[seq].to_dict() if seq in m.experts else None,
             }
         seq_fit = sweep.sequence_fit(m.times)
         layers.append(

@@ -20,6 +20,7 @@ from galva_schema.files import output_problem, write_bytes_atomic, write_json_at
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.model_profile import (
     BatchTime,
+    ExpertProfile,
     LayerTypeProfile,
     ModelProfile,
     SequenceTime,
@@ -66,6 +67,7 @@ __all__ = [
     "ClusterSpec",
     "CollectiveTimes",
     "DataParallelType",
+    "ExpertProfile",
     "GroupKind",
     "HardwareProfile",
     "LayerRun",

@@ -51,6 +51,53 @@ class SequenceTime(GalvaModel):
 ForwardTime = Annotated[Union[StaticTime, BatchTime, SequenceTime], Field(discriminator="form")]
 
 
+class ExpertProfile(GalvaModel):
+    """The routed experts of a mixture-of-experts layer type, measured apart from the rest of the layer.
+
+    The layer's own fields describe the whole layer with every expert on one rank (ep 1): ``parameter_mib``
+    includes ``expert_parameter_mib`` and ``block_parameter_mib``, ``forward_time`` includes the experts' compute,
+    ``activation_mib_per_sample`` includes what the experts keep. These fields let the search price the experts
+    under their own layout (ep, etp, expert dp).
+    """
+
+    num_experts: PositiveInt = Field(description="Routed experts of one layer.")
+    top_k: PositiveInt = Field(description="Experts each token is routed to.")
+    expert_ffn: PositiveInt = Field(description="Each routed expert's FFN (intermediate) size.")
+    expert_parameter_mib: NonNegativeFloat = Field(
+        description="Parameters of all routed experts of one layer, fp32 bytes, MiB (split over ep x etp ranks)."
+    )
+    block_parameter_mib: NonNegativeFloat = Field(
+        0.0,
+        description="Parameters of the experts' block outside the routed experts (router, shared experts), fp32 "
+        "bytes, MiB: replicated over tp (the block sees distinct tokens on every rank).",
+    )
+    expert_time: BatchTime = Field(
+        description="Forward ms of ONE expert's FFN on n routed rows (the batch is rows, not samples)."
+    )
+    router_ms_per_token: NonNegativeFloat = Field(description="Forward ms of the router per token.")
+    imbalance: dict[PositiveInt, float] = Field(
+        description="Measured load imbalance by ep degree: the largest rank's routed rows over the mean, with the "
+        "experts split in contiguous runs over ep ranks, from real routing of the profiled model (ep 1: 1.0)."
+    )
+    activation_mib_per_row: NonNegativeFloat = Field(
+        description="Activation memory the experts keep per routed row (one token sent to one expert), MiB; part "
+        "of activation_mib_per_sample."
+    )
+    dispatch_activation_mib_per_row: NonNegativeFloat = Field(
+        0.0,
+        description="What dispatch and combine keep beyond that per routed row under ep > 1 (received rows and "
+        "their weights), MiB.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ExpertProfile:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        if any(v < 1.0 for v in self.imbalance.values()):
+            raise ValueError("imbalance: every value is max/mean, so at least 1.0")
+        return self
+
+
 class LayerTypeProfile(GalvaModel):
     """One kind of transformer layer (e.g. the decoder layer of a GPT, or the encoder layer of a T5)."""
 
@@ -87,6 +134,9 @@ class LayerTypeProfile(GalvaModel):
         le=1.0,
         description="Share of the layer's backward time that is weight gradients (what zb-h1 defers into the "
         "pipeline bubble), measured as 1 - input-gradient-only / whole backward. None: not profiled (taken as 1/2).",
+    )
+    experts: ExpertProfile | None = Field(
+        None, description="The routed experts of a mixture-of-experts layer type; null for a dense layer type."
     )
 
     @model_validator(mode="after")

@@ -31,6 +31,9 @@ def to_strategy(
                 ulysses=cand.ulysses,
                 dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
                 checkpoint=cand.checkpoint,
+                ep=cand.ep,
+                etp=cand.etp,
+                expert_dp_type=cand.expert_dp_type,
             )
         )
     zero3 = DataParallelType.ZERO3
@@ -85,4 +88,7 @@ def candidate_of(strategy: Strategy, index: int) -> Candidate:
         dp_type=strategy.layer_dp_type(index),
         ulysses=layer.ulysses,
         checkpoint=layer.checkpoint,
+        ep=layer.ep,
+        etp=layer.etp,
+        expert_dp_type=layer.expert_dp_type,
     )

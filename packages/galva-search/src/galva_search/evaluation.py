@@ -182,7 +182,7 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
     )
     c, pp, micro = strategy.num_micro_batches, strategy.pp, strategy.micro_batch_size
     per_layer = [candidate_of(strategy, i) for i in range(strategy.num_layers)]
-    candidates = sorted(set(per_layer))
+    candidates = sorted(set(per_layer), key=repr)  # expert_dp_type may be None beside a type: repr orders all
     index = {cand: i for i, cand in enumerate(candidates)}
     tables = build_tables(cost, candidates, micro, c > 1)
     vocab = VocabOption(

@@ -27,6 +27,7 @@ from galva_schema import (
 )
 from galva_schema.constraints import head_problem
 from galva_schema.sharding import sequence_shards
+from galva_search import expert_costs
 from galva_search.collectives import MIB, Collectives
 from galva_search.cost_settings import CostSettings
 from galva_search.space import Candidate
@@ -58,6 +59,8 @@ class LayerTerms:
     # model profile's measured weight_grad_share, else half (a matmul's input and weight gradients cost the same
     # FLOPs; docs §7)
     weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # expert dispatch / combine (and etp gathers): the part of tp_comm_s that is the experts' all-to-alls
+    expert_comm_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -128,6 +131,7 @@ class LayerCosts:
                     )
                 else:
                     out[i] = table[c.tp]
+            out[i] += expert_costs.extra_activation_per_sample(layer, c)
         return out
 
     def _runs_tp(self, type_index: int, tp: int) -> bool:
@@ -148,17 +152,18 @@ class LayerCosts:
         s = self.settings
         comm = self.comm
         n = len(candidates)
-        tp_degree = np.array([c.tp_degree for c in candidates], dtype=float)
         e = s.element_bytes
-        elements = layer.parameter_mib * MIB / 4.0 / tp_degree  # parameter_mib is fp32 bytes
+        split = np.array([expert_costs.parameter_split(layer, c) for c in candidates], dtype=float).reshape(n, 2)
+        params_mib, expert_mib = split[:, 0], split[:, 1]  # per rank, fp32 bytes: the rest, the routed experts
         # gradients are reduced in the dtype the runtime keeps them in (galva-hp: fp32, also under bf16), ZeRO
         # gathers move the compute copy (its element size)
-        grad_bytes = elements * s.state_bytes[1]
-        param_bytes = elements * e
+        elements, expert_elements = params_mib * MIB / 4.0, expert_mib * MIB / 4.0
+        grad_bytes, expert_grad_bytes = elements * s.state_bytes[1], expert_elements * s.state_bytes[1]
+        param_bytes, expert_param_bytes = elements * e, expert_elements * e
         sync = np.zeros(n)
         gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
-        groups: dict[tuple[str, int, bool], list[tuple[int, float, float]]] = {}
+        groups: dict[tuple[str, int, bool, bool], list[tuple[int, float, float]]] = {}  # last: expert dispatch
         pp = candidates[0].pp if candidates else 1
         stage_size = ranks_per_stage(self.world_size, pp)
         for i, c in enumerate(candidates):
@@ -166,14 +171,15 @@ class LayerCosts:
                 # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
                 # own measured curve (latency included); without the curves a pair is one all-reduce, as below
                 count = 6.0 if c.checkpoint else 4.0
-                groups.setdefault(("all_gather", c.tp, c.consecutive), []).append((i, 1.0, count))
-                groups.setdefault(("reduce_scatter", c.tp, c.consecutive), []).append((i, 1.0, count))
+                groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+                groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, count))
             elif c.tp > 1 and not c.ulysses:
                 # 2 all-reduces forward, 2 backward, 2 more when recomputing
-                groups.setdefault(("allreduce", c.tp, c.consecutive), []).append((i, 1.0, 6.0 if c.checkpoint else 4.0))
+                count = 6.0 if c.checkpoint else 4.0
+                groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
             elif c.ulysses:
                 # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
-                groups.setdefault(("all_to_all", c.tp, c.consecutive), []).append(
+                groups.setdefault(("all_to_all", c.tp, c.consecutive, False), []).append(
                     (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
                 )
             d, consecutive = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)
@@ -183,9 +189,21 @@ class LayerCosts:
                     sync[i] = comm.reduce_scatter(d, consecutive, grad_bytes[i]) + gather[i]
                 else:
                     sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
+            edp = c.expert_dp if layer.experts is not None else 1
+            if edp > 1:  # the experts' own gradient sync over their replicas (strided by ep * etp)
+                strided = c.ep * c.etp == 1
+                if expert_costs.expert_dp_type(c) in (ZERO2, ZERO3):
+                    expert_gather = comm.all_gather(edp, strided, expert_param_bytes[i])
+                    if expert_costs.expert_dp_type(c) is ZERO3:
+                        gather[i] += expert_gather
+                    sync[i] += comm.reduce_scatter(edp, strided, expert_grad_bytes[i]) + expert_gather
+                else:
+                    sync[i] += comm.allreduce(edp, strided, expert_grad_bytes[i])
             if pp > 1:
                 shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
+        for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
+            groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
         comm_groups = [
             (
                 op,
@@ -194,11 +212,12 @@ class LayerCosts:
                 np.array([m[0] for m in members]),
                 np.array([m[1] for m in members]),
                 np.array([m[2] for m in members]),
+                expert,
             )
-            for (op, size, consecutive), members in groups.items()
+            for (op, size, consecutive, expert), members in groups.items()
         ]
         zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
-        params_mib = layer.parameter_mib / tp_degree
+        expert_zero3 = np.array([expert_costs.expert_dp_type(c) is ZERO3 for c in candidates]) & (expert_mib > 0)
         total_state_bytes = sum(s.state_bytes)
         recompute = np.zeros(n)
         if any(c.checkpoint for c in candidates):
@@ -213,11 +232,17 @@ class LayerCosts:
                     c.dp_type, shard, bool(accumulating), precision=s.precision, accounting=s.state_accounting
                 )
                 states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
+                if expert_mib[i] > 0:
+                    frac = state_fraction(
+                        expert_costs.expert_dp_type(c), c.expert_dp, bool(accumulating), precision=s.precision,
+                        accounting=s.state_accounting,
+                    )
+                    states[accumulating, i] += expert_mib[i] / 4.0 * total_state_bytes * frac
         static = _LayerStatic(
             tp=np.array([c.tp for c in candidates], dtype=float),
             dp=np.array([c.dp for c in candidates], dtype=float),
             checkpoint=np.array([c.checkpoint for c in candidates]),
-            zero3=zero3,
+            zero3=zero3 | expert_zero3,
             sync=sync,
             gather=gather,
             p2p_per_byte=p2p_per_byte,
@@ -225,7 +250,7 @@ class LayerCosts:
             states=states,
             activation_per_sample=self.activation_per_sample(type_index, candidates),
             recompute_per_sample=recompute,
-            gather_mib=np.where(zero3, params_mib / 4.0 * s.element_bytes, 0.0),
+            gather_mib=(np.where(zero3, params_mib, 0.0) + np.where(expert_zero3, expert_mib, 0.0)) / 4.0 * e,
             redistribution_per_sample=redistribution_per_sample(
                 comm, candidates, stage_size, s.megatron_sp, layer.seq_length * layer.hidden_size * e
             ),
@@ -246,14 +271,20 @@ class LayerCosts:
         comm = self.comm
         f = s.factors
         local = micro_batch / st.dp  # samples per rank
-        forward = _layer_forward_seconds(layer, local / st.tp) * (f.compute * self.hardware.compute_slowdown)
+        forward = _layer_forward_seconds(layer, local / st.tp) + expert_costs.extra_forward_seconds(
+            layer, candidates, local
+        )
+        forward = np.maximum(0.0, forward) * (f.compute * self.hardware.compute_slowdown)
         recompute = np.where(st.checkpoint, forward, 0.0)
         backward = s.backward_coefficient * forward + recompute
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
         tp_comm = np.zeros(len(candidates))
-        for op, size, consecutive, index, scale, count in st.comm_groups:
-            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
-            tp_comm[index] += per * count * f.tp_comm
+        expert_comm = np.zeros(len(candidates))
+        for op, size, consecutive, index, scale, count, expert in st.comm_groups:
+            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale) * count * f.tp_comm
+            tp_comm[index] += per
+            if expert:
+                expert_comm[index] += per
         sync = st.sync * f.dp_comm
         # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
         # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
@@ -283,6 +314,7 @@ class LayerCosts:
             activation_mib=act,
             transient_mib=transient,
             weight_grad_s=share * s.backward_coefficient * forward,
+            expert_comm_s=expert_comm,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from galva_search.options import (
 )
 from galva_search.refine import Best, refine_boundaries, refine_division
 from galva_search.rules import ModelRules
-from galva_search.space import Candidate, generate_space
+from galva_search.space import Candidate, generate_space, with_expert_layouts
 from galva_search.stages import StageSolver
 from galva_search.summary import search_summary
 from galva_search.tasks import Task, TaskEnumerator
@@ -79,7 +79,9 @@ class _Planner:
         self.progress = progress
         self.explain = explain
         by_pp: dict[int, list[Candidate]] = {}
-        for c in generate_space(cost.world_size, options.space):
+        experts = [(t.experts.num_experts, t.experts.expert_ffn) for t in cost.model.layer_types if t.experts]
+        space = with_expert_layouts(generate_space(cost.world_size, options.space), experts, options.space.max_ep)
+        for c in space:
             by_pp.setdefault(c.pp, []).append(c)
         _check_vocab_profile(cost, by_pp)
         self.counts = {

@@ -8,8 +8,8 @@ consecutive ranks, the data-parallel type and activation checkpointing. The data
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from galva_comm.layout import ranks_per_stage, sharding_group_shape, tp_consecutive
 from galva_schema import DataParallelType
@@ -32,6 +32,16 @@ class Candidate:
     dp_type: DataParallelType = DataParallelType.DDP
     ulysses: bool = False
     checkpoint: bool = False
+    # mixture-of-experts layers: experts over ep ranks, each expert's FFN over etp, replicated over the rest of the
+    # stage (expert dp) under expert_dp_type (None: the layer's dp_type); ignored by a dense layer
+    ep: int = 1
+    etp: int = 1
+    expert_dp_type: DataParallelType | None = None
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard: the stage's ranks over ``ep * etp``."""
+        return self.tp * self.dp // (self.ep * self.etp)
 
     @property
     def tp_degree(self) -> int:
@@ -61,6 +71,7 @@ class SpaceOptions:
     disable_tp_consec: bool = False
     disable_vtp: bool = False
     ulysses_zero3_at_full_sp: bool = True
+    max_ep: int = 64
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -69,7 +80,7 @@ class SpaceOptions:
             raise ValueError(f"sp space {self.sp_space!r}: expected one of {', '.join(SP_SPACES)}")
         if self.disable_dp and self.disable_sdp:
             raise ValueError("disable_dp and disable_sdp cannot both be set: no data-parallel type would be left")
-        for name in ("max_tp", "max_pp"):
+        for name in ("max_tp", "max_pp", "max_ep"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name}: {value} is not a power of two >= 1")
@@ -168,12 +179,29 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
 
 
 def _with_checkpoint(candidate: Candidate) -> Candidate:
-    return Candidate(
-        candidate.pp,
-        candidate.tp,
-        candidate.dp,
-        candidate.consecutive,
-        candidate.dp_type,
-        candidate.ulysses,
-        True,
-    )
+    return replace(candidate, checkpoint=True)
+
+
+def with_expert_layouts(
+    candidates: Sequence[Candidate], expert_types: Sequence[tuple[int, int]], max_ep: int = 64
+) -> list[Candidate]:
+    """``candidates`` with every expert layout a mixture-of-experts layer may take beside each (none added when
+    ``expert_types``, the ``(experts, expert FFN size)`` of each layer type with experts, is empty).
+
+    Per candidate: ``ep`` a power of two up to ``max_ep`` dividing some layer type's experts, ``etp`` 1 or the
+    candidate's Megatron tp (the two layouts Megatron users write: experts whole, or split as the dense FFN is),
+    ``ep * etp`` dividing the stage's ranks; the experts keep the layer's data-parallel type. Which layer type may
+    take which layout is the model's rules' question (galva_search.rules).
+    """
+    if not expert_types:
+        return list(candidates)
+    out: list[Candidate] = []
+    for c in candidates:
+        stage = c.tp * c.dp
+        for etp in sorted({1, c.tp_degree}):
+            if not any(ffn % etp == 0 for _, ffn in expert_types):
+                continue
+            for ep in powers_of_two(min(max_ep, stage // etp)):
+                if any(experts % ep == 0 for experts, _ in expert_types):
+                    out.append(c if ep == etp == 1 else replace(c, ep=ep, etp=etp))
+    return out

@@ -1,0 +1,173 @@
+"""The routed experts of a mixture-of-experts layer, measured apart from the rest of the layer
+(:class:`galva_schema.ExpertProfile`).
+
+* **expert time**: the family's experts module with every row routed to expert 0, at several row counts; the
+  least-squares line over rows is one expert's FFN time (its intercept is what each expert call costs, however
+  few rows it gets).
+* **router time**: the router module on ``[tokens, hidden]`` rows, per token.
+* **imbalance**: the routing the layer really does on its profiled inputs (the experts module's ``top_k_index``,
+  recorded by a hook while the whole layer runs), per ep degree: the experts in contiguous runs of ``E / ep`` (as
+  galva-models splits them), the largest run's rows over the mean.
+* **activations per routed row**: bytes the experts module saves, by saved-tensor hooks, at two row counts; and what
+  dispatch and combine keep beyond that, in a forked 2-rank gloo group with the experts split over it by
+  galva-models and a routing that sends each rank exactly as many rows as it receives.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from galva_profiler.activation_memory import saved_bytes
+from galva_profiler.fitting import alpha_beta
+from galva_profiler.timing import Repeats, median_ms
+from galva_schema import BatchTime, ExpertProfile
+
+MIB = 2**20
+ROWS = (32, 64, 128)
+"""Row counts the expert time is measured at."""
+
+
+def experts_module(layer: nn.Module, ep_table: dict[str, str]) -> tuple[str, nn.Module] | None:
+    """``(path, module)`` of the routed experts inside a galva-models table layer (None: a dense layer)."""
+    from galva_models.tables.experts import expert_paths
+
+    inner = getattr(layer, "layer", layer)
+    for path in expert_paths(ep_table):
+        try:
+            return path, inner.get_submodule(path)
+        except AttributeError:
+            continue
+    return None
+
+
+def _call(experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, index: Tensor) -> Tensor:
+    x = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
+    weights = torch.full(index.shape, 1.0 / index.shape[1], dtype=dtype)
+    return experts(x, index, weights)  # type: ignore[no-any-return]
+
+
+def _balanced(tokens: int, top_k: int, experts: int) -> Tensor:
+    """Token ``t`` to experts ``t k .. t k + k - 1`` (mod E): every expert gets the same number of rows."""
+    return (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
+
+
+def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inputs: list[Tensor]) -> list[Tensor]:
+    """Rows each expert receives in each forward of ``layer`` on ``inputs`` (its own router's choice)."""
+    counts: list[Tensor] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+        counts.append(torch.bincount(args[1].reshape(-1), minlength=num_experts).double())
+
+    handle = experts.register_forward_pre_hook(record)
+    try:
+        with torch.no_grad():
+            for x in inputs:
+                layer(x)
+    finally:
+        handle.remove()
+    return counts
+
+
+def imbalance_by_ep(counts: list[Tensor]) -> dict[int, float]:
+    """Largest over mean rows of the ep ranks, the experts split in contiguous runs, for each power-of-two ep
+    dividing the expert count: the mean over forwards (``counts``: rows per expert of each forward) of each
+    forward's figure, since a rank holds the activations of the forward it ran, not of a pooled one."""
+    total = counts[0].numel()
+    out = {}
+    ep = 1
+    while ep <= total:
+        if total % ep == 0:
+            ratios = []
+            for forward in counts:
+                per_rank = forward.view(ep, total // ep).sum(dim=1)
+                mean = float(per_rank.mean())
+                ratios.append(float(per_rank.max()) / mean if mean > 0 else 1.0)
+            out[ep] = max(1.0, sum(ratios) / len(ratios))
+        ep *= 2
+    return out
+
+
+def _router_ms_per_token(block: nn.Module, router: type[nn.Module] | None, hidden: int, dtype: torch.dtype,
+                         repeats: Repeats) -> float:  # fmt: skip
+    found = [m for m in block.modules() if router is not None and isinstance(m, router)]
+    if len(found) != 1:
+        return 0.0
+    tokens = max(ROWS)
+    x = torch.randn(tokens, hidden, dtype=dtype)
+    return median_ms(lambda: found[0](x), repeats, x.device) / tokens
+
+
+def _dispatch_worker(rank: int, world: int, experts: nn.Module, path: str, hidden: int, top_k: int, total: int,
+                     dtype: torch.dtype) -> int:  # fmt: skip
+    """Bytes per routed row dispatch and combine keep beyond the experts' own, on one rank of a 2-rank group."""
+    import torch.distributed as dist
+
+    from galva_models.tables.experts import split_experts
+
+    split = copy.deepcopy(experts)
+    split_experts(split, path, dist.group.WORLD, None)
+    tokens = min(ROWS)
+
+    def growth(module: nn.Module) -> int:
+        one = saved_bytes(lambda: _call(module, tokens, hidden, dtype, _balanced(tokens, top_k, total)))
+        two = saved_bytes(lambda: _call(module, 2 * tokens, hidden, dtype, _balanced(2 * tokens, top_k, total)))
+        return two - one
+
+    # the balanced routing sends and receives tokens * top_k rows on each rank, as the plain module computes
+    return (growth(split) - growth(experts)) // (tokens * top_k)
+
+
+def measure_experts(
+    layer: nn.Module,
+    found: tuple[str, nn.Module],
+    block: nn.Module,
+    router: type[nn.Module] | None,
+    config: Any,
+    expert_ffn: int,
+    inputs: list[Tensor],
+    dtype: torch.dtype,
+    repeats: Repeats,
+    timeout_s: float,
+) -> ExpertProfile:
+    """Everything :class:`ExpertProfile` holds for one layer type (``expert_ffn``: from the model's constraints);
+    ``inputs``: the layer's profiled inputs, routed by its own router."""
+    from galva_comm.testing import run_distributed
+
+    path, experts = found
+    params = dict(experts.named_parameters(recurse=False))
+    total = int(next(iter(params.values())).shape[0])
+    top_k = int(getattr(config, "num_experts_per_tok", 0) or getattr(config, "top_k", 0) or 1)
+    hidden = int(config.hidden_size)
+    expert_bytes = sum(p.numel() for p in params.values()) * 4
+    block_bytes = sum(p.numel() for p in block.parameters()) * 4 - expert_bytes
+    to_first = [torch.zeros(rows, 1, dtype=torch.long) for rows in ROWS]
+    times = [
+        median_ms(lambda i=i: _call(experts, ROWS[i], hidden, dtype, to_first[i]), repeats, torch.device("cpu"))
+        for i in range(len(ROWS))
+    ]
+    slope, intercept = alpha_beta(list(ROWS), times).coefficients
+    rows = min(ROWS)
+    one = saved_bytes(lambda: _call(experts, rows, hidden, dtype, _balanced(rows, top_k, total)))
+    two = saved_bytes(lambda: _call(experts, 2 * rows, hidden, dtype, _balanced(2 * rows, top_k, total)))
+    per_row = (two - one) / (rows * top_k)
+    dispatch = 0.0
+    if total % 2 == 0:
+        ranks = run_distributed(_dispatch_worker, 2, experts, path, hidden, top_k, total, dtype, timeout=timeout_s)
+        dispatch = max(0, max(ranks)) / 1.0
+    counts = _routing_counts(layer, experts, total, inputs)
+    return ExpertProfile(
+        num_experts=total,
+        top_k=top_k,
+        expert_ffn=expert_ffn,
+        expert_parameter_mib=expert_bytes / MIB,
+        block_parameter_mib=max(0, block_bytes) / MIB,
+        expert_time=BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept),
+        router_ms_per_token=_router_ms_per_token(block, router, hidden, dtype, repeats),
+        imbalance=imbalance_by_ep(counts),
+        activation_mib_per_row=per_row / MIB,
+        dispatch_activation_mib_per_row=dispatch / MIB,
+    )
