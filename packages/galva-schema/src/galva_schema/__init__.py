@@ -19,6 +19,7 @@ from galva_schema.errors import SchemaError
 from galva_schema.files import output_problem, write_bytes_atomic, write_json_atomic, write_text_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.model_profile import (
+    AttentionCoreProfile,
     BatchTime,
     LayerTypeProfile,
     ModelProfile,
@@ -56,6 +57,7 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "SCHEMA_VERSION",
     "AllreduceBandwidth",
+    "AttentionCoreProfile",
     "BatchTime",
     "Calibration",
     "CalibrationPoint",

@@ -51,6 +51,22 @@ class SequenceTime(GalvaModel):
 ForwardTime = Annotated[Union[StaticTime, BatchTime, SequenceTime], Field(discriminator="form")]
 
 
+class AttentionCoreProfile(GalvaModel):
+    """The attention core of one layer (scores, softmax, weighted values: what ring attention splits into blocks),
+    apart from its linear parts: what context parallelism's ring steps are priced by."""
+
+    forward_time: SequenceTime = Field(
+        description="Forward ms per sample of the attention core alone against sequence length (tp 1, no mask "
+        "beyond the model's own), fitted over the profiled lengths."
+    )
+    kv_bytes_per_token: PositiveInt = Field(
+        description="Key and value bytes one token's block carries around the ring (tp 1, the profile's "
+        "precision): 2 x key/value heads x head size x element bytes."
+    )
+    causal: bool = Field(True, description="Causal (a rank skips the blocks above the diagonal) or bidirectional.")
+    seq_lengths: tuple[PositiveInt, ...] = Field((), description="Sequence lengths the fit was measured at.")
+
+
 class LayerTypeProfile(GalvaModel):
     """One kind of transformer layer (e.g. the decoder layer of a GPT, or the encoder layer of a T5)."""
 
@@ -80,6 +96,12 @@ class LayerTypeProfile(GalvaModel):
         0.0,
         description="Activation memory one forward call of the layer keeps whatever the batch (e.g. rotary cos/sin "
         "tables; measured on the plain layer), MiB, per micro-batch in flight; not kept by a checkpointed layer.",
+    )
+    attention_core: AttentionCoreProfile | None = Field(
+        None,
+        description="The attention core apart from the linear parts (context parallelism's ring steps). None: "
+        "the search takes the quadratic term of a sequence forward_time as the core (none otherwise) and "
+        "2 x hidden_size x element bytes per token.",
     )
 
     @model_validator(mode="after")
