@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from galva_profiler.activation_memory import LayerActivations, measure_layer
+from galva_profiler.attention_core import measure_attention_core
 from galva_profiler.errors import ProfileError
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
 from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes
@@ -29,6 +30,7 @@ from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
 from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
+    AttentionCoreProfile,
     BatchTime,
     LayerTypeProfile,
     ModelProfile,
@@ -80,6 +82,7 @@ class LayerMeasurement:
     parameter_bytes: int
     times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
+    attention_core: AttentionCoreProfile | None = None  # over every profiled length at once
 
 
 @dataclass
@@ -203,6 +206,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 degrees, options.timeout_s,
             )  # fmt: skip
             progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
+    _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats)
     model.embedding(dtype).train()
     model.head(dtype).train()
     tie(model.layered)
@@ -215,6 +219,24 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+def _measure_cores(
+    model: MetaModel, layers: list[LayerMeasurement], seqs: list[int], batch: int, dtype: torch.dtype, repeats: Repeats
+) -> None:
+    """Each layer type's attention core over the profiled lengths (heads from the model's constraints; causal for
+    a causal LM); none for a layer type without attention heads in them."""
+    constraints = model.constraints(seqs[0])
+    heads = {t.name: t for t in constraints.layer_types}
+    causal = getattr(model.adapter, "task", None) is not None and model.adapter.task.value == "causal_lm"
+    for m in layers:
+        own = heads.get(m.name)
+        if own is None:
+            continue
+        head_dim = getattr(model.config, "head_dim", None) or m.hidden // own.num_heads
+        m.attention_core = measure_attention_core(
+            own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats
+        )
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
@@ -266,6 +288,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     megatron_sp_activation_mib_per_sample=_per_degree(acts, "megatron_sp"),
                     ulysses_activation_mib_per_sample=_per_degree(acts, "ulysses"),
                     activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
+                    attention_core=m.attention_core,
                 )
             )
         vocab = sweep.vocab[seq]
