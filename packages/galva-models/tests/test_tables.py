@@ -203,9 +203,16 @@ def test_families_train_like_hugging_face(families: list[str]):
     _assert(run_distributed(check, 4, cases, timeout=900))
 
 
-CP_FAMILIES = ["llama", "qwen2", "mistral"]
-"""Plain attention (Llama), with biases on q/k/v (Qwen 2), and with a sliding window shorter than the sequence
-(Mistral)."""
+CP_FAMILIES = ["llama", "qwen2", "mistral", "bert"]
+"""Plain attention (Llama), with biases on q/k/v (Qwen 2), with a sliding window shorter than the sequence (Mistral),
+and bidirectional (BERT's masked LM: every block of the ring is whole)."""
+
+
+def check_context_parallel(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    """``check`` for the causal LMs and ``check_encoders`` for the encoders, in one launch."""
+    out = check(rank, world_size, [(f, p) for f, p in cases if f not in ENCODER_PLANS])
+    out.update(check_encoders(rank, world_size, [(f, p) for f, p in cases if f in ENCODER_PLANS]))
+    return out
 
 
 @pytest.mark.distributed
@@ -213,7 +220,7 @@ CP_FAMILIES = ["llama", "qwen2", "mistral"]
 def test_context_parallel_training_equals_hugging_face():
     """Ring attention on the table path: cp2, cp4, cp2 x tp2 with Megatron-SP, cp2 x Ulysses 2, pp2 x cp2 with
     ZeRO-3 and a checkpointed plan with a different cp per layer, 256 tokens, 4 fp32 steps within 1e-5."""
-    results = run_distributed(check, 4, [(f, p) for f in CP_FAMILIES for p in CP_PLANS], timeout=900)
+    results = run_distributed(check_context_parallel, 4, [(f, p) for f in CP_FAMILIES for p in CP_PLANS], timeout=900)
     assert len(results[0]) == len(CP_FAMILIES) * len(CP_PLANS)
     _assert(results)
 
@@ -484,15 +491,19 @@ def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> 
     for family in dict.fromkeys(f for f, _ in cases):
         config = encoder_config(family)
         adapter = adapter_for(config)
-        batches = task_batches(config, adapter.task.value)
-        torch.manual_seed(0)
-        ref = hugging_face_task_run(adapter.build_model(config), batches) if rank == 0 else None  # as in check()
-        for plan in [p for f, p in cases if f == family]:
+        for seq, plans in ((SEQ, PLANS), (CP_SEQ, CP_PLANS)):
+            chosen = [p for f, p in cases if f == family and p in plans]
+            if not chosen:
+                continue
+            batches = task_batches(config, adapter.task.value, seq=seq)
             torch.manual_seed(0)
-            layered = adapter.decompose(adapter.build_model(encoder_config(family)))
-            losses, norms = plan_run(layered, PLANS[plan], batches=batches)
-            if ref is not None:
-                out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
+            ref = hugging_face_task_run(adapter.build_model(config), batches) if rank == 0 else None  # as in check()
+            for plan in chosen:
+                torch.manual_seed(0)
+                layered = adapter.decompose(adapter.build_model(encoder_config(family)))
+                losses, norms = plan_run(layered, plans[plan], batches=batches, seq_len=seq)
+                if ref is not None:
+                    out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
     return out
 
 

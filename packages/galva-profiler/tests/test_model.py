@@ -48,6 +48,10 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     acts = sweep32.layers[0].activations[SEQ]
     assert set(acts.bytes_per_sample) == {"tp", "megatron_sp", "ulysses"}
     assert acts.bytes_per_sample["ulysses"][2] > 0 and acts.bytes_per_sample["megatron_sp"][2] > 0
+    # the attention core apart: tiny Llama's 2 key/value heads of 16 fp32 numbers, each for key and value
+    core = layer.attention_core
+    assert core is not None and core.causal and core.kv_bytes_per_token == 2 * 2 * 16 * 4
+    assert core.seq_lengths == (SEQ // 4, SEQ // 2, SEQ)
     report = sweep_report(sweep32)
     fit = report["layers"][0]["by_seq_length"][SEQ]["forward_batch_fit"]
     assert len(fit["residuals"]) == 2

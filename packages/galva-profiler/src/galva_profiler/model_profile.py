@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from galva_profiler.activation_memory import LayerActivations, measure_layer
+from galva_profiler.attention_core import measure_attention_core
 from galva_profiler.errors import ProfileError
 from galva_profiler.experts import experts_module, measure_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
@@ -30,6 +31,7 @@ from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
 from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
+    AttentionCoreProfile,
     BatchTime,
     ExpertProfile,
     LayerTypeProfile,
@@ -84,6 +86,7 @@ class LayerMeasurement:
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
     weight_grad_share: dict[int, float] = field(default_factory=dict)  # seq -> share of backward (zb-h1's W)
     experts: dict[int, ExpertProfile] = field(default_factory=dict)  # seq -> routed experts (MoE layer types)
+    attention_core: AttentionCoreProfile | None = None  # over every profiled length at once
 
 
 @dataclass
@@ -213,6 +216,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             profiled = _experts_of(model, measurement, module, seq, layer_seq, batches, dtype, options)
             if profiled is not None:
                 measurement.experts[seq] = profiled
+    _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats)
     model.embedding(dtype).train()
     model.head(dtype).train()
     tie(model.layered)
@@ -255,6 +259,24 @@ def _experts_of(
         module, found, block, router[0] if router else None, model.config, own.expert_ffn or 1, inputs, dtype,
         options.repeats, options.timeout_s,
     )  # fmt: skip
+
+
+def _measure_cores(
+    model: MetaModel, layers: list[LayerMeasurement], seqs: list[int], batch: int, dtype: torch.dtype, repeats: Repeats
+) -> None:
+    """Each layer type's attention core over the profiled lengths (heads from the model's constraints; causal for
+    a causal LM); none for a layer type without attention heads in them."""
+    constraints = model.constraints(seqs[0])
+    heads = {t.name: t for t in constraints.layer_types}
+    causal = getattr(model.adapter, "task", None) is not None and model.adapter.task.value == "causal_lm"
+    for m in layers:
+        own = heads.get(m.name)
+        if own is None:
+            continue
+        head_dim = getattr(model.config, "head_dim", None) or m.hidden // own.num_heads
+        m.attention_core = measure_attention_core(
+            own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats
+        )
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
@@ -308,6 +330,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     activation_mib_per_call=max(0, acts.constant_bytes["tp"][1]) / MIB,  # the plain layer's
                     weight_grad_share=m.weight_grad_share.get(seq),
                     experts=m.experts.get(seq),
+                    attention_core=m.attention_core,
                 )
             )
         vocab = sweep.vocab[seq]

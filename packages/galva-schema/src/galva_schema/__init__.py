@@ -19,6 +19,7 @@ from galva_schema.errors import SchemaError
 from galva_schema.files import output_problem, write_bytes_atomic, write_json_atomic, write_text_atomic
 from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
 from galva_schema.model_profile import (
+    AttentionCoreProfile,
     BatchTime,
     ExpertProfile,
     LayerTypeProfile,
@@ -60,6 +61,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Agreement",
     "AllreduceBandwidth",
+    "AttentionCoreProfile",
     "BatchTime",
     "Calibration",
     "CalibrationPoint",

@@ -98,6 +98,22 @@ class ExpertProfile(GalvaModel):
         return self
 
 
+class AttentionCoreProfile(GalvaModel):
+    """The attention core of one layer (scores, softmax, weighted values: what ring attention splits into blocks),
+    apart from its linear parts: what context parallelism's ring steps are priced by."""
+
+    forward_time: SequenceTime = Field(
+        description="Forward ms per sample of the attention core alone against sequence length (tp 1, no mask "
+        "beyond the model's own), fitted over the profiled lengths."
+    )
+    kv_bytes_per_token: PositiveInt = Field(
+        description="Key and value bytes one token's block carries around the ring (tp 1, the profile's "
+        "precision): 2 x key/value heads x head size x element bytes."
+    )
+    causal: bool = Field(True, description="Causal (a rank skips the blocks above the diagonal) or bidirectional.")
+    seq_lengths: tuple[PositiveInt, ...] = Field((), description="Sequence lengths the fit was measured at.")
+
+
 class LayerTypeProfile(GalvaModel):
     """One kind of transformer layer (e.g. the decoder layer of a GPT, or the encoder layer of a T5)."""
 
@@ -137,6 +153,12 @@ class LayerTypeProfile(GalvaModel):
     )
     experts: ExpertProfile | None = Field(
         None, description="The routed experts of a mixture-of-experts layer type; null for a dense layer type."
+    )
+    attention_core: AttentionCoreProfile | None = Field(
+        None,
+        description="The attention core apart from the linear parts (context parallelism's ring steps). None: "
+        "the search takes the quadratic term of a sequence forward_time as the core (none otherwise) and "
+        "2 x hidden_size x element bytes per token.",
     )
 
     @model_validator(mode="after")

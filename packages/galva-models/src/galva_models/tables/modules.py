@@ -279,6 +279,10 @@ class TableEmbedding(_InPlace):
             _, positions = form.positions(local, input_ids.device)
             assert positions is not None
             extra["position_ids"] = positions.unsqueeze(0)
+        elif form is not None and form.whole and form.cp > 1:  # whole, but of this rank's two context chunks
+            _, positions = form.positions(input_ids.shape[1] // form.seq_shards, input_ids.device, split=False)
+            assert positions is not None
+            extra["position_ids"] = positions.unsqueeze(0)
         overrides = {name: getattr(self, name) for name in self._names}
         with self._streams(input_ids.device) if sliced else contextlib.nullcontext():
             recorded = self.inputs.run(0, overrides, **{self._keyword: input_ids}, **extra)
