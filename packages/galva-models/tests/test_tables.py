@@ -417,28 +417,34 @@ def _resume_under_other_expert_layouts(rank: int, world_size: int, root: str) ->
     steps(model, optimizer, range(2))
     io.save(root, 2, scheduler_state(optimizer))
     out: dict[str, object] = {"ep2": steps(model, optimizer, range(2, 4)), "ep2/experts": experts(io)}
-    for plan in ("ep4", "ep2-etp2"):
+    for plan in RESUMED:
         model, optimizer, io = built(plan)
         assert io.load(open_source(f"{root}/step-00000002")) == 2
         out[plan], out[f"{plan}/experts"] = steps(model, optimizer, range(2, 4)), experts(io)
     return out
 
 
+PLANS["ep2-expert-zero3"] = _plan([{"ep": 2, "expert_dp_type": "zero3"}] * 4)
+RESUMED = {"ep4": 1, "ep2-etp2": 2, "ep2-expert-zero3": 1}
+"""Plans an ep2 save resumes under, with the experts each rank holds: ep4 one; etp2 its ep rank's two (a part of
+each); ZeRO-3 over the expert data-parallel pair shards ep2's two experts by expert (dim 0), one each."""
+
+
 @pytest.mark.distributed
 def test_a_mixture_of_experts_saved_under_ep2_resumes_under_ep4_and_etp2(tmp_path):
-    """The next two steps after resuming an ep2 save under ep4 or ep2 x etp2 equal the uninterrupted run (1e-5
-    relative, loss and gradient norm); each rank writes and reads only its own experts' tensors (ep2: experts
-    0-1 or 2-3, ep4: one), never the whole layer."""
+    """The next two steps after resuming an ep2 save under ep4, ep2 x etp2 or ep2 with ZeRO-3 experts equal the
+    uninterrupted run (1e-5 relative, loss and gradient norm); each rank writes and reads only its own experts'
+    tensors (a contiguous run of them), never the whole layer."""
     results = run_distributed(_resume_under_other_expert_layouts, 4, str(tmp_path), timeout=600)
     full = results[0]["ep2"]
-    for plan in ("ep4", "ep2-etp2"):
+    for plan in RESUMED:
         resumed = results[0][plan]
         for k in (0, 1):  # loss, grad norm
             diff = _rel([r[k] for r in resumed], [f[k] for f in full])
             assert diff < TOL, f"{plan}: {('loss', 'grad norm')[k]} differs from the uninterrupted run by {diff:.2e}"
-    for plan, ep in (("ep2", 2), ("ep4", 4), ("ep2-etp2", 2)):  # a contiguous run of 4 / ep experts per rank
+    for plan, size in {"ep2": 2, **RESUMED}.items():  # every expert held, each rank a contiguous run of them
         held = [r[f"{plan}/experts"] for r in results]
-        runs = [list(range(k * 4 // ep, (k + 1) * 4 // ep)) for k in range(ep)]
+        runs = [list(range(k, k + size)) for k in range(0, 4, size)]
         assert all(h in runs for h in held) and all(run in held for run in runs), (plan, held)
 
 
