@@ -54,20 +54,20 @@ def losses(path: Path) -> list[float]:
 
 
 def test_resume_under_another_plan_continues_the_run(tmp_path):
-    """6 steps under A == 3 under A, save, 3 more under B (1e-5) or under A again (bit-identical). GPT-2 ties its
-    word table and head: under A one holder per stage, under B both on one; the tied weight's AdamW moments are its
-    owner's (the embedding's), saved once."""
+    """6 steps under B == 3 under B, save, 3 more under A (1e-5) or under B again (bit-identical). GPT-2 ties its
+    word table and head: under B both holders are on one rank, which saves the tied weight's AdamW moments, its
+    owner's (the embedding's; the head's holder has none); under A one holder per stage."""
     run = ["--model", "tiny-gpt2", *COMMON, "--train-iters", "6"]
-    galva_train([*run, *PLAN_A, "--metrics-jsonl", tmp_path / "full.jsonl"])
-    galva_train([*run, *PLAN_A, "--save", tmp_path / "a", "--save-interval", "3", "--exit-interval", "3"])
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["step-00000003"]
-    resumed = ["--load", tmp_path / "a", *COMMON, "--train-iters", "6"]
-    galva_train([*resumed, *PLAN_B, "--metrics-jsonl", tmp_path / "b.jsonl"])
-    galva_train([*resumed, *PLAN_A, "--metrics-jsonl", tmp_path / "a2.jsonl"])
+    galva_train([*run, *PLAN_B, "--metrics-jsonl", tmp_path / "full.jsonl"])
+    galva_train([*run, *PLAN_B, "--save", tmp_path / "b", "--save-interval", "3", "--exit-interval", "3"])
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["step-00000003"]
+    resumed = ["--load", tmp_path / "b", *COMMON, "--train-iters", "6"]
+    galva_train([*resumed, *PLAN_A, "--metrics-jsonl", tmp_path / "a.jsonl"])
+    galva_train([*resumed, *PLAN_B, "--metrics-jsonl", tmp_path / "b2.jsonl"])
     full = losses(tmp_path / "full.jsonl")
     assert len(full) == 6
-    assert losses(tmp_path / "a2.jsonl") == full[3:]  # same plan: bit-identical
-    other = losses(tmp_path / "b.jsonl")
+    assert losses(tmp_path / "b2.jsonl") == full[3:]  # same plan: bit-identical
+    other = losses(tmp_path / "a.jsonl")
     assert len(other) == 3
     assert max(abs(a - b) for a, b in zip(other, full[3:])) < 1e-5
 
