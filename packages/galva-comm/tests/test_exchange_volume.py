@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from galva_comm.layout import ShardLayout, busiest_rank_fraction, redistribution_plan
+from galva_comm.shards import ShardLayout, busiest_rank_fraction, redistribution_plan
 
 FOUR = (0, 1, 2, 3)
 

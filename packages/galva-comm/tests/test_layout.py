@@ -9,15 +9,14 @@ import pytest
 
 from galva_comm.layout import (
     RankLayout,
-    ShardLayout,
     data_parallel_groups,
     embedding_tie_groups,
     expert_groups,
     model_parallel_groups,
     pipeline_groups,
-    redistribution_plan,
     stage_ranks,
 )
+from galva_comm.shards import ShardLayout, redistribution_plan
 from galva_schema import GroupKind, Strategy
 
 

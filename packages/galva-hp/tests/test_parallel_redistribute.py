@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from galva_comm.groups import ProcessGroupCache
-from galva_comm.layout import ShardLayout, redistribution_plan
+from galva_comm.shards import ShardLayout, redistribution_plan
 from galva_hp.batch import shard_for
 from galva_hp.parallel.redistribute import Redistribute, plan_groups, redistribute
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from galva_comm.groups import ProcessGroupCache
-from galva_comm.layout import ShardLayout, data_parallel_groups, model_parallel_groups, redistribution_plan
+from galva_comm.layout import data_parallel_groups, model_parallel_groups
+from galva_comm.shards import ShardLayout, redistribution_plan
 from galva_comm.testing import run_distributed
 from galva_hp.batch import shard_for
 from galva_hp.model import LayeredModel, ParallelContext

@@ -71,6 +71,26 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_shutdown_after_success_keeps_the_success(tmp_path, signum):
+    """The command's work is done and its outputs are whole: a signal landing while Python shuts down (torch's
+    finalization takes seconds) neither turns the exit into a silent death by signal nor prints a traceback; the
+    status is the command's own (0)."""
+    program = f"""
+        import atexit
+
+        def late():  # during interpreter finalization, after the command returned
+            os.kill(os.getpid(), {int(signum)})
+            time.sleep(0.5)
+            print("finalized", file=sys.stderr, flush=True)
+
+        atexit.register(late)
+        sys.exit(run_command("demo", lambda: started() or 0, end_process=True))
+        """
+    code, lines = _finish(_start(tmp_path, program))
+    assert (code, lines) == (0, ["finalized"])
+
+
 def test_in_process_the_status_is_returned_and_the_handlers_restored(tmp_path):
     program = """
         before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from galva_comm.layout import ShardLayout
+from galva_comm.shards import ShardLayout
 from galva_schema.sharding import contiguous_block
 
 __all__ = ["micro_batch", "shard_for"]

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from galva_comm.groups import ProcessGroupCache
-from galva_comm.layout import LayerGroups, RankLayout, RedistributionPlan
+from galva_comm.layout import LayerGroups, RankLayout
+from galva_comm.shards import RedistributionPlan
 from galva_hp.activation_checkpoint import Checkpointed
 from galva_hp.data_parallel import DdpUnit, wrap
 from galva_hp.deferred_init import is_meta, materialize

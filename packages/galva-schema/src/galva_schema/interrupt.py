@@ -156,14 +156,16 @@ class _Guard:
         self.old_wakeup_fd = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
         self.thread.start()
 
-    def uninstall(self) -> None:
+    def uninstall(self, finished: bool = False) -> None:
+        """Stop watching; with ``finished`` (the command's process, its work done) the signals are ignored from now
+        on instead of handed back: the exit status stays the command's through the interpreter's shutdown."""
         self.done.set()
         with contextlib.suppress(OSError):
             self.writer.send(b"\0")  # wakes the thread; signal numbers are never 0
         self.thread.join(timeout=1.0)
         signal.set_wakeup_fd(self.old_wakeup_fd)
         for signum, handler in self.old_handlers.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if finished else handler)
         self.reader.close()
         self.writer.close()
 
@@ -219,20 +221,25 @@ def run_command(prog: str, body: Callable[[], int], *, end_process: bool = False
     ``end_process``: this is the command's process (its console script, ``argv`` from the command line, not a test
     calling ``main``). Once interrupted and unwound it then ends at once, without interpreter finalization: with torch
     loaded that takes seconds, and in a rank, collectives in flight and the native threads serving them must neither
-    hold up nor abort its exit (``terminate called ...``). Outside the main thread ``body`` simply runs.
+    hold up nor abort its exit (``terminate called ...``). Once ``body`` has returned, success wins: SIGINT and SIGTERM
+    are ignored while Python shuts down, so the exit status is ``body``'s, never a silent death by the signal.
+    Outside the main thread ``body`` simply runs.
     """
     if threading.current_thread() is not threading.main_thread():
         return body()
     guard = _Guard(prog)
     guard.install()
+    finished = False
     try:
-        return body()
+        status = body()
+        finished = end_process  # the work is done and its outputs whole: a later signal does not undo that
+        return status
     except Interrupted as err:
         return _ended(guard, err.signum, end_process)
     except KeyboardInterrupt:  # raised by a library's own SIGINT handler, or before ours was installed
         return _ended(guard, signal.SIGINT, end_process)
     finally:
-        guard.uninstall()
+        guard.uninstall(finished)
 
 
 def _ended(guard: _Guard, signum: int, end_process: bool) -> int:

@@ -15,7 +15,8 @@ from functools import cache
 
 import numpy as np
 
-from galva_comm.layout import ShardLayout, busiest_rank_fraction, tp_consecutive
+from galva_comm.layout import tp_consecutive
+from galva_comm.shards import ShardLayout, busiest_rank_fraction
 from galva_schema import DataParallelType
 from galva_schema.sharding import sequence_shards
 from galva_search.collectives import GB, Collectives

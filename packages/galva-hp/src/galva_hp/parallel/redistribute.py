@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_comm.groups import ProcessGroupCache
-from galva_comm.layout import Group, RedistributionPlan, ShardLayout
+from galva_comm.layout import Group
+from galva_comm.shards import RedistributionPlan, ShardLayout
 
 __all__ = ["Redistribute", "execute_plan", "plan_groups", "redistribute"]
 

@@ -168,7 +168,8 @@ def _global_strategy(args: argparse.Namespace, world_size: int, num_layers: int,
         raise ConfigError("--sequence-parallel splits the sequence of tp layers; it needs --tp or --vocab-tp > 1")
     gbs, micro_batches = _batch(args, per_stage, tp, vocab_tp, cp)
     schedule = args.pipeline_schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b")
-    dp_type = DataParallelType.ZERO3 if args.sdp else DataParallelType(_dp_type(args))
+    default_dp = DataParallelType(_dp_type(args))  # checks --sdp against --default-dp-type too
+    dp_type = DataParallelType.ZERO3 if args.sdp else default_dp
     from pydantic import ValidationError
 
     from galva_schema.errors import from_validation_error

@@ -41,7 +41,9 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as err:  # transformers' messages run over several lines: the first says it
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].strip()
+        if first.endswith(":"):  # "Couldn't instantiate the backend tokenizer from one of:" and a list below it
+            first = "no tokenizer files it can read (tokenizer.json, or tokenizer_config.json with its vocabulary)"
         raise ValueError(f"{path}: cannot load a tokenizer: {first}") from None
 
 
