@@ -31,6 +31,7 @@ def to_strategy(
                 ulysses=cand.ulysses,
                 dp_type=None if cand.dp_type is settings.default_dp_type else cand.dp_type,
                 checkpoint=cand.checkpoint,
+                cp=cand.cp,
             )
         )
     zero3 = DataParallelType.ZERO3
@@ -38,6 +39,7 @@ def to_strategy(
         tp=task.vocab.tp,
         sp=task.vocab.sp,
         dp_type=zero3 if task.vocab.zero3 and settings.default_dp_type is not zero3 else None,
+        cp=task.vocab.cp,
     )
     t = iteration_time_s
     return Strategy(
@@ -80,9 +82,10 @@ def candidate_of(strategy: Strategy, index: int) -> Candidate:
     return Candidate(
         pp=strategy.pp,
         tp=layer.tp,
-        dp=ranks // layer.tp,
+        dp=ranks // (layer.tp * layer.cp),
         consecutive=tp_consecutive(layer.tp, ranks, layer.tp_consecutive),
         dp_type=strategy.layer_dp_type(index),
         ulysses=layer.ulysses,
         checkpoint=layer.checkpoint,
+        cp=layer.cp,
     )

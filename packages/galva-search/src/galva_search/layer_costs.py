@@ -29,6 +29,7 @@ from galva_schema.constraints import head_problem
 from galva_schema.sharding import sequence_shards
 from galva_search.collectives import MIB, Collectives
 from galva_search.cost_settings import CostSettings
+from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
 from galva_search.states import state_fraction
 from galva_search.transitions import redistribution_per_sample, switch_penalty
@@ -57,6 +58,7 @@ class LayerTerms:
     # weight-gradient (W) share of backward_s, the work zb-h1 defers into the bubble: half the backward compute
     # without recomputation (a matmul's input-gradient and weight-gradient cost the same FLOPs; docs §7)
     weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ring_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # context parallelism: ring transfers exposed
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -66,6 +68,8 @@ class LayerTerms:
 class _LayerStatic:
     tp: np.ndarray
     dp: np.ndarray
+    cp: np.ndarray
+    ring_gb_per_s: np.ndarray  # context parallelism: bandwidth between ring neighbours
     checkpoint: np.ndarray
     zero3: np.ndarray
     sync: np.ndarray
@@ -100,7 +104,8 @@ class LayerCosts:
         self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
 
     def activation_per_sample(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
-        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication)."""
+        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication);
+        context parallelism keeps ``1 / cp`` of the tokens, so ``1 / cp`` of each."""
         layer = self.model.layer_types[type_index]
         table = layer.activation_mib_per_sample
         out = np.empty(len(candidates))
@@ -127,7 +132,7 @@ class LayerCosts:
                     )
                 else:
                     out[i] = table[c.tp]
-        return out
+        return out / np.array([c.cp for c in candidates], dtype=float)
 
     def _runs_tp(self, type_index: int, tp: int) -> bool:
         """Whether the model's constraints (if the profile has them) let this layer type run Megatron tp ``tp``."""
@@ -179,7 +184,7 @@ class LayerCosts:
                 else:
                     sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
             if pp > 1:
-                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp) * c.cp
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
         comm_groups = [
             (
@@ -211,6 +216,15 @@ class LayerCosts:
         static = _LayerStatic(
             tp=np.array([c.tp for c in candidates], dtype=float),
             dp=np.array([c.dp for c in candidates], dtype=float),
+            cp=np.array([c.cp for c in candidates], dtype=float),
+            # a ring spans cp model-parallel groups (cp ranks when they are strided): priced at the pipeline whose
+            # neighbours are half that span apart, its slowest link inside a node only when the whole span is
+            ring_gb_per_s=np.array(
+                [
+                    ring_bandwidth_gb_per_s(comm, (c.tp if c.consecutive else 1) * c.cp // 2) if c.cp > 1 else 1.0
+                    for c in candidates
+                ]
+            ),
             checkpoint=np.array([c.checkpoint for c in candidates]),
             zero3=zero3,
             sync=sync,
@@ -241,10 +255,12 @@ class LayerCosts:
         comm = self.comm
         f = s.factors
         local = micro_batch / st.dp  # samples per rank
-        forward = _layer_forward_seconds(layer, local / st.tp) * (f.compute * self.hardware.compute_slowdown)
+        # context parallelism: 1 / cp of the tokens and, the chunks balanced, of the attention pairs
+        compute_factor = f.compute * self.hardware.compute_slowdown
+        forward = _layer_forward_seconds(layer, local / (st.tp * st.cp)) * compute_factor
         recompute = np.where(st.checkpoint, forward, 0.0)
         backward = s.backward_coefficient * forward + recompute
-        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
+        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes / st.cp
         tp_comm = np.zeros(len(candidates))
         for op, size, consecutive, index, scale, count in st.comm_groups:
             per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale)
@@ -256,14 +272,17 @@ class LayerCosts:
         gather = st.gather * f.dp_comm
         gather_bwd = comm.overlapped(backward, gather)
         zero3_wall = np.where(st.zero3, gather + gather_bwd - backward, 0.0)
-        micro = forward + backward + tp_comm + zero3_wall
+        ring, kv_buffer = ring_terms(
+            layer, candidates, local, comm, st.ring_gb_per_s, s.element_bytes, s.backward_coefficient, compute_factor
+        )
+        ring = ring * f.tp_comm
+        micro = forward + backward + tp_comm + zero3_wall + ring
         exposed = np.where(
             st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
         )
-        act = (local * st.activation_per_sample + np.where(st.checkpoint, 0.0, layer.activation_mib_per_call)) * (
-            f.activations
-        )
-        transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
+        per_call = np.where(st.checkpoint, 0.0, layer.activation_mib_per_call / st.cp)  # per-position tables, cut
+        act = (local * st.activation_per_sample + per_call) * f.activations
+        transient = (local * st.recompute_per_sample + kv_buffer) * f.activations + 2.0 * st.gather_mib * f.states
         return LayerTerms(
             forward_s=forward,
             backward_s=backward,
@@ -277,6 +296,7 @@ class LayerCosts:
             activation_mib=act,
             transient_mib=transient,
             weight_grad_s=0.5 * s.backward_coefficient * forward,
+            ring_s=ring,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

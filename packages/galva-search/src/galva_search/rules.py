@@ -43,7 +43,7 @@ class ModelRules:
         self.world_size = world_size
         self.source = source
         self.seq_lengths = [lt.seq_length for lt in model.layer_types]
-        self._layer: dict[tuple[int, int, bool, bool, bool], bool] = {}
+        self._layer: dict[tuple[int, int, bool, bool, bool, int], bool] = {}
         if self.constraints is not None:
             self._check_any_plan_runs()
 
@@ -62,7 +62,7 @@ class ModelRules:
 
     def _layer_allows(self, type_index: int, c: Candidate, type_end: bool) -> bool:
         zero3 = c.dp_type is DataParallelType.ZERO3
-        key = (type_index, c.tp, c.ulysses, zero3, type_end)
+        key = (type_index, c.tp, c.ulysses, zero3, type_end, c.cp)
         hit = self._layer.get(key)
         if hit is None:
             assert self.constraints is not None
@@ -71,8 +71,10 @@ class ModelRules:
                 update={"num_layers": 1, "output_seq_length": own.output_seq_length if type_end else None}
             )
             probe_constraints = ModelConstraints(model_name=self.constraints.model_name, layer_types=(one,))
-            layer = LayerStrategy(tp=c.tp, ulysses=c.ulysses, dp_type=DataParallelType.ZERO3 if zero3 else None)
-            probe = self._probe(layer, VocabStrategy(), ranks=2 * c.tp)
+            layer = LayerStrategy(
+                tp=c.tp, ulysses=c.ulysses, dp_type=DataParallelType.ZERO3 if zero3 else None, cp=c.cp
+            )
+            probe = self._probe(layer, VocabStrategy(), ranks=2 * c.tp * c.cp)
             problems = plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)  # as check() asks
             hit = self._layer[key] = not problems
         return hit
@@ -90,7 +92,9 @@ class ModelRules:
         )
         zero3 = DataParallelType.ZERO3 if option.zero3 else None
         probe = self._probe(
-            LayerStrategy(), VocabStrategy(tp=option.tp, sp=option.sp, dp_type=zero3), ranks=2 * option.tp
+            LayerStrategy(),
+            VocabStrategy(tp=option.tp, sp=option.sp, dp_type=zero3, cp=option.cp),
+            ranks=2 * option.tp * option.cp,
         )
         return not plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)
 
