@@ -132,6 +132,10 @@ class LayerCosts:
                     )
                 else:
                     out[i] = table[c.tp]
+            if c.cp > 1 and not c.checkpoint:
+                # galva-hp's ring keeps its attention output and the output projection its own copy: one more
+                # [S, H / tp] tensor than the profiled attention (measured by galva-profile check)
+                out[i] += layer.seq_length * layer.hidden_size * self.settings.element_bytes / c.tp / MIB
         return out / np.array([c.cp for c in candidates], dtype=float)
 
     def _runs_tp(self, type_index: int, tp: int) -> bool:
