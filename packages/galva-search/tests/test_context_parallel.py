@@ -42,7 +42,14 @@ def test_cp_splits_compute_and_activations_and_prices_the_ring(tiny, tiny_hw):
     big = CostModel(tiny_hw, _with_core(tiny, 1.0, 1024), settings)  # one step: 4 x 1 ms / 4 = 1 ms of compute
     t = big.layer_terms(0, [plain, ring], 8, 1)
     assert t.forward_s[1] == pytest.approx(t.forward_s[0])  # 8 / 2 / 2 = 8 / 4 samples-equivalent per rank
-    assert t.activation_mib[1] == pytest.approx(t.activation_mib[0] / 2 * 2)  # 4 samples at half the tokens
+    layer = tiny.layer_types[0]
+    ring_output = layer.seq_length * layer.hidden_size * 2 / 2**20  # galva-hp's ring keeps one more [S, H] (bf16)
+    per_call = layer.activation_mib_per_call
+    assert t.activation_mib[0] == pytest.approx(2 * layer.activation_mib_per_sample[1] + per_call)
+    # 4 samples at half the tokens
+    assert t.activation_mib[1] == pytest.approx(
+        4 * (layer.activation_mib_per_sample[1] + ring_output) / 2 + per_call / 2
+    )
     block = 4 * 256 * 1024  # 4 samples x 256 tokens x 1 KiB: 1 MiB = 42 us at 25 GB/s, under 1 ms of compute
     transfer = block / 25e9
     # hidden but for the overlap's slowdown (sigma 1.25) of the shorter one: forward kv, backward kv + gradients
