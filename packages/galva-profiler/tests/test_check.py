@@ -129,6 +129,25 @@ def test_check_on_four_ranks(profiles: Path, tmp_path: Path) -> None:
         assert abs(row["errors"]["activations"]) < 0.03, row
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_check_of_a_context_parallel_plan(profiles: Path, tmp_path: Path) -> None:
+    """Ring attention's activations as galva-search prices them (docs/cost-model.md §3.4): a layer at cp 2, one
+    checkpointed at cp 2, a plain one and a Ulysses one, vocabulary cp 2, on 2 ranks (16 tokens: 4 per chunk)."""
+    layers = [{"cp": 2}, {"cp": 2, "checkpoint": True}, {}, {"tp": 2, "ulysses": True}]
+    plan = Strategy(world_size=2, pp=1, global_batch_size=2, num_micro_batches=1, mixed_precision="fp32",
+                    layers=[LayerStrategy(**layer) for layer in layers], vocab={"cp": 2})  # fmt: skip
+    plan.save(tmp_path / "cp.json")
+    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
+            str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(tmp_path / "cp.json"),
+            "--steps", "1", "--warmup", "0", "-o", str(tmp_path / "check.json")]  # fmt: skip
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "check.json").read_text())["rows"]
+    assert abs(row["errors"]["activations"]) < 0.03, row
+    assert abs(row["errors"]["states"]) < 0.03, row
+
+
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "hw.json").write_text("{}")
     for args, needle in (

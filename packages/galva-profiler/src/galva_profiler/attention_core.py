@@ -4,6 +4,8 @@ quadratic per sample (what context parallelism's ring splits into blocks: its st
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
@@ -17,6 +19,16 @@ def core_lengths(seq_lengths: tuple[int, ...]) -> tuple[int, ...]:
     """The lengths to time: the profiled ones and, below each, its half and quarter (a quadratic needs three)."""
     out = {s // k for s in seq_lengths for k in (1, 2, 4) if s // k >= 1}
     return tuple(sorted(out))
+
+
+def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, causal: bool) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        for t in (q, k, v):
+            t.grad = None
+        keys, values = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
+        return scaled_dot_product_attention(q, keys, values, is_causal=causal)
+
+    return run
 
 
 def measure_attention_core(
@@ -39,14 +51,7 @@ def measure_attention_core(
         k = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
         v = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
 
-        def run(q=q, k=k, v=v) -> torch.Tensor:
-            for t in (q, k, v):
-                t.grad = None
-            groups = heads // kv_heads
-            keys, values = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
-            return scaled_dot_product_attention(q, keys, values, is_causal=causal)
-
-        per_sample.append(time_passes(run, repeats).forward_ms / batch)
+        per_sample.append(time_passes(_core(q, k, v, heads // kv_heads, causal), repeats).forward_ms / batch)
     if len(lengths) >= 3:
         a, b, c = quadratic(lengths, per_sample).coefficients
     else:  # a sequence of 1 or 2 tokens: the core is all quadratic

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(f"--disable-{name}", action="store_true")
     g.add_argument("--max-tp", type=int, default=8)
     g.add_argument("--max-pp", type=int, default=8)
+    g.add_argument("--max-cp", type=int, default=1,
+                   help="largest context-parallel degree (ring attention) per layer and for the vocabulary, with "
+                   "tp and Ulysses alike; a power of two (default 1: none)")
     g.add_argument("--pipeline-schedule", choices=sorted(_SCHEDULES), default="1f1b",
                    help="pipeline schedule of plans with pp > 1: 1f1b (= pipedream_flush, the reference's), gpipe, "
                    "interleaved-1f1b (--virtual-stages model chunks per stage), zb-h1 (zero-bubble H1); auto: the "
@@ -167,7 +170,7 @@ _RANGES: dict[str, tuple[float, bool]] = {
     # flag: (minimum, whether the minimum itself is allowed)
     "nodes": (1, True), "gpus_per_node": (1, True), "global_batch_size": (1, True), "min_batch_size": (1, True),
     "max_batch_size": (1, True), "batch_size_scale": (1, True), "num_micro_batches": (1, True), "max_tp": (1, True),
-    "max_pp": (1, True), "backward_coefficient": (0, False), "threads": (0, True),
+    "max_pp": (1, True), "max_cp": (1, True), "backward_coefficient": (0, False), "threads": (0, True),
 }  # fmt: skip
 _BATCH_FLAGS = ("global_batch_size", "min_batch_size", "max_batch_size", "num_micro_batches")
 _OUTPUTS = ("output", "summary_json", "galvatron_output", "log", "report_html")
@@ -276,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         default_dp_type=default_dp,
         max_tp=args.max_tp,
         max_pp=args.max_pp,
+        max_cp=args.max_cp,
         disable_dp=args.disable_dp,
         disable_sdp=args.disable_sdp,
         disable_tp=args.disable_tp,

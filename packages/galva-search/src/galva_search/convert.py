@@ -34,6 +34,7 @@ def to_strategy(
                 ep=cand.ep,
                 etp=cand.etp,
                 expert_dp_type=cand.expert_dp_type,
+                cp=cand.cp,
             )
         )
     zero3 = DataParallelType.ZERO3
@@ -41,6 +42,7 @@ def to_strategy(
         tp=task.vocab.tp,
         sp=task.vocab.sp,
         dp_type=zero3 if task.vocab.zero3 and settings.default_dp_type is not zero3 else None,
+        cp=task.vocab.cp,
     )
     t = iteration_time_s
     return Strategy(
@@ -83,7 +85,7 @@ def candidate_of(strategy: Strategy, index: int) -> Candidate:
     return Candidate(
         pp=strategy.pp,
         tp=layer.tp,
-        dp=ranks // layer.tp,
+        dp=ranks // (layer.tp * layer.cp),
         consecutive=tp_consecutive(layer.tp, ranks, layer.tp_consecutive),
         dp_type=strategy.layer_dp_type(index),
         ulysses=layer.ulysses,
@@ -91,4 +93,5 @@ def candidate_of(strategy: Strategy, index: int) -> Candidate:
         ep=layer.ep,
         etp=layer.etp,
         expert_dp_type=layer.expert_dp_type,
+        cp=layer.cp,
     )

@@ -86,11 +86,13 @@ class CostModel:
 
     # ----------------------------------------------------------------------------------------------- vocabulary
     def vocab_options(
-        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True
+        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True, max_cp: int = 1
     ) -> list[VocabOption]:
         """Every vocabulary plan whose profile entries exist, for pipeline degree ``pp``
         (:meth:`VocabCosts.options`)."""
-        return self._vocab.options(pp, max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=allow_tp)
+        return self._vocab.options(
+            pp, max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=allow_tp, max_cp=max_cp
+        )
 
     def vocab_terms(
         self, pp: int, option: VocabOption, micro_batch: int, num_micro_batches: int, in_flight: Sequence[float]

@@ -186,7 +186,10 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
     index = {cand: i for i, cand in enumerate(candidates)}
     tables = build_tables(cost, candidates, micro, c > 1)
     vocab = VocabOption(
-        tp=strategy.vocab.tp, sp=strategy.vocab.sp, zero3=strategy.vocab_dp_type is DataParallelType.ZERO3
+        tp=strategy.vocab.tp,
+        sp=strategy.vocab.sp,
+        zero3=strategy.vocab_dp_type is DataParallelType.ZERO3,
+        cp=strategy.vocab.cp,
     )
     schedule, v = strategy.pipeline_schedule, strategy.virtual_stages
     vocab_terms = cost.vocab_terms(pp, vocab, micro, c, cost.in_flight(pp, c, schedule, v))

@@ -30,6 +30,7 @@ from galva_schema.sharding import sequence_shards
 from galva_search import expert_costs
 from galva_search.collectives import MIB, Collectives
 from galva_search.cost_settings import CostSettings
+from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
 from galva_search.states import state_fraction
 from galva_search.transitions import redistribution_per_sample, switch_penalty
@@ -61,6 +62,7 @@ class LayerTerms:
     weight_grad_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # expert dispatch / combine (and etp gathers): the part of tp_comm_s that is the experts' all-to-alls
     expert_comm_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ring_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # context parallelism: ring transfers exposed
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -70,6 +72,8 @@ class LayerTerms:
 class _LayerStatic:
     tp: np.ndarray
     dp: np.ndarray
+    cp: np.ndarray
+    ring_gb_per_s: np.ndarray  # context parallelism: bandwidth between ring neighbours
     checkpoint: np.ndarray
     zero3: np.ndarray
     sync: np.ndarray
@@ -104,7 +108,8 @@ class LayerCosts:
         self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
 
     def activation_per_sample(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
-        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication)."""
+        """Activation MiB per local sample kept for backward by each candidate (before in-flight multiplication);
+        context parallelism keeps ``1 / cp`` of the tokens, so ``1 / cp`` of each."""
         layer = self.model.layer_types[type_index]
         table = layer.activation_mib_per_sample
         out = np.empty(len(candidates))
@@ -132,7 +137,11 @@ class LayerCosts:
                 else:
                     out[i] = table[c.tp]
             out[i] += expert_costs.extra_activation_per_sample(layer, c)
-        return out
+            if c.cp > 1 and not c.checkpoint:
+                # galva-hp's ring keeps its attention output and the output projection its own copy: one more
+                # [S, H / tp] tensor than the profiled attention (measured by galva-profile check)
+                out[i] += layer.seq_length * layer.hidden_size * self.settings.element_bytes / c.tp / MIB
+        return out / np.array([c.cp for c in candidates], dtype=float)
 
     def _runs_tp(self, type_index: int, tp: int) -> bool:
         """Whether the model's constraints (if the profile has them) let this layer type run Megatron tp ``tp``."""
@@ -200,7 +209,7 @@ class LayerCosts:
                 else:
                     sync[i] += comm.allreduce(edp, strided, expert_grad_bytes[i])
             if pp > 1:
-                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp)
+                shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp) * c.cp
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
         for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
             groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
@@ -241,6 +250,15 @@ class LayerCosts:
         static = _LayerStatic(
             tp=np.array([c.tp for c in candidates], dtype=float),
             dp=np.array([c.dp for c in candidates], dtype=float),
+            cp=np.array([c.cp for c in candidates], dtype=float),
+            # a ring spans cp model-parallel groups (cp ranks when they are strided): priced at the pipeline whose
+            # neighbours are half that span apart, its slowest link inside a node only when the whole span is
+            ring_gb_per_s=np.array(
+                [
+                    ring_bandwidth_gb_per_s(comm, (c.tp if c.consecutive else 1) * c.cp // 2) if c.cp > 1 else 1.0
+                    for c in candidates
+                ]
+            ),
             checkpoint=np.array([c.checkpoint for c in candidates]),
             zero3=zero3 | expert_zero3,
             sync=sync,
@@ -271,13 +289,15 @@ class LayerCosts:
         comm = self.comm
         f = s.factors
         local = micro_batch / st.dp  # samples per rank
-        forward = _layer_forward_seconds(layer, local / st.tp) + expert_costs.extra_forward_seconds(
-            layer, candidates, local
+        # context parallelism: 1 / cp of the tokens and, the chunks balanced, of the attention pairs
+        compute_factor = f.compute * self.hardware.compute_slowdown
+        forward = _layer_forward_seconds(layer, local / (st.tp * st.cp)) + expert_costs.extra_forward_seconds(
+            layer, candidates, local / st.cp
         )
-        forward = np.maximum(0.0, forward) * (f.compute * self.hardware.compute_slowdown)
+        forward = np.maximum(0.0, forward) * compute_factor
         recompute = np.where(st.checkpoint, forward, 0.0)
         backward = s.backward_coefficient * forward + recompute
-        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes
+        act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes / st.cp
         tp_comm = np.zeros(len(candidates))
         expert_comm = np.zeros(len(candidates))
         for op, size, consecutive, index, scale, count, expert in st.comm_groups:
@@ -292,14 +312,17 @@ class LayerCosts:
         gather = st.gather * f.dp_comm
         gather_bwd = comm.overlapped(backward, gather)
         zero3_wall = np.where(st.zero3, gather + gather_bwd - backward, 0.0)
-        micro = forward + backward + tp_comm + zero3_wall
+        ring, kv_buffer = ring_terms(
+            layer, candidates, local, comm, st.ring_gb_per_s, s.element_bytes, s.backward_coefficient, compute_factor
+        )
+        ring = ring * f.tp_comm
+        micro = forward + backward + tp_comm + zero3_wall + ring
         exposed = np.where(
             st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
         )
-        act = (local * st.activation_per_sample + np.where(st.checkpoint, 0.0, layer.activation_mib_per_call)) * (
-            f.activations
-        )
-        transient = local * st.recompute_per_sample * f.activations + 2.0 * st.gather_mib * f.states
+        per_call = np.where(st.checkpoint, 0.0, layer.activation_mib_per_call / st.cp)  # per-position tables, cut
+        act = (local * st.activation_per_sample + per_call) * f.activations
+        transient = (local * st.recompute_per_sample + kv_buffer) * f.activations + 2.0 * st.gather_mib * f.states
         share = 0.5 if layer.weight_grad_share is None else layer.weight_grad_share  # the profile's measured W share
         return LayerTerms(
             forward_s=forward,
@@ -315,6 +338,7 @@ class LayerCosts:
             transient_mib=transient,
             weight_grad_s=share * s.backward_coefficient * forward,
             expert_comm_s=expert_comm,
+            ring_s=ring,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

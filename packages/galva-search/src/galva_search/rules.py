@@ -43,7 +43,7 @@ class ModelRules:
         self.world_size = world_size
         self.source = source
         self.seq_lengths = [lt.seq_length for lt in model.layer_types]
-        self._layer: dict[tuple[int, int, bool, bool, bool, int, int], bool] = {}
+        self._layer: dict[tuple[int, int, bool, bool, bool, int, int, int], bool] = {}
         if self.constraints is not None:
             self._check_any_plan_runs()
 
@@ -62,7 +62,7 @@ class ModelRules:
 
     def _layer_allows(self, type_index: int, c: Candidate, type_end: bool) -> bool:
         zero3 = c.dp_type is DataParallelType.ZERO3
-        key = (type_index, c.tp, c.ulysses, zero3, type_end, c.ep, c.etp)
+        key = (type_index, c.tp, c.ulysses, zero3, type_end, c.ep, c.etp, c.cp)
         hit = self._layer.get(key)
         if hit is None:
             assert self.constraints is not None
@@ -72,9 +72,10 @@ class ModelRules:
             )
             probe_constraints = ModelConstraints(model_name=self.constraints.model_name, layer_types=(one,))
             layer = LayerStrategy(
-                tp=c.tp, ulysses=c.ulysses, dp_type=DataParallelType.ZERO3 if zero3 else None, ep=c.ep, etp=c.etp
+                tp=c.tp, ulysses=c.ulysses, dp_type=DataParallelType.ZERO3 if zero3 else None, ep=c.ep, etp=c.etp,
+                cp=c.cp,
             )
-            probe = self._probe(layer, VocabStrategy(), ranks=max(2 * c.tp, c.ep * c.etp))
+            probe = self._probe(layer, VocabStrategy(), ranks=max(2 * c.tp * c.cp, c.ep * c.etp))
             problems = plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)  # as check() asks
             hit = self._layer[key] = not problems
         return hit
@@ -92,7 +93,9 @@ class ModelRules:
         )
         zero3 = DataParallelType.ZERO3 if option.zero3 else None
         probe = self._probe(
-            LayerStrategy(), VocabStrategy(tp=option.tp, sp=option.sp, dp_type=zero3), ranks=2 * option.tp
+            LayerStrategy(),
+            VocabStrategy(tp=option.tp, sp=option.sp, dp_type=zero3, cp=option.cp),
+            ranks=2 * option.tp * option.cp,
         )
         return not plan_problems(probe, probe_constraints, seq_len=self.run_seq_length)
 

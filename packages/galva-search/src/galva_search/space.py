@@ -2,8 +2,9 @@
 
 A :class:`Candidate` fixes, for one layer, the pipeline degree ``pp`` (shared by the whole model), the model-parallel
 degree ``tp`` (Megatron tensor parallel, or Ulysses sequence parallel when ``ulysses``), whether that group is made of
-consecutive ranks, the data-parallel type and activation checkpointing. The data-parallel degree follows:
-``dp = world_size / (pp * tp)``.
+consecutive ranks, the data-parallel type, activation checkpointing and the context-parallel degree ``cp`` (ring
+attention over two chunks of the sequence per rank). The data-parallel degree follows:
+``dp = world_size / (pp * tp * cp)``; gradients and ZeRO shards span ``dp * cp`` ranks.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ class Candidate:
     ep: int = 1
     etp: int = 1
     expert_dp_type: DataParallelType | None = None
+    # context parallelism: the sequence over cp ranks (two chunks each), attention by ring
+    cp: int = 1
 
     @property
     def expert_dp(self) -> int:
         """Replicas of each expert shard: the stage's ranks over ``ep * etp``."""
-        return self.tp * self.dp // (self.ep * self.etp)
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def tp_degree(self) -> int:
@@ -63,6 +66,7 @@ class SpaceOptions:
     default_dp_type: DataParallelType = DataParallelType.DDP
     max_tp: int = 8
     max_pp: int = 8
+    max_cp: int = 1
     disable_dp: bool = False
     disable_sdp: bool = False
     disable_tp: bool = False
@@ -80,7 +84,7 @@ class SpaceOptions:
             raise ValueError(f"sp space {self.sp_space!r}: expected one of {', '.join(SP_SPACES)}")
         if self.disable_dp and self.disable_sdp:
             raise ValueError("disable_dp and disable_sdp cannot both be set: no data-parallel type would be left")
-        for name in ("max_tp", "max_pp", "max_ep"):
+        for name in ("max_tp", "max_pp", "max_ep", "max_cp"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name}: {value} is not a power of two >= 1")
@@ -100,7 +104,9 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
 
     Rules (reference §5, with the differences listed in docs/cost-model.md):
 
-    * ``pp * tp * dp == world_size``; all degrees are powers of two; ``tp <= max_tp``, ``pp <= max_pp``.
+    * ``pp * tp * cp * dp == world_size``; all degrees are powers of two; ``tp <= max_tp``, ``pp <= max_pp``,
+      ``cp <= max_cp`` (1 by default: context parallelism is searched when asked for, with Megatron tp and
+      Ulysses alike, on consecutive model-parallel groups only).
     * The consecutive flag only varies when ``1 < tp < world_size / pp`` (otherwise both layouts are the same group).
     * The data-parallel type is the default type or ZeRO-3 where ``dp > 1``; a Ulysses layer with ``dp == 1`` still
       shards its states over its sequence-parallel group, so it keeps the ZeRO-3 choice
@@ -129,20 +135,24 @@ def generate_space(world_size: int, options: SpaceOptions = SpaceOptions()) -> l
     base: list[Candidate] = []
     if preset in ("full", "dp+tp", "dp+pp"):
         for pp in powers_of_two(world_size):
-            for tp in powers_of_two(ranks_per_stage(world_size, pp)):
-                dp = world_size // (pp * tp)
-                if (preset == "dp+tp" and pp > 1) or (preset == "dp+pp" and tp > 1):
+            stage = ranks_per_stage(world_size, pp)
+            degrees = [(t, c) for t in powers_of_two(stage) for c in powers_of_two(min(o.max_cp, stage // t))]
+            for tp, cp in degrees:
+                dp = stage // (tp * cp)
+                if (preset == "dp+tp" and pp > 1) or (preset == "dp+pp" and tp > 1) or (preset != "full" and cp > 1):
                     continue
                 for ulysses in ulysses_flags(tp):
-                    shard = sharding_group_shape(tp * dp, tp, True, ulysses)[0]
+                    shard = sharding_group_shape(stage, tp, True, ulysses)[0]  # dp x cp (x sp) ranks
                     types = dp_types if shard > 1 else [default]
-                    if dp == 1 and not (ulysses and o.ulysses_zero3_at_full_sp):
+                    if dp * cp == 1 and not (ulysses and o.ulysses_zero3_at_full_sp):
                         types = [default]
                     if preset != "full":
                         types = [default]
-                    for consecutive in layouts(pp, tp):
+                    # a ring of cp model-parallel groups: only consecutive ones (a strided tp group's ring would
+                    # span the stage; and the candidates a 64-rank search solves stay few enough for 1 s)
+                    for consecutive in layouts(pp, tp) if cp == 1 else (True,):
                         for dp_type in types:
-                            base.append(Candidate(pp, tp, dp, consecutive, dp_type, ulysses))
+                            base.append(Candidate(pp, tp, dp, consecutive, dp_type, ulysses, cp=cp))
         disable_sdp = o.disable_sdp or preset in ("dp+tp", "dp+pp")
         keep = []
         for c in base:
@@ -197,7 +207,7 @@ def with_expert_layouts(
         return list(candidates)
     out: list[Candidate] = []
     for c in candidates:
-        stage = c.tp * c.dp
+        stage = c.tp * c.cp * c.dp
         for etp in sorted({1, c.tp_degree}):
             if not any(ffn % etp == 0 for _, ffn in expert_types):
                 continue

@@ -63,7 +63,8 @@ def search_summary(
 def vocab_label(strategy: Strategy) -> str:
     kind = "sp" if strategy.vocab.sp else "tp"
     dp_type = strategy.vocab_dp_type.value
-    return f"vocab {kind} {strategy.vocab.tp}, dp {strategy.vocab_dp} ({dp_type})"
+    cp = f", cp {strategy.vocab.cp}" if strategy.vocab.cp > 1 else ""
+    return f"vocab {kind} {strategy.vocab.tp}{cp}, dp {strategy.vocab_dp} ({dp_type})"
 
 
 def schedule_label(strategy: Strategy) -> str:

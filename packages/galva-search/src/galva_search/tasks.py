@@ -139,7 +139,12 @@ class TaskEnumerator:
             pp: [
                 option
                 for option in self.cost.vocab_options(
-                    pp, space.max_tp, allow_sp=allow_sp, allow_zero3=allow_zero3, allow_tp=not space.disable_vtp
+                    pp,
+                    space.max_tp,
+                    allow_sp=allow_sp,
+                    allow_zero3=allow_zero3,
+                    allow_tp=not space.disable_vtp,
+                    max_cp=space.max_cp,
                 )
                 if self.rules.vocab_allows(option)
             ]
@@ -157,7 +162,7 @@ class TaskEnumerator:
                         continue
                     schedules = self.schedules(pp, c)
                     for option in vocab_by_pp[pp]:
-                        if micro % (ranks_per_stage(self.cost.world_size, pp) // option.tp):  # vocabulary dp
+                        if micro % (ranks_per_stage(self.cost.world_size, pp) // (option.tp * option.cp)):  # its dp
                             continue
                         for schedule, v in schedules:
                             vt = self.vocab_terms(pp, option, micro, c, schedule, v)

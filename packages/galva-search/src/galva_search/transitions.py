@@ -4,8 +4,8 @@ The runtime re-shards a boundary activation with :func:`galva_comm.layout.redist
 uneven cells inside each connected group) forward, and the reverse plan on its gradient backward. The cost of a
 transition is therefore the share of the micro-batch that the busiest rank sends or receives in the two plans,
 asked of :func:`galva_comm.layout.busiest_rank_fraction` once per (stage size, source layout, target layout) and
-memoised for the process, at the bus bandwidth of groups of the larger model-parallel degree with the layout of
-the wider side.
+memoised for the process, at the bus bandwidth of groups of the larger model-parallel degree (times cp) with the
+layout of the wider side. Pairs with context parallelism are bounded instead (:func:`exchange_share`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from galva_schema.sharding import sequence_shards
 from galva_search.collectives import GB, Collectives
 from galva_search.space import Candidate
 
-Layout = tuple[int, bool, bool]
-"""A boundary activation's layout on a stage: (model-parallel degree, consecutive group, sequence split)."""
+Layout = tuple[int, bool, bool, int]
+"""A boundary activation's layout on a stage: (model-parallel degree, consecutive group, sequence split, cp)."""
 
 
 def candidate_layout(candidate: Candidate, stage_ranks: int, megatron_sp: bool) -> Layout:
     """The layout of a layer's boundary activation under ``candidate`` (as galva_comm.layout.RankLayout builds it)."""
     tp = candidate.tp
     split = sequence_shards(tp, ulysses=candidate.ulysses, megatron_sp=megatron_sp) > 1
-    return tp, tp_consecutive(tp, stage_ranks, candidate.consecutive), split
+    return tp, tp_consecutive(tp, stage_ranks, candidate.consecutive), split, candidate.cp
 
 
-def vocab_layout(tp: int, sp: bool, megatron_sp: bool) -> Layout:
+def vocab_layout(tp: int, sp: bool, megatron_sp: bool, cp: int = 1) -> Layout:
     """The layout of the vocabulary layers' boundary activation (their groups are always consecutive)."""
-    return tp, True, sequence_shards(tp, ulysses=sp, megatron_sp=megatron_sp) > 1
+    return tp, True, sequence_shards(tp, ulysses=sp, megatron_sp=megatron_sp) > 1, cp
 
 
 def exchange_share(stage_ranks: int, source: Layout, target: Layout) -> float:
@@ -43,7 +43,18 @@ def exchange_share(stage_ranks: int, source: Layout, target: Layout) -> float:
     layout ``source`` feeds one of layout ``target``: the forward plan plus the backward (reverse) plan."""
     if source == target:
         return 0.0
+    if source[3] > 1 or target[3] > 1:
+        # context parallelism: the busiest rank moves all it holds, both ways (an upper bound). galva_comm's exact
+        # plans for every pair of cp layouts of a 64-rank stage take minutes; the boundary is small beside the ring
+        return 2.0 * max(_held(stage_ranks, source), _held(stage_ranks, target))
     return _one_way(stage_ranks, source, target) + _one_way(stage_ranks, target, source)
+
+
+def _held(stage_ranks: int, layout: Layout) -> float:
+    """Share of a micro-batch's boundary activation one rank holds under ``layout``: ``1 / (dp cp)`` of it, over the
+    model-parallel degree again where that splits the sequence (``dp cp = stage / degree``)."""
+    degree, _, split, _ = layout
+    return (1.0 if split else degree) / stage_ranks
 
 
 @cache
@@ -60,8 +71,8 @@ def transfer_seconds(
     share = exchange_share(stage_ranks, source, target)
     if share == 0.0:
         return 0.0
-    wide = source if source[0] >= target[0] else target
-    return share * activation_bytes / (comm.bus_bandwidth_gb_per_s(wide[0], wide[1]) * GB)
+    wide = max(source, target, key=lambda layout: layout[0] * layout[3])  # the source on a tie
+    return share * activation_bytes / (comm.bus_bandwidth_gb_per_s(wide[0] * wide[3], wide[1]) * GB)
 
 
 def redistribution_per_sample(

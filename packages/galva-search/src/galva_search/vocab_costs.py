@@ -29,9 +29,11 @@ class VocabOption:
     tp: int = 1
     sp: bool = False  # sequence split (Ulysses-style) of degree tp instead of vocabulary tensor parallel
     zero3: bool = False  # ZeRO-3 for the vocabulary layers (the reference's embed_sdp)
+    cp: int = 1  # context parallelism: each rank embeds and scores its two chunks of the sequence
 
     def label(self) -> str:
-        return f"v{'sp' if self.sp else 'tp'}{self.tp}{'-f' if self.zero3 else ''}"
+        cp = f"-cp{self.cp}" if self.cp > 1 else ""
+        return f"v{'sp' if self.sp else 'tp'}{self.tp}{'-f' if self.zero3 else ''}{cp}"
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,10 @@ class VocabCosts:
         self._boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, np.ndarray]] = {}
 
     def options(
-        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True
+        self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True, max_cp: int = 1
     ) -> list[VocabOption]:
-        """Every vocabulary plan whose profile entries exist, for pipeline degree ``pp``."""
+        """Every vocabulary plan whose profile entries exist, for pipeline degree ``pp`` (context parallelism up to
+        ``max_cp`` beside each: its memory is the profiled one over ``cp``)."""
         vocab = self.model.vocab
         stage_ranks = ranks_per_stage(self.world_size, pp)
         positions = [vocab.memory_pp_off] if pp == 1 else [vocab.memory_pp_first, vocab.memory_pp_last]
@@ -75,7 +78,10 @@ class VocabCosts:
                 states_key = 1 if sp else k
                 if all(states_key in m.model_states_mib and k in m.activation_mib_per_sample for m in positions):
                     for z3 in (False, True) if allow_zero3 else (False,):
-                        out.append(VocabOption(k, sp, z3))
+                        cp = 1
+                        while cp <= max_cp and k * cp <= stage_ranks:
+                            out.append(VocabOption(k, sp, z3, cp))
+                            cp *= 2
             k *= 2
         return out
 
@@ -90,13 +96,13 @@ class VocabCosts:
         s = self.settings
         comm = self.comm
         stage_ranks = ranks_per_stage(self.world_size, pp)
-        k = option.tp
-        dp = stage_ranks // k
+        k, cp = option.tp, option.cp
+        dp = stage_ranks // (k * cp)
         local = micro_batch / dp
         types = self.model.layer_types
         f = s.factors
         compute_scale = f.compute * self.hardware.compute_slowdown  # the model profile ran alone (docs §3)
-        forward = float(forward_seconds(vocab.forward_time, local / k, types[-1].seq_length)) * compute_scale
+        forward = float(forward_seconds(vocab.forward_time, local / (k * cp), types[-1].seq_length)) * compute_scale
         dp_type = ZERO3 if option.zero3 else s.default_dp_type
         shard, consecutive = sharding_group_shape(stage_ranks, k, True, option.sp)  # vocabulary groups are blocks
         accumulating = num_micro_batches > 1
@@ -110,7 +116,7 @@ class VocabCosts:
             bwd = s.backward_coefficient * fwd
             tp_time = 0.0
             if k > 1 and not option.sp:
-                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq * hidden * e)) * f.tp_comm
+                tp_time = tp_messages * float(comm.allreduce(k, True, local * seq / cp * hidden * e)) * f.tp_comm
             # the profile's states are at its own precision: parameters per rank, then this plan's bytes for them
             parameters = memory.model_states_mib[1 if option.sp else k] * MIB / profile_bytes
             states_full = parameters * sum(s.state_bytes) / MIB
@@ -131,7 +137,7 @@ class VocabCosts:
             else:
                 micro = fwd + bwd + tp_time
                 exposed = float(comm.overlapped(bwd, sync)) - bwd
-            act = memory.activation_mib_per_sample[k] * local * f.activations
+            act = memory.activation_mib_per_sample[k] / cp * local * f.activations
             return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd)
 
         first, last = types[0], types[-1]
@@ -162,7 +168,7 @@ class VocabCosts:
                 candidates,
                 ranks_per_stage(self.world_size, pp),
                 self.settings.megatron_sp,
-                vocab_layout(option.tp, option.sp, self.settings.megatron_sp),
+                vocab_layout(option.tp, option.sp, self.settings.megatron_sp, option.cp),
                 first.seq_length * first.hidden_size * e,
                 last.seq_length * last.hidden_size * e,
             )
