@@ -127,7 +127,7 @@ def model() -> ModelProfile:
     )  # fmt: skip
 
 
-def run(batch: int, memory_gb: float) -> dict:
+def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
     from galva_search.cost_model import CostModel, CostSettings
     from galva_search.search import SearchOptions, search
     from galva_search.space import SpaceOptions
@@ -137,7 +137,8 @@ def run(batch: int, memory_gb: float) -> dict:
     out = {}
     for name, fine in (("per-layer", True), ("uniform", False)):
         options = SearchOptions(memory_budget_mib=memory_gb * 1024.0, batch_sizes=(batch,), fine_grained=fine,
-                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2), threads=1)
+                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2), threads=1,
+                                num_micro_batches=micro_batches)
         start = time.perf_counter()
         result = search(cost, options)
         seconds = time.perf_counter() - start
@@ -167,8 +168,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--memory-gb", type=float, default=80.0)
+    parser.add_argument("--micro-batches", type=int, default=8, help="fixed count (0: every count)")
     args = parser.parse_args()
-    print(json.dumps(run(args.batch, args.memory_gb), indent=1))
+    print(json.dumps(run(args.batch, args.memory_gb, args.micro_batches or None), indent=1))
 
 
 if __name__ == "__main__":
