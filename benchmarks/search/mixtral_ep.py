@@ -135,9 +135,10 @@ def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
     cost = CostModel(hardware(), model(), CostSettings(precision=Precision.BF16,
                                                        default_dp_type=DataParallelType.ZERO2))
     out = {}
-    for name, fine in (("per-layer", True), ("uniform", False)):
+    # the last row: the per-layer search with the experts replicated (max_ep 1): what expert parallelism gains
+    for name, fine, max_ep in (("per-layer", True, 64), ("uniform", False, 64), ("per-layer, no ep", True, 1)):
         options = SearchOptions(memory_budget_mib=memory_gb * 1024.0, batch_sizes=(batch,), fine_grained=fine,
-                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2), threads=1,
+                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2, max_ep=max_ep), threads=1,
                                 num_micro_batches=micro_batches)
         start = time.perf_counter()
         result = search(cost, options)
@@ -147,7 +148,8 @@ def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
             "iteration_s": result.summary.iteration_time_s,
             "plan": describe(result),
         }
-    out["gain"] = out["uniform"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
+    out["gain over uniform"] = out["uniform"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
+    out["gain over no ep"] = out["per-layer, no ep"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
     return out
 
 

@@ -437,9 +437,11 @@ def test_expert_layout_terms(make_model, tiny_hw):
     # compute: 2048 rows on the rank (2 samples x 512 tokens x top-2), 25% more on the busiest, 1 expert call not 4
     scale = CostSettings().factors.compute * tiny_hw.compute_slowdown
     assert t.forward_s[1] - t.forward_s[0] == pytest.approx((0.001 * 2048 * 0.25 - 0.01 * 3) * 1e-3 * scale, **EXACT)
-    # 2 all-to-alls forward, 2 backward over ep 4 of the busiest rank's rows x hidden
-    a2a = Collectives(tiny_hw).all_to_all(4, True, 2 * S * H * E * 2 * 1.25)
-    assert t.expert_comm_s[1] == pytest.approx(4 * float(a2a) * CostSettings().factors.tp_comm, **EXACT)
+    # 2 all-to-alls forward, 2 backward over ep 4 of the busiest rank's rows x hidden; 3 of its rows (counts, weights)
+    comm = Collectives(tiny_hw)
+    rows = 2 * S * 2 * 1.25 * E  # bytes of one element per routed row of the busiest rank
+    a2a = 4 * float(comm.all_to_all(4, True, rows * H)) + 3 * float(comm.all_to_all(4, True, rows))
+    assert t.expert_comm_s[1] == pytest.approx(a2a * CostSettings().factors.tp_comm, **EXACT)
     assert t.expert_comm_s[0] == 0 and t.expert_comm_s[1] <= t.tp_comm_s[1]
     # activations: 1024 rows per sample, 25% more kept by the busiest rank, plus dispatch's bytes per row
     extra = 1024 * (0.25 * 0.001 + 1.25 * 0.0001) * 2 * CostSettings().factors.activations
