@@ -10,6 +10,12 @@ processes and the plans are interleaved step by step. Model: tiny Mixtral (galva
 ``torch.distributed.all_to_all_single`` on each rank (the largest rank per step), its share the median over steps.
 The prediction is ``galva-profile model`` on this model and ``galva-profile hardware`` on this machine (4 ranks),
 priced by ``galva_search.evaluation.evaluate_strategy`` and the layers' ``expert_comm_s``.
+
+transformers' own expert parallelism (``from_pretrained(..., distributed_config=DistributedConfig(ep_size=4,
+fsdp_size=4))``: its ``ep_dispatch_experts`` all-to-all dispatch, experts FSDP-sharded) runs on the same 4 gloo ranks
+in a second forked world, the same model (saved from the same seed), tokens and batch per rank; its step is forward
++ backward (FSDP2's reduce-scatter included). It needs ``accelerate`` (not a Galva dependency): the row is left
+out without it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,50 @@ def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, flo
     return out
 
 
+def _hf_rank(rank: int, world: int, path: str, vocab: int) -> list[float]:
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    from galva_models.data import RandomTokenSource
+
+    model = AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(ep_size=world,
+                                                                                            fsdp_size=world))
+    source = RandomTokenSource(vocab, SEQ, BATCH, 0)
+    per_rank = BATCH // world
+    out = []
+    for step in range(WARMUP + STEPS):
+        batch = source.batch(step)
+        ids = batch.inputs[rank * per_rank:(rank + 1) * per_rank]
+        labels = batch.labels[rank * per_rank:(rank + 1) * per_rank]
+        dist.barrier()
+        t0 = time.perf_counter()
+        model(input_ids=ids, labels=labels).loss.backward()
+        model.zero_grad(set_to_none=True)
+        if step >= WARMUP:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure_transformers(work: Path) -> float | None:
+    """Median step seconds of transformers' own ep 4 (None without ``accelerate``)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from galva_comm.testing import run_distributed
+    from galva_models.presets import preset_config
+
+    if importlib.util.find_spec("accelerate") is None:
+        return None
+    config = preset_config("tiny-mixtral")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(work / "hf")
+    ranks = run_distributed(_hf_rank, WORLD, str(work / "hf"), int(config.vocab_size), timeout=1200)
+    return statistics.median(max(r[i] for r in ranks) for i in range(STEPS))
+
+
 def measure() -> dict[str, dict[str, float]]:
     from galva_comm.testing import run_distributed
     from galva_models.presets import preset_config
@@ -117,15 +167,22 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         predicted = predict(Path(tmp))
-    measured = measure()
+        measured = measure()
+        theirs = measure_transformers(Path(tmp))
     print("| plan | step ms measured | vs ep1 | step ms predicted | a2a share measured | a2a share predicted |")
     print("|---|---|---|---|---|---|")
     for name in PLANS:
         m, p = measured[name], predicted[name]
         print(f"| {name} | {m['step_s'] * 1e3:.1f} | {m['step_s'] / measured['ep1']['step_s']:.3f} | "
               f"{p['step_s'] * 1e3:.1f} | {m['a2a_share']:.1%} | {p['a2a_share']:.1%} |")
+    if theirs is None:
+        print("transformers ep 4: not run (needs accelerate)")
+    else:
+        print(f"| transformers ep4 (own EP, FSDP2 experts) | {theirs * 1e3:.1f} | "
+              f"{theirs / measured['ep1']['step_s']:.3f} | | | |")
     if args.output:
-        Path(args.output).write_text(json.dumps({"measured": measured, "predicted": predicted}, indent=1))
+        Path(args.output).write_text(json.dumps({"measured": measured, "predicted": predicted,
+                                                 "transformers_ep4_step_s": theirs}, indent=1))
 
 
 if __name__ == "__main__":
