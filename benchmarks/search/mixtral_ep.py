@@ -127,7 +127,7 @@ def model() -> ModelProfile:
     )  # fmt: skip
 
 
-def run(batch: int, memory_gb: float) -> dict:
+def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
     from galva_search.cost_model import CostModel, CostSettings
     from galva_search.search import SearchOptions, search
     from galva_search.space import SpaceOptions
@@ -135,9 +135,11 @@ def run(batch: int, memory_gb: float) -> dict:
     cost = CostModel(hardware(), model(), CostSettings(precision=Precision.BF16,
                                                        default_dp_type=DataParallelType.ZERO2))
     out = {}
-    for name, fine in (("per-layer", True), ("uniform", False)):
+    # the last row: the per-layer search with the experts replicated (max_ep 1): what expert parallelism gains
+    for name, fine, max_ep in (("per-layer", True, 64), ("uniform", False, 64), ("per-layer, no ep", True, 1)):
         options = SearchOptions(memory_budget_mib=memory_gb * 1024.0, batch_sizes=(batch,), fine_grained=fine,
-                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2), threads=1)
+                                space=SpaceOptions(default_dp_type=DataParallelType.ZERO2, max_ep=max_ep), threads=1,
+                                num_micro_batches=micro_batches)
         start = time.perf_counter()
         result = search(cost, options)
         seconds = time.perf_counter() - start
@@ -146,7 +148,8 @@ def run(batch: int, memory_gb: float) -> dict:
             "iteration_s": result.summary.iteration_time_s,
             "plan": describe(result),
         }
-    out["gain"] = out["uniform"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
+    out["gain over uniform"] = out["uniform"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
+    out["gain over no ep"] = out["per-layer, no ep"]["iteration_s"] / out["per-layer"]["iteration_s"] - 1.0
     return out
 
 
@@ -167,8 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--memory-gb", type=float, default=80.0)
+    parser.add_argument("--micro-batches", type=int, default=8, help="fixed count (0: every count)")
     args = parser.parse_args()
-    print(json.dumps(run(args.batch, args.memory_gb), indent=1))
+    print(json.dumps(run(args.batch, args.memory_gb, args.micro_batches or None), indent=1))
 
 
 if __name__ == "__main__":

@@ -426,3 +426,52 @@ def test_galva_hp_vocab_states_are_the_profiles_bytes(tiny, tiny_hw):
 def test_unknown_state_accounting_is_refused():
     with pytest.raises(ValueError, match="state accounting 'galvatron' is not one of reference, galva-hp"):
         CostSettings(state_accounting="galvatron")
+
+
+# ------------------------------------------------------------------------------------------------ experts
+def _moe(make_model):
+    """The tiny layer with routed experts: 48 of its 64 MiB in 4 experts (top-2), 1 MiB router."""
+    from galva_schema import BatchTime, ExpertProfile
+
+    model = make_model()
+    experts = ExpertProfile(
+        num_experts=4, top_k=2, expert_ffn=256, expert_parameter_mib=48.0, block_parameter_mib=1.0,
+        expert_time=BatchTime(slope_ms_per_sample=0.001, intercept_ms=0.01), router_ms_per_token=0.0,
+        imbalance={1: 1.0, 2: 1.1, 4: 1.25}, activation_mib_per_row=0.001, dispatch_activation_mib_per_row=0.0001,
+    )
+    layer = model.layer_types[0].model_copy(update={"experts": experts})
+    return model.model_copy(update={"layer_types": (layer,)})
+
+
+def test_expert_layout_terms(make_model, tiny_hw):
+    """ep / etp / expert dp type: states, compute, dispatch all-to-alls and activations (docs/cost-model.md)."""
+    model = _moe(make_model)
+    cost = CostModel(tiny_hw, model, CostSettings())
+    plain, ep4, tp2 = Candidate(1, 1, 4), Candidate(1, 1, 4, ep=4), Candidate(1, 2, 2)
+    t = cost.layer_terms(0, [plain, ep4, tp2], 8, 1)
+    # states (ddp: all bytes): rest 15 MiB + router 1 MiB, experts 48 / ep; tp splits the rest, not the router
+    assert t.states_mib[1] / t.states_mib[0] == pytest.approx((16 + 12) / 64, **EXACT)
+    assert t.states_mib[2] / t.states_mib[0] == pytest.approx((15 / 2 + 1 + 48) / 64, **EXACT)
+    # compute: 2048 rows on the rank (2 samples x 512 tokens x top-2), 25% more on the busiest, 1 expert call not 4
+    scale = CostSettings().factors.compute * tiny_hw.compute_slowdown
+    assert t.forward_s[1] - t.forward_s[0] == pytest.approx((0.001 * 2048 * 0.25 - 0.01 * 3) * 1e-3 * scale, **EXACT)
+    # 2 all-to-alls forward, 2 backward over ep 4 of the busiest rank's rows x hidden; 3 of its rows (counts, weights)
+    comm = Collectives(tiny_hw)
+    rows = 2 * S * 2 * 1.25 * E  # bytes of one element per routed row of the busiest rank
+    a2a = 4 * float(comm.all_to_all(4, True, rows * H)) + 3 * float(comm.all_to_all(4, True, rows))
+    assert t.expert_comm_s[1] == pytest.approx(a2a * CostSettings().factors.tp_comm, **EXACT)
+    assert t.expert_comm_s[0] == 0 and t.expert_comm_s[1] <= t.tp_comm_s[1]
+    # activations: 1024 rows per sample, 25% more kept by the busiest rank, plus dispatch's bytes per row
+    extra = 1024 * (0.25 * 0.001 + 1.25 * 0.0001) * 2 * CostSettings().factors.activations
+    assert t.activation_mib[1] - t.activation_mib[0] == pytest.approx(extra, **EXACT)
+
+
+def test_expert_zero3_replicas_gather_and_shard(make_model, tiny_hw):
+    """ZeRO-3 experts over 2 replicas (ep 2 of 4 ranks) under a ddp layer: their states are sharded, their
+    gathered copy is a transient and its all-gather is paid every micro-batch."""
+    model = _moe(make_model)
+    cost = CostModel(tiny_hw, model, CostSettings())
+    ddp, zero3 = Candidate(1, 1, 4, ep=2), Candidate(1, 1, 4, ep=2, expert_dp_type=ZERO3)
+    t = cost.layer_terms(0, [ddp, zero3], 8, 1)
+    assert t.states_mib[1] < t.states_mib[0] and t.zero3_comm_s[0] == 0 < t.zero3_comm_s[1]
+    assert t.transient_mib[1] == pytest.approx(2 * 24 / 4 * E, **EXACT)  # 24 MiB fp32 of experts, bf16 copy, x2

@@ -47,12 +47,19 @@ def experts_module(layer: nn.Module, ep_table: dict[str, str]) -> tuple[str, nn.
 def _call(experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, index: Tensor) -> Tensor:
     x = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
     weights = torch.full(index.shape, 1.0 / index.shape[1], dtype=dtype)
-    return experts(x, index, weights)  # type: ignore[no-any-return]
+    out: Tensor = experts(x, index, weights)
+    return out
 
 
 def _balanced(tokens: int, top_k: int, experts: int) -> Tensor:
     """Token ``t`` to experts ``t k .. t k + k - 1`` (mod E): every expert gets the same number of rows."""
     return (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
+
+
+def _time_one_expert(experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, repeats: Repeats) -> float:
+    """Forward ms of the experts module with all ``rows`` routed to expert 0."""
+    to_first = torch.zeros(rows, 1, dtype=torch.long)
+    return median_ms(lambda: _call(experts, rows, hidden, dtype, to_first), repeats, torch.device("cpu"))
 
 
 def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inputs: list[Tensor]) -> list[Tensor]:
@@ -144,11 +151,7 @@ def measure_experts(
     hidden = int(config.hidden_size)
     expert_bytes = sum(p.numel() for p in params.values()) * 4
     block_bytes = sum(p.numel() for p in block.parameters()) * 4 - expert_bytes
-    to_first = [torch.zeros(rows, 1, dtype=torch.long) for rows in ROWS]
-    times = [
-        median_ms(lambda i=i: _call(experts, ROWS[i], hidden, dtype, to_first[i]), repeats, torch.device("cpu"))
-        for i in range(len(ROWS))
-    ]
+    times = [_time_one_expert(experts, rows, hidden, dtype, repeats) for rows in ROWS]
     slope, intercept = alpha_beta(list(ROWS), times).coefficients
     rows = min(ROWS)
     one = saved_bytes(lambda: _call(experts, rows, hidden, dtype, _balanced(rows, top_k, total)))

@@ -251,7 +251,8 @@ def _experts_of(
     inner = getattr(module, "layer", module)
     block_path = found[0].rpartition(".")[0]
     block = inner.get_submodule(block_path) if block_path else inner
-    router = router_class(model.hf_model.base_model)
+    base = model.hf_model.base_model
+    router = router_class(base) if isinstance(base, torch.nn.Module) else None
     generator = torch.Generator().manual_seed(model.seed)  # the same inputs on every run: a reproducible figure
     shape = (batches[-1], layer_seq, m.hidden)
     inputs = [torch.randn(shape, generator=generator).to(dtype) for _ in range(ROUTING_FORWARDS)]
@@ -373,7 +374,7 @@ def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
                 "backward_batch_fit": bwd.to_dict(),
                 "backward_over_forward": _ratio(times),
                 "activations": m.activations[seq].to_dict(),
-                "experts": m.experts[seq].to_dict() if seq in m.experts else None,
+                "experts": m.experts[seq].model_dump(mode="json") if seq in m.experts else None,
             }
         seq_fit = sweep.sequence_fit(m.times)
         layers.append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -77,4 +77,52 @@ def build_tables(
         allowed.append(mask)
         allowed_at_end.append(rules.allowed(t, pool, True) if rules else mask)
         fastest.append(int(np.argmin(np.where(mask, lt.micro_batch_s, np.inf))))
-    return CostTables(pool, terms, redis, penalty, fastest, allowed, allowed_at_end)
+    tables = CostTables(pool, terms, redis, penalty, fastest, allowed, allowed_at_end)
+    keep = undominated_expert_layouts(tables)
+    return tables if keep is None else _subset(tables, keep)
+
+
+_DECIDING = ("micro_batch_s", "exposed_sync_s", "weight_grad_s", "states_mib", "activation_mib", "transient_mib")
+"""The layer terms a plan's time and memory are made of (the rest only split them into parts for reports)."""
+
+
+def undominated_expert_layouts(tables: CostTables) -> np.ndarray | None:
+    """Which candidates to keep (None: all) when expert layouts are among them: of the candidates that differ only in
+    their expert layout (the same attention layout, dp type and checkpointing, hence the same re-sharding, p2p and
+    switch costs to every neighbour), one whose deciding terms are all at least another's for every layer type, and
+    that no layer type may run where the other may not, can never make a plan better: it is dropped (of equal ones,
+    the first is kept). Exact, and what keeps the expert layouts from multiplying the dynamic programme's work."""
+    pool = tables.candidates
+    if all(c.ep == 1 and c.etp == 1 and c.expert_dp_type is None for c in pool):
+        return None
+    columns = []
+    for t, lt in enumerate(tables.terms):
+        columns += [np.asarray(getattr(lt, name), dtype=float) for name in _DECIDING if len(getattr(lt, name))]
+        columns += [(~tables.allowed[t]).astype(float), (~tables.allowed_at_end[t]).astype(float)]
+    m = np.nan_to_num(np.stack(columns, axis=1), nan=np.inf)
+    groups: dict[Candidate, list[int]] = {}
+    for i, c in enumerate(pool):
+        groups.setdefault(replace(c, ep=1, etp=1, expert_dp_type=None), []).append(i)
+    keep = np.ones(len(pool), dtype=bool)
+    for members in groups.values():
+        for i in members:
+            for j in members:
+                if j != i and keep[j] and np.all(m[j] <= m[i]) and (np.any(m[j] < m[i]) or j < i):
+                    keep[i] = False
+                    break
+    return keep
+
+
+def _subset(tables: CostTables, keep: np.ndarray) -> CostTables:
+    index = np.flatnonzero(keep)
+    terms = [
+        type(lt)(**{f.name: (getattr(lt, f.name)[index] if len(getattr(lt, f.name)) else getattr(lt, f.name))
+                    for f in fields(lt)})
+        for lt in tables.terms
+    ]
+    allowed = [a[index] for a in tables.allowed]
+    fastest = [int(np.argmin(np.where(a, lt.micro_batch_s, np.inf))) for a, lt in zip(allowed, terms)]
+    return CostTables(
+        [tables.candidates[i] for i in index], terms, [r[np.ix_(index, index)] for r in tables.redistribution],
+        [p[np.ix_(index, index)] for p in tables.penalty], fastest, allowed, [a[index] for a in tables.allowed_at_end],
+    )

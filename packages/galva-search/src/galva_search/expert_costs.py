@@ -10,7 +10,8 @@ The layer's own profile is the whole layer at ep 1 (every expert on the rank, th
 * **compute**: the rank computes the rows its experts receive, ``rows * imbalance(ep)`` at the measured per-row
   time, and pays each of its ``E / ep`` experts' per-call time (instead of ``E`` of them).
 * **dispatch / combine**: 2 all-to-alls over the ep group forward, 2 backward (2 more when recomputing), each of the
-  rank's ``rows x hidden`` buffer; under etp the rows are gathered over the etp group and the partial outputs
+  rank's ``rows x hidden`` buffer, and 3 small ones (row counts; routing weights forward and backward; 2 more when
+  recomputing); under etp the rows are gathered over the etp group and the partial outputs
   summed back (an all-gather and a reduce-scatter per pass).
 * **activations**: the routed rows the experts keep grow with the imbalance; dispatch and combine keep their
   measured bytes per row more under ep > 1.
@@ -86,6 +87,9 @@ def comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate]) -> lis
         passes = 3.0 if c.checkpoint else 2.0
         if c.ep > 1:  # ep groups are strided by etp (expert groups: etp fastest)
             out.append(("all_to_all", c.ep, c.etp == 1, i, scale, 2.0 * passes))
+            # and the small ones, latency-bound: the row counts (forward), the routing weights (forward, backward)
+            small = scale / layer.hidden_size
+            out.append(("all_to_all", c.ep, c.etp == 1, i, small, 2.0 * passes - 1.0))
         if c.etp > 1:
             out.append(("all_gather", c.etp, True, i, scale, passes))
             out.append(("reduce_scatter", c.etp, True, i, scale * c.etp, passes))

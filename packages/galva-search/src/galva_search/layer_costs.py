@@ -302,9 +302,9 @@ class LayerCosts:
         expert_comm = np.zeros(len(candidates))
         for op, size, consecutive, index, scale, count, expert in st.comm_groups:
             per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale) * count * f.tp_comm
-            tp_comm[index] += per
+            np.add.at(tp_comm, index, per)  # a candidate may appear twice in a group (expert dispatch's two sizes)
             if expert:
-                expert_comm[index] += per
+                np.add.at(expert_comm, index, per)
         sync = st.sync * f.dp_comm
         # ZeRO-3, every micro-batch: all-gather before forward (exposed), all-gather overlapped with backward.
         # Its reduce-scatter runs in the last micro-batch only (FSDP2 without gradient sync before it): once per
