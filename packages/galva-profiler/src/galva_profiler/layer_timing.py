@@ -70,7 +70,8 @@ def weight_grad_share(
     """
     device = device or torch.device("cpu")
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
-    whole, inputs = [], []
+    whole: list[float] = []
+    inputs: list[float] = []
     for index in range(repeats.warmup + repeats.repetitions):
         for only_input in (False, True):
             module.zero_grad(set_to_none=True)
