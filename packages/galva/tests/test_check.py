@@ -73,8 +73,9 @@ def test_a_run_outside_the_band_calibrates_the_next_search_to_what_it_measured(t
     assert not (tmp_path / "cal2.json").exists()
 
 
-def test_check_refuses_metrics_without_the_fields_and_another_plans_summary(tmp_path: Path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_refuses_metrics_without_the_fields_and_another_plans_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan, summary = _search(tmp_path, "first")
     old = tmp_path / "old.jsonl"
     old.write_text(json.dumps({"step": 1, "loss": 1.0, "step_time_s": 1.0, "peak_memory_mib": 10.0}) + "\n")
