@@ -44,8 +44,8 @@ def resident_mib() -> float:
         return peak / MIB if sys.platform == "darwin" else peak / 1024.0
 
 
-def _import_runtime() -> None:
-    for name in RUNTIME_MODULES:
+def _import_runtime(modules: tuple[str, ...]) -> None:
+    for name in modules:
         try:
             if importlib.util.find_spec(name.split(".")[0]) is not None:
                 importlib.import_module(name)
@@ -77,10 +77,11 @@ def _warm_up(device: torch.device) -> None:
     synchronize(device)
 
 
-def measure_base_memory(world: World) -> float:
-    """Base memory per rank in MiB, the largest over ranks (the same value on every rank; collective)."""
+def measure_base_memory(world: World, modules: tuple[str, ...] = RUNTIME_MODULES) -> float:
+    """Base memory per rank in MiB, the largest over ranks (the same value on every rank; collective); on CPU after
+    importing ``modules`` (those installed)."""
     if world.device.type != "cuda":
-        _import_runtime()
+        _import_runtime(modules)
     _warm_up(world.device)
     if world.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(world.device)
