@@ -16,6 +16,7 @@ import importlib.util
 import os
 import resource
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,9 @@ def _import_runtime(modules: tuple[str, ...]) -> None:
     for name in modules:
         try:
             if importlib.util.find_spec(name.split(".")[0]) is not None:
-                importlib.import_module(name)
+                with warnings.catch_warnings():  # their import-time notices belong to the training job's log
+                    warnings.simplefilter("ignore")
+                    importlib.import_module(name)
         except ImportError:  # a partial install: the base is then what this process could import
             continue
 
