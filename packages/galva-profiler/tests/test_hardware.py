@@ -30,6 +30,8 @@ TINY = SweepOptions(
     overlap_mib=0.25,
     overlap_matmul=64,
     overlap_calls=2,
+    optimizer_parameters=100_000,
+    runtime_modules=(),  # the forked ranks hold pytest's imports already; importing the runtime would only be slow
 )
 
 
@@ -78,6 +80,10 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert [e.group_size for e in profile.allreduce_time] == [4, 2]
     assert [e.message_mib for e in profile.all_to_all_time] == [(0.0625, 0.125, 0.25)] * 2
     assert profile.overlap_slowdown >= 1.0 and profile.compute_slowdown >= 1.0
+    # a rank's process before any model: torch is imported and a step has run (hundreds of MiB resident)
+    assert profile.base_memory_mib is not None and profile.base_memory_mib > 100.0
+    assert results[0]["report"]["base_memory_mib"] == profile.base_memory_mib
+    assert profile.optimizer_ms_per_million_parameters > 0.0
     assert all(e.latency_ms >= 0.0 for e in profile.p2p)
     assert [e.group_size for e in profile.all_gather_time] == [4, 2]
     assert [e.group_size for e in profile.reduce_scatter_time] == [4, 2]

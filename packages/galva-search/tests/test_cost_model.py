@@ -301,9 +301,8 @@ def _reference_hardware(hw_1x8: HardwareProfile) -> HardwareProfile:
 def test_layer_time_agrees_with_reference_where_no_defect_applies(hw_1x8, llama7b, label, cand, with_comm, no_comm):
     """§4.6 golden per-layer times at a global micro-batch of 8 (s): equal once bandwidth units are converted
     exactly. The reference's 'with comm' time = our micro-batch time + the exposed gradient sync."""
-    cost = CostModel(
-        _reference_hardware(hw_1x8), llama7b, CostSettings(default_dp_type=ZERO2, state_accounting="reference")
-    )
+    settings = CostSettings(default_dp_type=ZERO2, state_accounting="reference")  # the reference reduces bf16
+    cost = CostModel(_reference_hardware(hw_1x8), llama7b, settings)
     t = cost.layer_terms(0, [cand], 8, 4)
     assert t.micro_batch_s[0] + t.exposed_sync_s[0] == pytest.approx(with_comm, abs=6e-8), label
     if no_comm is not None:
@@ -403,8 +402,8 @@ def test_galva_hp_zero_over_one_rank_is_ddp(make_model, tiny_hw, precision, dp_t
 
 def test_galva_hp_vocab_states_are_the_profiles_bytes(tiny, tiny_hw):
     """The profiler writes a bf16 profile's vocabulary states at galva-hp's 18 bytes per parameter: the cost model
-    reads them back unchanged under ddp, shards them as a layer under ZeRO-3, and syncs its fp32
-    gradients, 4 bytes per parameter."""
+    reads them back unchanged under ddp, shards them as a layer under ZeRO-3, and syncs its fp32 gradients, 4 bytes
+    per parameter."""
     from galva_search.cost_model import state_bytes_per_parameter
 
     assert state_bytes_per_parameter(Precision.BF16) == 18

@@ -111,6 +111,32 @@ def test_weight_gradient_is_half_the_backward_compute(tiny, tiny_hw):
         assert t.backward_s[i] == pytest.approx(2 * t.weight_grad_s[i] + recompute)
 
 
+def test_a_measured_weight_share_replaces_the_half(tiny, tiny_hw):
+    """The model profile's weight_grad_share (zb-h1 over-predicted with 1/2 where the runtime's W is smaller)."""
+    measured = tiny.model_copy(update={"layer_types": (tiny.layer_types[0].model_copy(
+        update={"weight_grad_share": 0.2}),)})
+    cands = [c for c in generate_space(4, SpaceOptions()) if c.pp == 1]
+    half = CostModel(tiny_hw, tiny, CostSettings()).layer_terms(0, cands, 8, 2)
+    got = CostModel(tiny_hw, measured, CostSettings()).layer_terms(0, cands, 8, 2)
+    assert got.weight_grad_s == pytest.approx(0.4 * half.weight_grad_s)  # 0.2 of 2 forwards where 1/2 gave 1
+    assert got.backward_s == pytest.approx(half.backward_s)  # the same backward, split differently
+
+
+def test_the_optimizer_step_is_the_slowest_stages_after_the_pipeline(tiny, tiny_hw):
+    """Every stage steps AdamW once the pipeline has drained: the iteration grows by the slowest stage's step, the
+    parameters its states stand for at the profile's measured rate; a profile without the rate prices none."""
+    plan = _plan("1f1b", 1)
+    none = evaluate_strategy(CostModel(tiny_hw, tiny, CostSettings(context_mib=0.0)), plan).detail
+    rated = tiny_hw.model_copy(update={"optimizer_ms_per_million_parameters": 3.0})
+    got = evaluate_strategy(CostModel(rated, tiny, CostSettings(context_mib=0.0)), plan).detail
+    assert none is not None and got is not None and none.optimizer_s == 0.0
+    per_stage = [states * 2**20 / 18 / 1e6 * 3.0e-3 for states in got.stage_states_mib]  # bf16: 18 bytes a parameter
+    assert got.optimizer_s == pytest.approx(max(per_stage))
+    assert got.iteration_time_s == pytest.approx(none.iteration_time_s + max(per_stage))
+    assert got.time_breakdown_s(4)["optimizer"] == pytest.approx(max(per_stage))
+    assert sum(got.time_breakdown_s(4).values()) == pytest.approx(got.iteration_time_s)
+
+
 def _plan(schedule: str, v: int, *, pp: int = 2, layers: int = 4, c: int = 4, tp: int = 1) -> Strategy:
     return Strategy.uniform(
         world_size=4, num_layers=layers, global_batch_size=8, layer={"tp": tp}, pp=pp, pipeline_schedule=schedule,

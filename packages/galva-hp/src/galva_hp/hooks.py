@@ -87,8 +87,9 @@ def peak_memory_mib() -> float | None:
 
 
 def base_memory_mib() -> float:
-    """Memory this process holds outside the model's tensors, in MiB (call it before building the model)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    """Memory this process holds outside the model's tensors, in MiB (call it before building the model; where CUDA
+    is available the job computes there, so its context is created here if it is not yet)."""
+    if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
         return (total - free - torch.cuda.memory_reserved()) / 2**20
     try:
@@ -103,7 +104,7 @@ def peak_above_base_mib(base_mib: float) -> float | None:
     peak = peak_memory_mib()
     if peak is None:
         return None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available():
         return peak  # the allocator starts from nothing: its peak is above the base already
     return max(0.0, peak - base_mib)
 

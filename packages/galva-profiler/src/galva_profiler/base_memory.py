@@ -2,9 +2,11 @@
 
 On GPU: device memory in use that the caching allocator does not account for (the CUDA context, cuBLAS workspaces
 and the communicator's buffers, which exist after the first collective). On CPU: the process's resident set, with
-the training runtime imported where it is installed (its libraries are most of a CPU process's base) and one small
-forward, backward and AdamW step run, so the BLAS and autograd code the job pages in is counted as base, not as
-model memory. Measured on every rank after the process group exists; the profile keeps the largest.
+the training runtime imported where it is installed (galva-train's modules, the tensor-parallel layers and a
+model family's code: most of a CPU process's base) and one small transformer-like training step run (embedding,
+attention, norm, activation, loss, backward, AdamW, a collective), so the library code every job pages in on its
+first step counts as base, not as model memory. Measured on every rank after the process group exists; the profile
+keeps the largest.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import os
 import resource
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -22,7 +25,13 @@ from galva_profiler.distributed import World, max_over_ranks, synchronize
 
 MIB = float(2**20)
 # what a training process imports besides torch (galva-train's stack); the ones installed are imported first
-RUNTIME_MODULES = ("galva_hp", "galva_models", "transformers.modeling_utils")
+RUNTIME_MODULES = (
+    "galva_models.cli.train",
+    "galva_hp.build",
+    "galva_ckpt",
+    "megatron.core.tensor_parallel",
+    "transformers.models.llama.modeling_llama",
+)
 
 
 def resident_mib() -> float:
@@ -36,27 +45,46 @@ def resident_mib() -> float:
         return peak / MIB if sys.platform == "darwin" else peak / 1024.0
 
 
-def _import_runtime() -> None:
-    for name in RUNTIME_MODULES:
-        if importlib.util.find_spec(name.split(".")[0]) is not None:
-            importlib.import_module(name)
+def _import_runtime(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name.split(".")[0]) is not None:
+                with warnings.catch_warnings():  # their import-time notices belong to the training job's log
+                    warnings.simplefilter("ignore")
+                    importlib.import_module(name)
+        except ImportError:  # a partial install: the base is then what this process could import
+            continue
 
 
 def _warm_up(device: torch.device) -> None:
-    """One small training step and one collective: the code paths every job runs before its first real step."""
-    layer = torch.nn.Linear(256, 256, device=device)
-    x = torch.randn(32, 256, device=device, requires_grad=True)
-    torch.nn.functional.softmax(layer(x), dim=-1).sum().backward()
-    torch.optim.AdamW(layer.parameters()).step()
+    """One small transformer-like training step and one collective: the code every job runs on its first step."""
+    import torch.nn.functional as F
+
+    batch, seq, heads, head_dim, vocab = 2, 16, 2, 16, 64
+    hidden = heads * head_dim
+    embedding = torch.nn.Embedding(vocab, hidden, device=device)
+    proj = torch.nn.Linear(hidden, 3 * hidden, device=device)
+    head = torch.nn.Linear(hidden, vocab, device=device)
+    tokens = torch.randint(0, vocab, (batch, seq), device=device)
+    x = F.layer_norm(embedding(tokens), (hidden,))
+    q, k, v = proj(x).view(batch, seq, 3, heads, head_dim).unbind(2)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    y = F.silu(y.transpose(1, 2).reshape(batch, seq, hidden)) * F.gelu(x)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+    F.cross_entropy(head(y).view(-1, vocab), tokens.view(-1)).backward()
+    params = [*embedding.parameters(), *proj.parameters(), *head.parameters()]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    torch.optim.AdamW(params).step()
     buf = torch.ones(1024, device=device)
     dist.all_reduce(buf)
     synchronize(device)
 
 
-def measure_base_memory(world: World) -> float:
-    """Base memory per rank in MiB, the largest over ranks (the same value on every rank; collective)."""
+def measure_base_memory(world: World, modules: tuple[str, ...] = RUNTIME_MODULES) -> float:
+    """Base memory per rank in MiB, the largest over ranks (the same value on every rank; collective); on CPU after
+    importing ``modules`` (those installed)."""
     if world.device.type != "cuda":
-        _import_runtime()
+        _import_runtime(modules)
     _warm_up(world.device)
     if world.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(world.device)

@@ -4,15 +4,18 @@ For each strategy, every rank of a forked gloo world (``galva_comm.testing.run_d
 model with galva-hp (``BuildOptions(measure_activations=True)``), trains ``warmup + steps`` steps on random tokens and
 reports, per rank:
 
-* **iteration time**: wall time of ``forward_backward`` (the schedule, the gradient reductions; what the cost model
-  prices), the max over ranks per step, then the median over the timed steps. The optimizer step is reported apart.
+* **iteration time**: wall time of ``forward_backward`` (the schedule, the gradient reductions) and of the gradient
+  clip and optimizer step (what the cost model prices), the max over ranks per step, then the median over the timed
+  steps. The optimizer step is also reported apart.
 * **activation bytes** of one micro-batch: the bytes autograd saved in the last step (galva-hp's saved-tensor hooks
   per unit: exact on CPU), divided by the micro-batch count; the largest rank of each stage.
 * **model-state bytes**: distinct storages of the rank's parameters (gathered copies included while they exist),
   fp32 masters, gradients (accumulated and sharded) and optimizer states, sampled after every unit's forward and
   after the backward of the last step; the largest sample, the largest rank of each stage.
-* **peak memory**: the process's resident-set growth over the run (CPU only has ``ru_maxrss``: coarse, it includes
-  allocator caching and library buffers; reported, not a target).
+* **peak memory**: the process's resident high-water mark (``ru_maxrss``: CPU's equivalent of a device's peak),
+  scored against the hardware profile's measured base memory plus the predicted peak; the growth over the run's
+  start beside the model terms alone (allocator caching and library code paged in on the first step are in the
+  growth, and the profile's base counts them).
 
 The prediction is :func:`galva_search.evaluation.evaluate_strategy` on the same profiles, with its per-stage
 breakdown (states, activations of one micro-batch, in-flight count, transients).
@@ -51,6 +54,7 @@ class RankMeasurement:
     state_bytes: int
     rss_growth_mib: float
     activation_bytes_by_unit: dict[str, int] = field(default_factory=dict)  # per unit: embedding, layers.i, head
+    peak_rss_mib: float = 0.0  # the process's resident high-water mark, base included
 
 
 @dataclass
@@ -70,6 +74,8 @@ class StageRow:
     measured_rss_growth_mib: float
     in_flight: int
     optimizer_s: float
+    predicted_base_mib: float = 0.0  # the hardware profile's measured base memory per process
+    measured_peak_rss_mib: float = 0.0  # the process's resident high-water mark (CPU's equivalent of a peak)
 
     @property
     def errors(self) -> dict[str, float]:
@@ -78,6 +84,7 @@ class StageRow:
             "states": _error(self.predicted_states_mib, self.measured_states_mib),
             "activations": _error(self.predicted_activation_mib, self.measured_activation_mib),
             "peak_vs_rss": _error(self.predicted_peak_mib, self.measured_rss_growth_mib),
+            "peak": _error(self.predicted_base_mib + self.predicted_peak_mib, self.measured_peak_rss_mib),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,9 +99,9 @@ class StrategyCheck:
     rows: list[StageRow] = field(default_factory=list)
 
     def _per_step_ms(self) -> list[float]:
-        """Per timed step, the slowest rank's forward_backward time."""
+        """Per timed step, the slowest rank's forward-backward and optimizer step (the cost model prices both)."""
         steps = range(len(self.ranks[0].forward_backward_ms))
-        return [max(r.forward_backward_ms[i] for r in self.ranks) for i in steps]
+        return [max(r.forward_backward_ms[i] + r.optimizer_ms[i] for r in self.ranks) for i in steps]
 
     @property
     def measured_time_s(self) -> float:
@@ -213,7 +220,7 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
             opt_ms.append((t2 - t1) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return RankMeasurement(
-        rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss, by_unit
+        rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss, by_unit, peak
     )
 
 
@@ -260,6 +267,8 @@ def compare(check: StrategyCheck, hardware: HardwareProfile, model: ModelProfile
                 in_flight=detail.stage_in_flight[stage],
                 optimizer_s=statistics.median(max(r.optimizer_ms[i] for r in ranks)
                                               for i in range(len(ranks[0].optimizer_ms))) * 1e-3,
+                predicted_base_mib=hardware.base_memory_mib or 0.0,
+                measured_peak_rss_mib=max(r.peak_rss_mib for r in ranks),
             )
         )
 
@@ -267,8 +276,8 @@ def compare(check: StrategyCheck, hardware: HardwareProfile, model: ModelProfile
 def table(rows: list[StageRow]) -> str:
     """Markdown table: predicted vs measured per strategy and stage, with relative errors."""
     head = ("| strategy | ranks | stage | time pred / meas (ms) | err | states pred / meas (MiB) | err "
-            "| act/mb pred / meas (MiB) | err | peak pred (MiB) / RSS growth |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+            "| act/mb pred / meas (MiB) | err | peak pred / meas (MiB) | err | model terms (MiB) / RSS growth |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         e = r.errors
@@ -277,6 +286,7 @@ def table(rows: list[StageRow]) -> str:
             f"| {r.predicted_time_s * 1e3:.1f} / {r.measured_time_s * 1e3:.1f} "
             f"| {e['time']:+.1%} | {r.predicted_states_mib:.4f} / {r.measured_states_mib:.4f} | {e['states']:+.2%} "
             f"| {r.predicted_activation_mib:.4f} / {r.measured_activation_mib:.4f} | {e['activations']:+.2%} "
+            f"| {r.predicted_base_mib + r.predicted_peak_mib:.1f} / {r.measured_peak_rss_mib:.1f} | {e['peak']:+.1%} "
             f"| {r.predicted_peak_mib:.2f} / {r.measured_rss_growth_mib:.1f} |"
         )
     return head + "\n".join(lines) + "\n"
@@ -303,6 +313,8 @@ def report(checks: list[StrategyCheck], calibration: Any = None) -> dict[str, An
             "median_abs_time_error": statistics.median(abs_time) if abs_time else None,
             "max_abs_states_error": max((abs(r.errors["states"]) for r in rows), default=None),
             "max_abs_activation_error": max((abs(r.errors["activations"]) for r in rows), default=None),
+            "max_abs_time_error": abs_time[-1] if abs_time else None,
+            "max_abs_peak_error": max((abs(r.errors["peak"]) for r in rows), default=None),
         },
         "calibration": calibration.to_dict() if calibration is not None else None,
     }

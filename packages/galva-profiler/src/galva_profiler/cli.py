@@ -93,12 +93,18 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Check the input, then run this command as ``--nproc-per-node`` ranks on this machine."""
+    import torch
+
     from galva_comm.launch import LaunchError, launch_local
     from galva_profiler.hardware_cli import check_hardware_args
+    from galva_profiler.overlap import ALONE_THREADS_ENV
 
     if args.nproc_per_node < 2:
         raise ProfileError(f"--nproc-per-node {args.nproc_per_node}: a sweep needs at least 2 ranks")
     check_hardware_args(args)
+    # the threads a lone process computes with here (before the launcher gives each rank its share): the
+    # compute-slowdown test times rank 0 alone with them, as the single-process model profile runs
+    os.environ.setdefault(ALONE_THREADS_ENV, str(torch.get_num_threads()))
     try:
         return launch_local(args.nproc_per_node, "galva_profiler.cli", argv, prog=PROG)
     except LaunchError as err:

@@ -27,7 +27,7 @@ import torch
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
-from galva_profiler.base_memory import measure_base_memory
+from galva_profiler.base_memory import RUNTIME_MODULES, measure_base_memory
 from galva_profiler.collectives import MIB, Collective, bus_bandwidth_gb_per_s, time_collective, time_p2p
 from galva_profiler.distributed import World
 from galva_profiler.fitting import Fit, alpha_beta
@@ -56,6 +56,7 @@ class SweepOptions:
     overlap_calls: int = 4
     timed: tuple[Collective, ...] = TIMED
     optimizer_parameters: int = 16_000_000  # parameters of the timed AdamW step
+    runtime_modules: tuple[str, ...] = RUNTIME_MODULES  # imported before the CPU base memory is read
 
     def __post_init__(self) -> None:
         if len(self.message_mib) < 2 or sorted(set(self.message_mib)) != list(self.message_mib):
@@ -189,7 +190,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
     """Run ``steps`` on every rank (collective); every rank returns the same result."""
     cache = ProcessGroupCache(backend=world.backend)
     cache.create(sweep_groups(world.size, steps))
-    result = SweepResult(world.size, base_memory_mib=measure_base_memory(world))
+    result = SweepResult(world.size, base_memory_mib=measure_base_memory(world, options.runtime_modules))
     result.optimizer_ms_per_million_parameters = measure_optimizer_rate(
         world, options.optimizer_parameters, options.repeats
     )

@@ -8,15 +8,20 @@ the profile's ``overlap_slowdown`` is the larger of the two (at least 1), as the
 
 A fourth timing gives the **compute slowdown of running every rank at once**: the same loop run by every rank together
 and then by rank 0 alone (the other ranks wait in a barrier), paired repetition by repetition; the median of the
-paired ratios (pairs cancel slow drifts of a shared machine's load). Where ranks share cores (4 CPU processes on 2
-cores) each runs about twice as slowly as the single-process model profile measured; with a device per rank the
-ratio is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
+paired ratios (pairs cancel slow drifts of a shared machine's load). Rank 0 alone runs with the intra-op threads
+of the process that launched the ranks (``GALVA_PROFILE_ALONE_THREADS``, set by ``galva-profile --nproc-per-node``:
+what the single-process model profile computes with), the ranks together with their own (the launcher gives each
+``cores / ranks``): the ratio is then what a job's compute is to the model profile's. Where ranks share cores (4 CPU
+processes on 2 cores, one thread each, against a lone process on both cores) that is about 4; with a device per
+rank it is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -128,6 +133,21 @@ def _timed_ms(run: Callable[[], None], device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+ALONE_THREADS_ENV = "GALVA_PROFILE_ALONE_THREADS"
+
+
+@contextmanager
+def alone_threads() -> Iterator[None]:
+    """Inside the block, torch computes with the launching process's thread count (unchanged where none was set)."""
+    before = torch.get_num_threads()
+    wanted = int(os.environ.get(ALONE_THREADS_ENV, before) or before)
+    torch.set_num_threads(max(1, wanted))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _concurrency(compute: Callable[[], None], repeats: Repeats, device: torch.device) -> tuple[float, float]:
     """(rank 0 alone ms, median of paired ratios every-rank-at-once / alone); the same values on every rank."""
     alone, ratios = [], []
@@ -135,7 +155,8 @@ def _concurrency(compute: Callable[[], None], repeats: Repeats, device: torch.de
         dist.barrier()
         together = max_over_ranks(_timed_ms(compute, device), device)
         dist.barrier()
-        one = max_over_ranks(_timed_ms(compute, device) if dist.get_rank() == 0 else 0.0, device)
+        with alone_threads():
+            one = max_over_ranks(_timed_ms(compute, device) if dist.get_rank() == 0 else 0.0, device)
         if index >= repeats.warmup:
             alone.append(one)
             ratios.append(together / one)

@@ -173,13 +173,14 @@ class _Runner:
             return str(path)
 
     def stage(self, name: str, cmd: Sequence[str] | None, artefacts: dict[str, Path],
-              work: Callable[[], str] | None = None) -> StageResult:
-        """Run ``cmd`` (logged to logs/NAME.log) and/or ``work`` (returns a note); print the stage line."""
+              work: Callable[[], str] | None = None, env: dict[str, str] | None = None) -> StageResult:
+        """Run ``cmd`` (logged to logs/NAME.log, ``env`` added to the environment) and/or ``work`` (returns a note);
+        print the stage line."""
         index = len(self.results) + 1
         log = self.out / "logs" / f"{name}.log"
         start = time.perf_counter()
         note = ""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         if cmd is not None:
             with log.open("w", encoding="utf-8") as f:
                 f.write("$ " + _display(cmd) + "\n")
@@ -301,13 +302,17 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--num-attention-heads", str(o.num_attention_heads), "--num-key-value-heads", str(o.num_key_value_heads),
         "--ffn-hidden-size", str(o.ffn_hidden_size), "--vocab-size", str(o.vocab_size),
         "--seq-length", str(o.seq_length)), {"model config": model_dir / "config.json"})
+    # on CPU both profiles compute with one training rank's threads (the launcher's default: cores / ranks, unless
+    # OMP_NUM_THREADS is set): the model profile's layer times are a rank's, the compute slowdown only the sharing
+    own = kind == "gpu" or "OMP_NUM_THREADS" in os.environ
+    threads = {} if own else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
     r.stage("profile-hardware", _python_command(
         "galva_profiler.cli", "hardware", "--nproc-per-node", str(nproc), "--quick", "-o", str(hw),
-        "--report", str(prof / "hardware-report.json")), {"hardware profile": hw})
+        "--report", str(prof / "hardware-report.json")), {"hardware profile": hw}, env=threads)
     r.stage("profile-model", _python_command(
         "galva_profiler.cli", "model", "--model-config", str(model_dir), "--seq-lengths", str(o.seq_length),
         "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick", "-o", str(model_profile),
-        "--report", str(prof / "model-report.json")), {"model profile": model_profile})
+        "--report", str(prof / "model-report.json")), {"model profile": model_profile}, env=threads)
     r.stage("search", _python_command(
         "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,
         *(["--context-memory", o.context_memory] if o.context_memory else []),
