@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from galva_models.tiny_layers import detach_overrides, keep_layers, layers_kept, per_layer_lists
+
 
 def _gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int = 1024, vocab_size: int = 50257, **kw: Any) -> Any:
     from transformers import GPT2Config
@@ -133,6 +135,12 @@ class UnknownPresetError(ValueError):
     pass
 
 
+def _resize(config: Any, field: str, value: Any) -> None:
+    """Set a size; a field that holds one size per entry (per layer, per expert kind) gets ``value`` for each."""
+    current = getattr(config, field)
+    setattr(config, field, [value] * len(current) if isinstance(current, list) else value)
+
+
 def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     """A tiny config of any transformers family (:data:`TINY_SIZES` set on the family's own config class, so every
     other field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed
@@ -142,17 +150,19 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
     if model_type not in CONFIG_MAPPING:
         raise UnknownPresetError(f"unknown model preset 'tiny-{model_type}': no transformers family {model_type!r}")
     config = CONFIG_MAPPING[model_type]()
+    overrides = detach_overrides(config)  # a heterogeneous config's per-layer fields, back after the resize
+    lists = per_layer_lists(config)
+    kept = layers_kept(config.num_hidden_layers, lists, overrides, TINY_SIZES["num_hidden_layers"])
+    defaults = config.to_dict()
     for field, value in TINY_SIZES.items():  # the fields the family has (GPT-2: no key/value heads, no head size)
         if hasattr(config, field):
-            setattr(config, field, value)
+            _resize(config, field, value)
     for field, value in TINY_EXPERTS.items():
         if getattr(config, field, None) is not None:
-            setattr(config, field, value)
+            _resize(config, field, value)
     if getattr(config, "kv_lora_rank", None) is not None:  # latent attention expands keys to every head
         config.num_key_value_heads = config.num_attention_heads
-    types = getattr(config, "layer_types", None)
-    if types:  # keep the family's repeating pattern of sliding and full layers
-        config.layer_types = [types[i % len(types)] for i in range(config.num_hidden_layers)]
+    keep_layers(config, kept, list(lists), overrides, defaults)
     if sliding_window is not None and getattr(config, "sliding_window", None) is not None:
         config.sliding_window = sliding_window
     for field, value in config.to_dict().items():  # deterministic, like every tiny preset
