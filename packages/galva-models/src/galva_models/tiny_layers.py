@@ -23,6 +23,8 @@ def layers_kept(total: int, lists: dict[str, list[Any]], overrides: dict[int, di
     """``count`` of ``total`` layer indices, in order, that hold every kind in ``lists`` and ``overrides`` where
     ``count`` allows: a layer is taken first when it brings a kind not yet held (the first layer always), then the
     earliest others."""
+    if not lists and not overrides:  # the layers are alike: any count
+        return list(range(count))
     if total <= count:
         return list(range(total))
 
