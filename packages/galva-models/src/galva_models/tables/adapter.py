@@ -19,7 +19,7 @@ from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
 from galva_models.tables.mixing import hidden_mixers
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
-from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention
+from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention, layer_config
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_models.tables.router import router_class, router_loss
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
@@ -45,7 +45,8 @@ def supports(config: Any) -> bool:
     causal = tables.task == Task.CAUSAL_LM.value
     if causal and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return False
-    return getattr(config, "num_attention_heads", None) is not None and getattr(config, "hidden_size", None) is not None
+    heads = getattr(layer_config(config), "num_attention_heads", None)
+    return heads is not None and getattr(config, "hidden_size", None) is not None
 
 
 def adapter_for(config: Any) -> FamilyAdapter:
@@ -122,7 +123,12 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     tables = _tables(config)
     heads, kv, _ = head_counts(config)
     unsupported: dict[ParallelForm, str] = {}
-    odd = {p: st for p, st in unsupported_styles(tables).items() if not _inside_experts(p, tables)}
+    built = hidden_mixers(config, tables.layers)  # None: the probe could not build it, every entry counts
+    odd = {
+        p: st
+        for p, st in unsupported_styles(tables).items()
+        if not _inside_experts(p, tables) and (built is None or p in built.paths)
+    }
     if odd:
         path, style = next(iter(odd.items()))
         reason = f"{config.model_type}'s tp table gives {path} the style {style!r}, which Galva does not run"
@@ -148,8 +154,9 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         )
     experts = _expert_layers(config.to_json_string()) if tables.experts else [None] * config.num_hidden_layers
     mixing = _mixing_refusals(config, tables)
-    runs: list[tuple[tuple[tuple[int, int] | None, str], int]] = []
-    for kind in zip(experts, mixing, strict=True):
+    heads_per_layer = [head_counts(config, i)[:2] for i in range(config.num_hidden_layers)]
+    runs: list[tuple[tuple[tuple[int, int] | None, str, tuple[int, int]], int]] = []
+    for kind in zip(experts, mixing, heads_per_layer, strict=True):
         if runs and runs[-1][0] == kind:
             runs[-1] = (kind, runs[-1][1] + 1)
         else:
@@ -161,13 +168,13 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
             LayerTypeConstraints(
                 name=family if expert is not None or not tables.experts else f"{family}_dense",
                 num_layers=count,
-                num_heads=heads,
-                num_kv_heads=kv,
+                num_heads=layer_heads[0],
+                num_kv_heads=layer_heads[1],
                 unsupported={**unsupported, **dict.fromkeys(_SEQUENCE_FORMS, mixes)} if mixes else unsupported,
                 num_experts=expert[0] if expert else 0,
                 expert_ffn=expert[1] if expert else None,
             )
-            for (expert, mixes), count in runs
+            for (expert, mixes, layer_heads), count in runs
         ),
         max_seq_length=longest,
         context_parallel=True,
@@ -190,8 +197,8 @@ def _mixing_refusals(config: Any, tables: ModelTables) -> list[str]:
     types = getattr(config, "layer_types", None) or [None] * config.num_hidden_layers
     where = f" ({', '.join(found.modules)})" if found.modules else ""
     return [
-        f"{config.model_type}'s {kind or 'token-mixing'} layers mix tokens outside attention{where}, which a "
-        "sequence split would cut"
+        f"{config.model_type}'s {kind or 'token-mixing'} layers read other tokens outside the attention function"
+        f"{where} (a recurrence, convolution or mask from activations), which a sequence split would cut"
         if mixes
         else ""
         for kind, mixes in zip(types, found.layers, strict=True)

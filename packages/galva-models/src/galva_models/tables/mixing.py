@@ -6,7 +6,8 @@ the sequence and make only the registered attention function (:mod:`.attention`)
 output at one position reads other positions by another path would compute something else. Which layers do is
 found by running the family's own code, not by its names: a tiny copy of the config (widths cut, every layer kept)
 runs with an attention function that reads no other position, and a layer mixes tokens elsewhere where its last
-position's output has a gradient on its input's earlier positions.
+position's output has a gradient on its input's earlier positions, or where the mask it hands the attention function
+is computed from its activations.
 """
 
 from __future__ import annotations
@@ -32,10 +33,17 @@ class HiddenMixers:
 
     layers: tuple[bool, ...]
     modules: tuple[str, ...]
+    paths: frozenset[str]
+    """Every module path some layer has (a table entry for none of them names a module this config leaves out)."""
 
 
 def _no_mixing(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
-    """An attention function whose output at a position reads that position only (its value, heads repeated)."""
+    """An attention function whose output at a position reads that position only (its value, heads repeated). A
+    mask computed from the activations (Doge's dynamic mask) marks the module: it is built on a sequence slice's
+    tokens before the function could gather them."""
+    mask = args[0] if args else kwargs.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.requires_grad:
+        module.galva_mask_from_activations = True  # type: ignore[assignment]
     heads = query.shape[1]
     out = value.repeat_interleave(heads // value.shape[1], dim=1) if heads % value.shape[1] == 0 else value
     return out.transpose(1, 2).contiguous() + 0 * query.sum(), None
@@ -93,7 +101,11 @@ def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
         torch.stack([out[:, -1].sum() for out in outputs]).sum().backward()
     except Exception:  # a family the tiny copy cannot run: the build itself will say why
         return None
-    mixing = tuple(bool(x.grad is not None and x.grad[:, :-1].abs().max() > 0) for x in inputs)
+    masked = [any(getattr(m, "galva_mask_from_activations", False) for m in layer.modules()) for layer in stack]
+    mixing = tuple(
+        bool(x.grad is not None and x.grad[:, :-1].abs().max() > 0) or mask
+        for x, mask in zip(inputs, masked, strict=True)
+    )
     plain = {type(m) for layer, mixes in zip(stack, mixing, strict=True) if not mixes for m in layer.modules()}
     names = sorted(
         {
@@ -101,7 +113,8 @@ def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
             for layer, mixes in zip(stack, mixing, strict=True)
             if mixes
             for name, child in layer.named_children()
-            if type(child) not in plain
+            if plain and type(child) not in plain
         }
     )
-    return HiddenMixers(mixing, tuple(names))
+    paths = frozenset(name for layer in stack for name, _ in layer.named_modules() if name)
+    return HiddenMixers(mixing, tuple(names), paths)

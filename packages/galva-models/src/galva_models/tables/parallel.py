@@ -42,11 +42,18 @@ from galva_models.tables.sharding import (
     sum_where_sharded,
 )
 
-__all__ = ["TableParallelizer", "attention_paths", "head_counts", "is_attention"]
+__all__ = ["TableParallelizer", "attention_paths", "head_counts", "is_attention", "layer_config"]
 
 
-def head_counts(config: Any) -> tuple[int, int, int]:
-    """``(heads, key/value heads, head size)`` of a config."""
+def layer_config(config: Any, layer: int = 0) -> Any:
+    """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (whose global head
+    counts cannot be read: they vary by layer), else ``config`` itself."""
+    return config.per_layer_config[layer] if getattr(config, "is_heterogeneous", False) else config
+
+
+def head_counts(config: Any, layer: int = 0) -> tuple[int, int, int]:
+    """``(heads, key/value heads, head size)`` of layer ``layer`` of a config."""
+    config = layer_config(config, layer)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -123,7 +130,7 @@ class TableParallelizer:
         tp, rank = ctx.tp_size, group_rank(group)
         sequence_parallel = ctx.sequence_parallel_tp
         region = TpRegion(group, sequence_parallel)
-        heads, kv, head_dim = head_counts(self.config)
+        heads, kv, head_dim = head_counts(self.config, module.index)
         replicate_kv = kv < heads and tp > kv
         summed: set[str] = set()
         replicated_kv = False  # key/value projections kept whole: each rank reads its heads in attention
