@@ -17,6 +17,7 @@ from galva_hp.testing.oracle import SEQ
 from galva_models.presets import preset_config, tiny_config
 from galva_models.tables import ADAPTER, supports
 from galva_models.testing import hugging_face_run, hugging_face_task_run, max_relative, plan_run, task_batches
+from galva_models.tiny_layers import per_layer_lists
 from galva_schema import Strategy, plan_problems
 
 TOL = 1e-5
@@ -144,7 +145,8 @@ def _model(family: str, seq: int = SEQ):
 
 def hf_reference(family: str, seq: int = SEQ) -> tuple[list[float], list[float]]:
     # a mixture of experts' router loss is one statistic per micro-batch: Hugging Face accumulates the plans' ones
-    micro_batches = _BASE["num_micro_batches"] if family in MOE else 1
+    experts = any(t.num_experts for t in _constraints(_config(family, seq)).layer_types)
+    micro_batches = _BASE["num_micro_batches"] if experts else 1
     return hugging_face_run(_model(family, seq), seq=seq, micro_batches=micro_batches)
 
 
@@ -585,3 +587,80 @@ def test_a_reference_strategy_with_context_parallelism_converts_and_trains(tmp_p
         expected = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
     loss = json.loads(metrics.read_text().splitlines()[0])["loss"]
     assert abs(loss - expected) / expected < TOL, (loss, expected)
+
+
+# ------------------------------------------------------------------ families beyond the list (no model run but one)
+# Every transformers config class with tables gets a tiny config whose per-layer fields follow the layer count; a
+# family whose layers read other tokens outside the attention function (linear attention, lightning attention, a mask
+# from activations) is refused the sequence forms in one line by constraints(config), naming family and layer kind.
+
+
+def _constraints(config):
+    from galva_models.tables.adapter import constraints
+
+    return constraints(config)
+
+
+def _families_with_tables() -> list[str]:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    out = []
+    for model_type, name in CONFIG_MAPPING_NAMES.items():
+        cls = getattr(transformers, name, None)
+        if getattr(cls, "base_model_tp_plan", None) and getattr(cls, "base_model_pp_plan", None):
+            out.append(model_type)
+    return out
+
+
+def test_every_family_with_tables_has_a_tiny_config_holding_every_layer_kind():
+    from transformers import CONFIG_MAPPING
+
+    families = _families_with_tables()
+    assert len(families) > 100
+    for family in families:
+        full = CONFIG_MAPPING[family]()
+        kinds = {k: set(map(repr, v)) for k, v in per_layer_lists(full).items()}
+        tiny = tiny_config(family)
+        layers = tiny.num_hidden_layers
+        assert 1 <= layers <= 4, family
+        lists = per_layer_lists(tiny)
+        assert set(lists) == set(kinds), f"{family}: per-layer fields {sorted(kinds)} -> {sorted(lists)}"
+        for field, values in lists.items():
+            if len(kinds[field]) <= layers and "size" not in field and "heads" not in field:
+                assert set(map(repr, values)) == kinds[field], f"{family}.{field}: {values} lost a kind"
+        if tiny.is_heterogeneous:  # overrides renumbered into the tiny layers
+            assert max(tiny._heterogeneity_spec.per_layer_overrides) < layers, family
+
+
+def _refusals(family: str, plan: str) -> list[str]:
+    return plan_problems(PLANS[plan], _constraints(tiny_config(family)), world_size=4, seq_len=SEQ)
+
+
+def test_a_layer_reading_tokens_outside_attention_is_refused_the_sequence_forms_in_one_line():
+    # qwen3_5_text: gated delta-net layers (linear_attn) beside full attention; its tp table gathers their output
+    for plan in ("ulysses2", "tp2-megatron_sp"):
+        problems = _refusals("qwen3_5_text", plan)
+        assert problems and all("\n" not in p for p in problems), plan
+        assert "qwen3_5_text's linear_attention layers read other tokens outside the attention function" in problems[0]
+        assert "(linear_attn)" in problems[0] and "layers[0..2]" in problems[0]
+    assert _refusals("qwen3_5_text", "tp2") == []
+    # minimax: lightning attention under the same module name as the softmax attention of its other layers
+    assert "minimax's linear_attention layers" in _refusals("minimax", "ulysses2")[0]
+    assert _refusals("minimax", "pp2-mixed") == []
+    # doge: its attention mask is computed from the layer's values, on a slice under Ulysses
+    assert "doge's token-mixing layers" in _refusals("doge", "ulysses2")[0]
+    # a plain family and a windowed one keep every form
+    for family in ("llama", "gemma2"):
+        assert all(_refusals(family, plan) == [] for plan in ("ulysses2", "tp2-megatron_sp")), family
+
+
+MORE = [("minimax", "tp2"), ("minimax", "pp2-mixed"), ("deepseek_v2", "ulysses2"), ("doge", "pp2-zero3")]
+"""The most different of the new families, each under a form it takes: a hybrid of lightning and softmax attention
+with experts (tp, and a different form per layer over two stages), latent attention under Ulysses, a family with an
+optional router left out."""
+
+
+@pytest.mark.distributed
+def test_families_beyond_the_list_train_like_hugging_face():
+    _assert(run_distributed(check, 4, MORE, timeout=900))

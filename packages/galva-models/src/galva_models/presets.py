@@ -11,8 +11,11 @@ as they are. A preset is one call.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
+
+from galva_models.tiny_layers import detach_overrides, keep_layers, layers_kept, per_layer_lists
 
 
 def _gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int = 1024, vocab_size: int = 50257, **kw: Any) -> Any:
@@ -133,26 +136,44 @@ class UnknownPresetError(ValueError):
     pass
 
 
+def _resize(config: Any, field: str, value: Any) -> None:
+    """Set a size; a field that holds one size per entry (per layer, per expert kind) gets ``value`` for each."""
+    current = getattr(config, field)
+    setattr(config, field, [value] * len(current) if isinstance(current, list) else value)
+
+
+def tiny_sizes(config: Any, layers: int | None = TINY_SIZES["num_hidden_layers"]) -> Any:
+    """A copy of ``config`` with :data:`TINY_SIZES` and :data:`TINY_EXPERTS` on the fields it has, every other field
+    kept; ``layers`` of its layers (holding every kind it has, :func:`~.tiny_layers.layers_kept`), None: all."""
+    config = copy.deepcopy(config)
+    overrides = detach_overrides(config)  # a heterogeneous config's per-layer fields, back after the resize
+    lists = per_layer_lists(config)
+    total = config.num_hidden_layers
+    kept = layers_kept(total, lists, overrides, total if layers is None else layers)
+    defaults = config.to_dict()
+    for field, value in TINY_SIZES.items():  # the fields the family has (GPT-2: no key/value heads, no head size)
+        if hasattr(config, field) and field != "num_hidden_layers":
+            _resize(config, field, value)
+    experts = any(getattr(config, f, None) for f in ("num_local_experts", "num_experts", "n_routed_experts"))
+    for field, value in TINY_EXPERTS.items():
+        # experts per token is needed wherever there are experts (DeepSeek-V2 leaves it None by default)
+        if getattr(config, field, None) is not None or (field == "num_experts_per_tok" and experts):
+            _resize(config, field, value)
+    if getattr(config, "kv_lora_rank", None) is not None:  # latent attention expands keys to every head
+        config.num_key_value_heads = config.num_attention_heads
+    keep_layers(config, kept, list(lists), overrides, defaults)
+    return config
+
+
 def tiny_config(model_type: str, sliding_window: int | None = None) -> Any:
-    """A tiny config of any transformers family (:data:`TINY_SIZES` set on the family's own config class, so every
-    other field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed
-    layers (None keeps its default)."""
+    """A tiny config of any transformers family (:func:`tiny_sizes` of the family's default config, so every other
+    field keeps the family's default; dropout off). ``sliding_window``: the window of the family's windowed layers
+    (None keeps its default)."""
     from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
         raise UnknownPresetError(f"unknown model preset 'tiny-{model_type}': no transformers family {model_type!r}")
-    config = CONFIG_MAPPING[model_type]()
-    for field, value in TINY_SIZES.items():  # the fields the family has (GPT-2: no key/value heads, no head size)
-        if hasattr(config, field):
-            setattr(config, field, value)
-    for field, value in TINY_EXPERTS.items():
-        if getattr(config, field, None) is not None:
-            setattr(config, field, value)
-    if getattr(config, "kv_lora_rank", None) is not None:  # latent attention expands keys to every head
-        config.num_key_value_heads = config.num_attention_heads
-    types = getattr(config, "layer_types", None)
-    if types:  # keep the family's repeating pattern of sliding and full layers
-        config.layer_types = [types[i % len(types)] for i in range(config.num_hidden_layers)]
+    config = tiny_sizes(CONFIG_MAPPING[model_type]())
     if sliding_window is not None and getattr(config, "sliding_window", None) is not None:
         config.sliding_window = sliding_window
     for field, value in config.to_dict().items():  # deterministic, like every tiny preset

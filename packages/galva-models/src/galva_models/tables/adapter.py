@@ -17,8 +17,9 @@ from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
+from galva_models.tables.mixing import hidden_mixers
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
-from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention
+from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention, layer_config
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_models.tables.router import router_class, router_loss
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
@@ -44,7 +45,8 @@ def supports(config: Any) -> bool:
     causal = tables.task == Task.CAUSAL_LM.value
     if causal and getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return False
-    return getattr(config, "num_attention_heads", None) is not None and getattr(config, "hidden_size", None) is not None
+    heads = getattr(layer_config(config), "num_attention_heads", None)
+    return heads is not None and getattr(config, "hidden_size", None) is not None
 
 
 def adapter_for(config: Any) -> FamilyAdapter:
@@ -121,7 +123,12 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     tables = _tables(config)
     heads, kv, _ = head_counts(config)
     unsupported: dict[ParallelForm, str] = {}
-    odd = {p: st for p, st in unsupported_styles(tables).items() if not _inside_experts(p, tables)}
+    built = hidden_mixers(config, tables.layers)  # None: the probe could not build it, every entry counts
+    odd = {
+        p: st
+        for p, st in unsupported_styles(tables).items()
+        if not _inside_experts(p, tables) and (built is None or p in built.paths)
+    }
     if odd:
         path, style = next(iter(odd.items()))
         reason = f"{config.model_type}'s tp table gives {path} the style {style!r}, which Galva does not run"
@@ -145,9 +152,11 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         return ModelConstraints(
             model_name=config.model_type, layer_types=(layer_type,), vocab_unsupported=_per_sample(config.model_type)
         )
-    kinds = _expert_layers(config.to_json_string()) if tables.experts else [None] * config.num_hidden_layers
-    runs: list[tuple[tuple[int, int] | None, int]] = []
-    for kind in kinds:
+    experts = _expert_layers(config.to_json_string()) if tables.experts else [None] * config.num_hidden_layers
+    mixing = _mixing_refusals(config, tables)
+    heads_per_layer = [head_counts(config, i)[:2] for i in range(config.num_hidden_layers)]
+    runs: list[tuple[tuple[tuple[int, int] | None, str, tuple[int, int]], int]] = []
+    for kind in zip(experts, mixing, heads_per_layer, strict=True):
         if runs and runs[-1][0] == kind:
             runs[-1] = (kind, runs[-1][1] + 1)
         else:
@@ -157,15 +166,15 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         model_name=family,
         layer_types=tuple(
             LayerTypeConstraints(
-                name=family if kind is not None or not tables.experts else f"{family}_dense",
+                name=family if expert is not None or not tables.experts else f"{family}_dense",
                 num_layers=count,
-                num_heads=heads,
-                num_kv_heads=kv,
-                unsupported=unsupported,
-                num_experts=kind[0] if kind else 0,
-                expert_ffn=kind[1] if kind else None,
+                num_heads=layer_heads[0],
+                num_kv_heads=layer_heads[1],
+                unsupported={**unsupported, **dict.fromkeys(_SEQUENCE_FORMS, mixes)} if mixes else unsupported,
+                num_experts=expert[0] if expert else 0,
+                expert_ffn=expert[1] if expert else None,
             )
-            for kind, count in runs
+            for (expert, mixes, layer_heads), count in runs
         ),
         max_seq_length=longest,
         context_parallel=True,
@@ -173,6 +182,27 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     if ring:
         made = made.model_copy(update={"vocab_unsupported": {**made.vocab_unsupported, ParallelForm.CP: ring}})
     return made
+
+
+_SEQUENCE_FORMS = (ParallelForm.ULYSSES, ParallelForm.MEGATRON_SP, ParallelForm.CP)
+"""The forms that give a layer a slice of the sequence, whole only inside the registered attention function."""
+
+
+def _mixing_refusals(config: Any, tables: ModelTables) -> list[str]:
+    """Per layer, why the sequence forms cannot run it ("" where they can): it mixes tokens outside the registered
+    attention (:mod:`.mixing`), e.g. a linear-attention or state-space layer, which would see a slice only."""
+    found = hidden_mixers(config, tables.layers)
+    if found is None or not any(found.layers):
+        return [""] * config.num_hidden_layers
+    types = getattr(config, "layer_types", None) or [None] * config.num_hidden_layers
+    where = f" ({', '.join(found.modules)})" if found.modules else ""
+    return [
+        f"{config.model_type}'s {kind or 'token-mixing'} layers read other tokens outside the attention function"
+        f"{where} (a recurrence, convolution or mask from activations), which a sequence split would cut"
+        if mixes
+        else ""
+        for kind, mixes in zip(types, found.layers, strict=True)
+    ]
 
 
 _SINKS = ("s_aux=", "sinks=")

@@ -42,11 +42,18 @@ from galva_models.tables.sharding import (
     sum_where_sharded,
 )
 
-__all__ = ["TableParallelizer", "attention_paths", "head_counts", "is_attention"]
+__all__ = ["TableParallelizer", "attention_paths", "head_counts", "is_attention", "layer_config"]
 
 
-def head_counts(config: Any) -> tuple[int, int, int]:
-    """``(heads, key/value heads, head size)`` of a config."""
+def layer_config(config: Any, layer: int = 0) -> Any:
+    """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (whose global head
+    counts cannot be read: they vary by layer), else ``config`` itself."""
+    return config.per_layer_config[layer] if getattr(config, "is_heterogeneous", False) else config
+
+
+def head_counts(config: Any, layer: int = 0) -> tuple[int, int, int]:
+    """``(heads, key/value heads, head size)`` of layer ``layer`` of a config."""
+    config = layer_config(config, layer)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -108,9 +115,11 @@ class TableParallelizer:
             # a table naming no attention module (DeepSeek's latent attention): the layer's own attention children
             named = attention or [n for n, c in module.layer.named_children() if type(c).__name__.endswith("Attention")]
             for path in named:
-                module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
-                    sp_group=ctx.sp_group, heads_group=ctx.sp_group, cp_group=ctx.cp_group, cp_index=ctx.cp_index
-                )
+                sub = _find(module.layer, path)  # a hybrid's table names the attention of its other layers too
+                if sub is not None:
+                    sub.galva_attention = AttentionForm(  # type: ignore[assignment]
+                        sp_group=ctx.sp_group, heads_group=ctx.sp_group, cp_group=ctx.cp_group, cp_index=ctx.cp_index
+                    )
             ulysses = ctx.sp_size > 1
             module.form = ModuleForm(
                 seq_group=ctx.sp_group, seq_shards=ctx.sp_size, ulysses=ulysses, cp=ctx.cp_size, cp_index=ctx.cp_index
@@ -121,11 +130,15 @@ class TableParallelizer:
         tp, rank = ctx.tp_size, group_rank(group)
         sequence_parallel = ctx.sequence_parallel_tp
         region = TpRegion(group, sequence_parallel)
-        heads, kv, head_dim = head_counts(self.config)
+        heads, kv, head_dim = head_counts(self.config, module.index)
         replicate_kv = kv < heads and tp > kv
         summed: set[str] = set()
         replicated_kv = False  # key/value projections kept whole: each rank reads its heads in attention
-        entries = {p.rsplit(".", 1)[0] for p, st in tp_table.items() if "colwise" in st and "." in p}
+        # a block enters the tp region where this layer has one of its column-parallel modules: a hybrid's table
+        # names its other layers' modules too, and a whole block entered would have its input gradient summed twice
+        here = {p: st for p, st in tp_table.items() if _find(module.layer, p) is not None}
+        colwise = [p for p, st in here.items() if "colwise" in st and "." in p]
+        entries = {p.rsplit(".", 1)[0] for p in colwise}
         for path in sorted(entries):
             block = _find(module.layer, path)
             if block is not None:
@@ -152,10 +165,11 @@ class TableParallelizer:
             # heads are this rank's only where the block's projections stay split (not gathered back: Phi-3, Olmo 2)
             styles = [st for p, st in tp_table.items() if p.startswith(path + ".")]
             heads_split = any(st in ("colwise", "packed_colwise") for st in styles)
-            if not heads_split and ctx.cp_size == 1:
+            sub = _find(module.layer, path)
+            if sub is None or (not heads_split and ctx.cp_size == 1):
                 continue
             first = (rank * (heads // tp)) // (heads // kv)
-            module.layer.get_submodule(path).galva_attention = AttentionForm(  # type: ignore[assignment]
+            sub.galva_attention = AttentionForm(  # type: ignore[assignment]
                 kv_heads=(first, 1) if replicated_kv and heads_split else None,
                 heads_group=group if heads_split else None,
                 cp_group=ctx.cp_group,

@@ -49,14 +49,22 @@ def router_loss(model: Any) -> tuple[int, float] | None:
     coef = getattr(model, "router_aux_loss_coef", None)
     if not getattr(config, "output_router_logits", False) or not coef:
         return None
+    router = router_class(model.base_model)
+    if router is not None and not any(isinstance(m, router[0]) for m in model.modules()):
+        return None  # a family with an optional router that this config leaves out (Doge without is_moe)
     family = importlib.import_module(type(model).__module__)
     function = getattr(family, "load_balancing_loss_func", None)
     experts, top_k = getattr(model, "num_experts", None), getattr(model, "num_experts_per_tok", None)
-    if function is None or not experts or not top_k or router_class(model.base_model) is None:
+    if function is None or not experts or not top_k or router is None:
         raise ValueError(f"{config.model_type}: a router loss Galva cannot find the statistics of")
     generator = torch.Generator().manual_seed(0)
     logits = tuple(torch.randn(6, experts, generator=generator, dtype=torch.float64) for _ in range(3))
-    theirs = float(function(logits, experts, top_k))
+    try:
+        theirs = float(function(logits, experts, top_k))
+    except (TypeError, ValueError, RuntimeError, IndexError) as err:  # another router (product keys ...)
+        raise ValueError(
+            f"{config.model_type}: its load_balancing_loss_func is not the Switch statistic: {err}"
+        ) from err
     stats = [switch_statistics(x, experts, top_k) for x in logits]
     counts = torch.stack([s[0] for s in stats]).sum(dim=0)
     rows = sum(s[1] for s in stats)

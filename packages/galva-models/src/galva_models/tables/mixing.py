@@ -1,0 +1,120 @@
+"""Which layers mix tokens outside the attention function Galva registers (linear attention, state-space and
+convolution layers, recurrent blocks): the forms that split the sequence cannot run them.
+
+Galva's sequence forms (Ulysses, Megatron-SP's sequence slices, the context-parallel ring) give a layer a slice of
+the sequence and make only the registered attention function (:mod:`.attention`) see the whole of it. A layer whose
+output at one position reads other positions by another path would compute something else. Which layers do is
+found by running the family's own code, not by its names: a tiny copy of the config (widths cut, every layer kept)
+runs with an attention function that reads no other position, and a layer mixes tokens elsewhere where its last
+position's output has a gradient on its input's earlier positions, or where the mask it hands the attention function
+is computed from its activations.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["HiddenMixers", "hidden_mixers"]
+
+_PROBE = "galva_probe"
+_SEQ = 6
+
+
+@dataclass(frozen=True)
+class HiddenMixers:
+    """Per layer, whether it mixes tokens outside the registered attention, and the names of the modules that only
+    those layers hold (where some layers do not mix: what sets them apart, e.g. ``linear_attn``)."""
+
+    layers: tuple[bool, ...]
+    modules: tuple[str, ...]
+    paths: frozenset[str]
+    """Every module path some layer has (a table entry for none of them names a module this config leaves out)."""
+
+
+def _no_mixing(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+    """An attention function whose output at a position reads that position only (its value, heads repeated). A
+    mask computed from the activations (Doge's dynamic mask) marks the module: it is built on a sequence slice's
+    tokens before the function could gather them."""
+    mask = args[0] if args else kwargs.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.requires_grad:
+        module.galva_mask_from_activations = True  # type: ignore[assignment]
+    heads = query.shape[1]
+    out = value.repeat_interleave(heads // value.shape[1], dim=1) if heads % value.shape[1] == 0 else value
+    return out.transpose(1, 2).contiguous() + 0 * query.sum(), None
+
+
+def _register() -> None:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if _PROBE not in ALL_ATTENTION_FUNCTIONS:
+        ALL_ATTENTION_FUNCTIONS.register(_PROBE, _no_mixing)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(_PROBE, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def hidden_mixers(config: Any, layers_path: str) -> HiddenMixers | None:
+    """The layers of ``config``'s layer stack (``layers_path`` in the base model) that mix tokens outside the
+    registered attention; None where the probe cannot run the family (it is then no evidence either way)."""
+    return _probe(config.to_json_string(), layers_path)
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from galva_models.presets import tiny_sizes
+
+    raw = json.loads(config_json)
+    config = tiny_sizes(AutoConfig.for_model(raw.pop("model_type"), **raw), layers=None)
+    _register()
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=_PROBE)
+        stack = list(model.base_model.get_submodule(layers_path))
+        inputs: list[Tensor] = []
+        outputs: list[Tensor] = []
+
+        def enter(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if args:
+                inputs.append(args[0].detach().requires_grad_())
+                return (inputs[-1], *args[1:]), kwargs
+            inputs.append(kwargs["hidden_states"].detach().requires_grad_())
+            return args, {**kwargs, "hidden_states": inputs[-1]}
+
+        def leave(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            outputs.append(out[0] if isinstance(out, (tuple, list)) else out)
+
+        hooks = [h for layer in stack for h in (layer.register_forward_pre_hook(enter, with_kwargs=True),
+                                                 layer.register_forward_hook(leave))]  # fmt: skip
+        ids = torch.arange(_SEQ).remainder(config.vocab_size).unsqueeze(0)
+        model.train()
+        model(input_ids=ids, use_cache=False)
+        for hook in hooks:
+            hook.remove()
+        torch.stack([out[:, -1].sum() for out in outputs]).sum().backward()
+    except Exception:  # a family the tiny copy cannot run: the build itself will say why
+        return None
+    masked = [any(getattr(m, "galva_mask_from_activations", False) for m in layer.modules()) for layer in stack]
+    mixing = tuple(
+        bool(x.grad is not None and x.grad[:, :-1].abs().max() > 0) or mask
+        for x, mask in zip(inputs, masked, strict=True)
+    )
+    plain = {type(m) for layer, mixes in zip(stack, mixing, strict=True) if not mixes for m in layer.modules()}
+    names = sorted(
+        {
+            name
+            for layer, mixes in zip(stack, mixing, strict=True)
+            if mixes
+            for name, child in layer.named_children()
+            if plain and type(child) not in plain
+        }
+    )
+    paths = frozenset(name for layer in stack for name, _ in layer.named_modules() if name)
+    return HiddenMixers(mixing, tuple(names), paths)
