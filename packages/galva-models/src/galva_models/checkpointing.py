@@ -24,6 +24,7 @@ from galva_ckpt.format import dtype_name, module_file, optimizer_file
 from galva_ckpt.saves import prune, step_dir
 from galva_ckpt.sharded import Piece, save_sharded
 from galva_ckpt.sources import WeightSource, open_weights
+from galva_hp.activation_checkpoint import unwrapped_name
 from galva_hp.data_parallel import local_tensor
 from galva_hp.model import LayeredModel
 from galva_hp.optim import GalvaOptimizer
@@ -82,11 +83,11 @@ class CheckpointIO:
                 cut = box.restrict(start, stop) if self.params[record].dim() else box
                 if cut is None:
                     continue
-                hf = to_hf[_strip(box.source)]
+                hf = to_hf[unwrapped_name(box.source)]
                 self.placements.append(Placement(record, start, stop, holder[hf], hf, cut))
         # persistent buffers (state Hugging Face saves that no optimizer updates): whole on every rank holding their
         # module, written once (the lowest holder), read back whole
-        built = {_strip(name): buffer for name, buffer in model.named_buffers()}
+        built = {unwrapped_name(name): buffer for name, buffer in model.named_buffers()}
         self.buffers = [(m.name, hf, built[g]) for m in names.modules for g, hf in m.buffers.items() if g in built]
         self.dtype = {p.tensor: self.params[p.record].dtype for p in self.placements}
         self.dtype.update({hf: buffer.dtype for _, hf, buffer in self.buffers})
@@ -255,11 +256,6 @@ class CheckpointIO:
                     raise CheckpointError(
                         f"{source.where(hf)}: tensor {hf} is {list(info.shape)}, the model needs {list(shape)}"
                     )
-
-
-def _strip(name: str) -> str:
-    """A master parameter's name without wrappers (activation checkpointing's ``inner``)."""
-    return name.replace(".inner.", ".")
 
 
 def _piece(file: str, tensor: str, box: ShardBox) -> Piece:
