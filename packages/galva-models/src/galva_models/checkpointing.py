@@ -26,6 +26,7 @@ from galva_ckpt.format import dtype_name, module_file, optimizer_file
 from galva_ckpt.saves import prune, step_dir
 from galva_ckpt.sharded import Piece, save_sharded
 from galva_ckpt.sources import WeightSource, open_weights
+from galva_hp.activation_checkpoint import unwrapped_name
 from galva_hp.data_parallel import local_tensor
 from galva_hp.model import LayeredModel
 from galva_hp.optim import GalvaOptimizer
@@ -79,7 +80,7 @@ class Placement:
 
 def _placements(record: str, start: int, stop: int, box: ShardBox, where: _Where) -> list[Placement]:
     """``box``'s placements: one, or one per on-disk tensor it meets for a parameter stored as several."""
-    galva = _strip(box.source)
+    galva = unwrapped_name(box.source)
     if galva in where.whole:
         hf = where.whole[galva]
         return [Placement(record, start, stop, where.holder[hf], hf, box, box.offsets, box.sizes)]
@@ -141,7 +142,7 @@ class CheckpointIO:
                     self.placements += _placements(record, start, stop, cut, where)
         # persistent buffers (state Hugging Face saves that no optimizer updates): whole on every rank holding their
         # module, written once (the lowest holder), read back whole
-        built = {_strip(name): buffer for name, buffer in model.named_buffers()}
+        built = {unwrapped_name(name): buffer for name, buffer in model.named_buffers()}
         self.buffers = [(m.name, hf, built[g]) for m in names.modules for g, hf in m.buffers.items() if g in built]
         self.dtype = {p.tensor: self.params[p.record].dtype for p in self.placements}
         self.dtype.update({hf: buffer.dtype for _, hf, buffer in self.buffers})
@@ -318,11 +319,6 @@ class CheckpointIO:
                     raise CheckpointError(
                         f"{source.where(hf)}: tensor {hf} is {list(info.shape)}, the model needs {list(shape)}"
                     )
-
-
-def _strip(name: str) -> str:
-    """A master parameter's name without wrappers (activation checkpointing's ``inner``)."""
-    return name.replace(".inner.", ".")
 
 
 def _piece(file: str, tensor: str, p: Placement) -> Piece:

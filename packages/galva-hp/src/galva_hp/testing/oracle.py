@@ -23,6 +23,7 @@ from galva_hp import (
 )
 from galva_hp.model import LayeredModel
 from galva_schema import Strategy
+from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_module, layer_of_module
 
 SEQ, VOCAB, BATCH, STEPS = 16, 64, 8, 4
 # eps=1e-5 rather than AdamW's usual 1e-8: Adam divides each gradient element by its own running magnitude, so with
@@ -104,18 +105,19 @@ def parallel_form(built: HybridParallelModel, model: LayeredModel) -> dict[str, 
     out: dict[str, torch.Tensor] = {}
     par = model.parallelizer
     for name, ctx in built.contexts.items():
-        if name == "embedding":
+        index = layer_of_module(name)
+        if name == EMBEDDING_MODULE:
             module = par.embedding(copy.deepcopy(model.embedding), ctx)
-        elif name == "head":
+        elif name == HEAD_MODULE:
             module = par.head(copy.deepcopy(model.head), ctx)
         else:
-            index = int(name.split(".")[1])
+            assert index is not None
             module = par.layer(copy.deepcopy(model.layers[index]), model.layer_types[index], ctx)
         for pname, p in module.named_parameters():
             out[f"{name}.{pname}"] = p.detach().float()
     for weight in model.shared:  # held whole, outside its home layer's form, by the home stage
         out.pop(weight.record_name, None)
-        if f"layers.{weight.home}" in built.contexts:
+        if layer_module(weight.home) in built.contexts:
             out[weight.record_name] = weight.param.detach().float()
     return out
 
