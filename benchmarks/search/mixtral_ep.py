@@ -153,11 +153,23 @@ def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
     return out
 
 
+def _label(c) -> str:
+    """One layer's plan in the reference's compact form plus the expert layout: ``pp-tp-dp[f|z2|d][-c][-sp][-epE[xT]]``
+    (the experts' dp type added when it differs from the layer's; ZeRO-2 is this run's default)."""
+    short = {DataParallelType.DDP: "d", DataParallelType.ZERO2: "", DataParallelType.ZERO3: "f"}
+    text = f"{c.pp}-{c.tp}-{c.dp}{short[c.dp_type]}" + "-c" * c.checkpoint + "-sp" * c.ulysses
+    if c.ep > 1 or c.etp > 1:
+        text += f"-ep{c.ep}" + (f"x{c.etp}" if c.etp > 1 else "")
+        if c.expert_dp_type is not None and c.expert_dp_type is not c.dp_type:
+            text += short[c.expert_dp_type] or "z2"
+    return text
+
+
 def describe(result) -> str:
     s = result.strategy
     runs: list[list] = []
     for c in result.candidates:
-        label = c.label(DataParallelType.ZERO2)
+        label = _label(c)
         if runs and runs[-1][0] == label:
             runs[-1][1] += 1
         else:
