@@ -443,7 +443,7 @@ def _moe(make_model):
 
 
 def test_expert_layout_terms(make_model, tiny_hw):
-    """ep / etp / expert dp type: states, compute, dispatch all-to-alls and activations (docs/cost-model.md)."""
+    """ep / etp / expert dp type: states, compute, dispatch all-to-alls and activations (docs/cost-model.md §3.5)."""
     model = _moe(make_model)
     cost = CostModel(tiny_hw, model, CostSettings())
     plain, ep4, tp2 = Candidate(1, 1, 4), Candidate(1, 1, 4, ep=4), Candidate(1, 2, 2)

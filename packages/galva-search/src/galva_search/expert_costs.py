@@ -1,5 +1,5 @@
 """What a mixture-of-experts layer's routed experts add to its costs under each candidate's expert layout
-(docs/cost-model.md §3b), from the layer type's :class:`galva_schema.ExpertProfile`.
+(docs/cost-model.md §3.5), from the layer type's :class:`galva_schema.ExpertProfile`.
 
 The layer's own profile is the whole layer at ep 1 (every expert on the rank, the experts' block seeing this rank's
 ``1/tp`` of the tokens, as galva-models runs it under tp and Ulysses alike). Relative to that:
