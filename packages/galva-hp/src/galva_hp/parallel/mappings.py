@@ -37,7 +37,7 @@ shard (Megatron-SP norms, row-parallel biases, position embeddings) get their fu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -203,6 +203,9 @@ def sum_grad_over(param: nn.Parameter, group: ProcessGroup | None) -> None:
 
 
 # ----------------------------------------------------------------------------------------- autograd functions
+_DimOp = Callable[[Tensor, int, ProcessGroup | None], Tensor]
+
+
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
@@ -227,37 +230,20 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-class _GatherAlongDim(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along_dim(x, dim, group)
+class _AlongDim(torch.autograd.Function):
+    """Forward ``forward_op(x, dim, group)``, backward ``backward_op(grad, dim, group)``: the along-``dim`` pairs
+    (gather / reduce-scatter, reduce-scatter / gather, split / gather, gather / split) differ only in the two ops."""
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return reduce_scatter_along_dim(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatterAlongDim(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
-        ctx.dim, ctx.group = dim, group
-        return reduce_scatter_along_dim(x, dim, group)
+    def forward(
+        ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None, forward_op: _DimOp, backward_op: _DimOp
+    ) -> Tensor:
+        ctx.dim, ctx.group, ctx.backward_op = dim, group, backward_op
+        return forward_op(x, dim, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return all_gather_along_dim(grad, ctx.dim, ctx.group), None, None
-
-
-class _SplitAlongDim(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
-        ctx.dim, ctx.group = dim, group
-        return chunk_along_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return all_gather_along_dim(grad, ctx.dim, ctx.group), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        return ctx.backward_op(grad, ctx.dim, ctx.group), None, None, None, None
 
 
 class _AllToAll(torch.autograd.Function):
@@ -270,17 +256,6 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         scatter_dim, gather_dim = ctx.dims
         return all_to_all_along(grad, gather_dim, scatter_dim, ctx.group), None, None, None
-
-
-class _GatherReplicated(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return chunk_along_dim(grad, ctx.dim, ctx.group), None, None
 
 
 class _AllToAllUneven(torch.autograd.Function):
@@ -314,17 +289,17 @@ def differentiable_all_gather(x: Tensor, dim: int, group: ProcessGroup | None) -
 
     The backward sums because the consumer (a column-parallel linear) leaves a partial gradient on every rank.
     """
-    return x if _trivial(group) else _GatherAlongDim.apply(x, dim, group)
+    return x if _trivial(group) else _AlongDim.apply(x, dim, group, all_gather_along_dim, reduce_scatter_along_dim)
 
 
 def differentiable_reduce_scatter(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward reduce-scatter (sum) along ``dim``; backward all-gather along ``dim``."""
-    return x if _trivial(group) else _ReduceScatterAlongDim.apply(x, dim, group)
+    return x if _trivial(group) else _AlongDim.apply(x, dim, group, reduce_scatter_along_dim, all_gather_along_dim)
 
 
 def differentiable_split(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
     """Forward: keep this rank's ``1/n`` chunk along ``dim``; backward all-gather along ``dim``."""
-    return x if _trivial(group) else _SplitAlongDim.apply(x, dim, group)
+    return x if _trivial(group) else _AlongDim.apply(x, dim, group, chunk_along_dim, all_gather_along_dim)
 
 
 def differentiable_all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
@@ -339,7 +314,7 @@ def differentiable_gather_replicated(x: Tensor, dim: int, group: ProcessGroup | 
     For a gathered result that every rank then uses identically (a column-parallel output gathered back to the
     whole feature dimension): each rank's gradient is already the whole gradient, so no sum is needed.
     """
-    return x if _trivial(group) else _GatherReplicated.apply(x, dim, group)
+    return x if _trivial(group) else _AlongDim.apply(x, dim, group, all_gather_along_dim, chunk_along_dim)
 
 
 def differentiable_all_to_all_uneven(
