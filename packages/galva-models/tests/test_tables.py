@@ -655,10 +655,16 @@ def test_a_layer_reading_tokens_outside_attention_is_refused_the_sequence_forms_
         assert all(_refusals(family, plan) == [] for plan in ("ulysses2", "tp2-megatron_sp")), family
 
 
-MORE = [("minimax", "tp2"), ("minimax", "pp2-mixed"), ("deepseek_v2", "ulysses2"), ("doge", "pp2-zero3")]
+MORE = [
+    ("minimax", "tp2"),
+    ("minimax", "pp2-mixed"),
+    ("deepseek_v2", "ulysses2"),
+    ("doge", "pp2-zero3"),
+    ("granite_swa", "ulysses2"),
+]
 """The most different of the new families, each under a form it takes: a hybrid of lightning and softmax attention
 with experts (tp, and a different form per layer over two stages), latent attention under Ulysses, a family with an
-optional router left out."""
+optional router left out, attention sinks (one per head) under Ulysses."""
 
 
 @pytest.mark.distributed

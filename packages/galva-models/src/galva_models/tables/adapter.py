@@ -22,6 +22,7 @@ from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, 
 from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention, layer_config
 from galva_models.tables.plans import ModelTables, model_tables, unsupported_styles
 from galva_models.tables.router import router_class, router_loss
+from galva_models.tiny_layers import per_layer_lists
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm
 
 __all__ = ["ADAPTER", "ADAPTERS", "adapter_for", "supports"]
@@ -284,11 +285,12 @@ def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
 
 
 def set_num_layers(config: Any, num_layers: int) -> None:
-    """Change the layer count; a per-layer type list (sliding / full attention) keeps its repeating pattern."""
-    types = getattr(config, "layer_types", None)
+    """Change the layer count; every per-layer list (attention and MLP kinds, per-layer sizes) keeps its repeating
+    pattern."""
+    lists = per_layer_lists(config)
     config.num_hidden_layers = num_layers
-    if types:
-        config.layer_types = [types[i % len(types)] for i in range(num_layers)]
+    for field, values in lists.items():
+        setattr(config, field, [values[i % len(values)] for i in range(num_layers)])
 
 
 def _adapter(task: Task) -> FamilyAdapter:

@@ -34,7 +34,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
+from galva_hp.parallel.mappings import differentiable_all_to_all, group_rank, group_size
 from galva_hp.parallel.ring_attention import RingMask, ring_attention
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.ulysses import ulysses_kv_repeat
@@ -90,14 +90,23 @@ def _inner_function(inner: str, module: nn.Module) -> Callable[..., tuple[Tensor
 
 
 class _ModuleView:
-    """The attention module as the inner function sees it, with its key/value grouping for the local heads."""
+    """The attention module as the inner function sees it, with its key/value grouping for the local heads and its
+    per-head parameters (attention sinks: one per query head) narrowed to them."""
 
-    def __init__(self, module: nn.Module, num_key_value_groups: int) -> None:
+    def __init__(self, module: nn.Module, num_key_value_groups: int, **narrowed: Tensor) -> None:
         self._module = module
         self.num_key_value_groups = num_key_value_groups
+        self.__dict__.update(narrowed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
+
+
+def _per_head(module: nn.Module, local: int, sp: ProcessGroup) -> dict[str, Tensor]:
+    """Under Ulysses: the module's own parameters with one entry per query head, narrowed to this rank's heads
+    (the all-to-all gives rank r heads ``[r * local, (r + 1) * local)``)."""
+    heads, first = local * group_size(sp), local * group_rank(sp)
+    return {n: p.narrow(0, first, local) for n, p in module.named_parameters(recurse=False) if p.shape[:1] == (heads,)}
 
 
 def _attention(inner: str) -> Callable[..., tuple[Tensor, Any]]:
@@ -120,8 +129,9 @@ def _attention(inner: str) -> Callable[..., tuple[Tensor, Any]]:
             query, key, value = (differentiable_all_to_all(t, _HEADS, _SEQ, sp) for t in (query, key, value))
         view: Any = module
         groups = query.shape[_HEADS] // key.shape[_HEADS]
-        if groups != getattr(module, "num_key_value_groups", groups):
-            view = _ModuleView(module, groups)
+        narrowed = _per_head(module, query.shape[_HEADS], sp) if sp is not None else {}
+        if narrowed or groups != getattr(module, "num_key_value_groups", groups):
+            view = _ModuleView(module, groups, **narrowed)
         dropout = float(kwargs.get("dropout", 0.0) or 0.0)
         streams = dropout > 0 and form.heads_group is not None
         if form.cp_group is not None:
