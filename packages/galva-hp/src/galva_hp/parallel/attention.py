@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from galva_hp.parallel.rng import rank_stream
+
 __all__ = ["HeldHeadsAttention", "Rotary", "RotaryEmbedding", "attention", "causal_attention", "sliding_window_mask"]
 
 Rotary = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -120,8 +122,6 @@ class HeldHeadsAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None) -> Tensor:
         """``[b, s, heads, d]`` attention output of ``q``, ``k``, ``v`` (``[b, s, heads or kv_heads, d]``)."""
-        from galva_hp.parallel.rng import rank_stream
-
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         p = self.dropout if self.training else 0.0
