@@ -56,6 +56,16 @@ def _finish(proc: subprocess.Popen[str], limit_s: float = 60) -> tuple[int, list
     return proc.returncode, err.splitlines()
 
 
+def _wait_for(path: Path, proc: subprocess.Popen[str], limit_s: float) -> None:
+    """Wait until ``path`` exists (the program reached a point it announces by writing it), failing after
+    ``limit_s`` seconds or when the program ends first."""
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path.name} not written within {limit_s} s"
+        time.sleep(0.05)
+
+
 def _leftovers(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "out").iterdir() if p.name != "out.bin")
 
@@ -174,9 +184,11 @@ def test_wait_child_passes_the_signal_on_and_waits_for_the_child(tmp_path):
         sys.exit(run_command("parent", body, end_process=True))
         """
     proc = _start(tmp_path, program)
-    time.sleep(2.0)  # the child is writing
+    # the child's first whole file means run_command has installed its handler: a signal before that would kill it
+    # unannounced (a fixed 2 s wait lost that race under load)
+    _wait_for(tmp_path / "out" / "out.bin", proc, limit_s=120)
     proc.send_signal(signal.SIGTERM)  # to the parent alone, as a job scheduler sends it
-    code, lines = _finish(proc)
+    code, lines = _finish(proc, limit_s=120)
     assert code == 143 and lines == ["parent: interrupted (SIGTERM)"]
     assert (tmp_path / "out" / "child.log").read_text().splitlines() == ["child: interrupted (SIGTERM)"]
     assert _leftovers(tmp_path) == ["child.log"]  # the child, not killed, removed its temporary file

@@ -230,11 +230,17 @@ def ranks_per_stage(world_size: int, pp: int) -> int:
     return world_size // pp
 
 
+def group_consecutive(degree: int, size: int, consecutive: bool) -> bool:
+    """Whether a group of ``degree`` ranks out of ``size`` (a stage's ranks, or the whole world's) is a block of
+    consecutive ranks: as ``consecutive`` says, except that a group of one rank or of all ``size`` is the same group
+    either way (it has one layout), and counts as consecutive (as :class:`RankLayout` builds it)."""
+    return consecutive or degree in (1, size)
+
+
 def tp_consecutive(degree: int, stage_size: int, consecutive: bool) -> bool:
     """Whether a layer's model-parallel group of ``degree`` ranks, on a stage of ``stage_size`` ranks, is a block of
-    consecutive ranks: as its ``tp_consecutive`` flag says, except that a group of one rank or of the whole stage is
-    the same group either way, and counts as consecutive (as :class:`RankLayout` builds it)."""
-    return consecutive or degree in (1, stage_size)
+    consecutive ranks (its ``tp_consecutive`` flag, read by :func:`group_consecutive`)."""
+    return group_consecutive(degree, stage_size, consecutive)
 
 
 @cache

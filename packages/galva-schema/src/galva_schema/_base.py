@@ -7,7 +7,7 @@ import os
 import types
 from collections import abc
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -36,6 +36,16 @@ class GalvaFile(GalvaModel):
     validated strictly (no string or boolean coerced into a number, no number into a boolean)."""
 
     KIND: ClassVar[str]
+    """The file's ``kind`` tag, taken from its class's ``kind`` field (the one place each file type states it)."""
+
+    schema_version: Literal[1] = 1  # SCHEMA_VERSION, stated once for every file type
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        kind = cls.model_fields.get("kind")
+        if kind is not None:
+            cls.KIND = kind.default
 
     @classmethod
     def from_dict(cls: type[T], data: Any, *, source: str | os.PathLike[str] | None = None) -> T:

@@ -8,7 +8,7 @@ the cost model's terms (``galva-search --calibration FILE``), so the planner lea
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -44,9 +44,6 @@ class CalibrationPoint(GalvaModel):
 class Calibration(GalvaFile):
     """Per-term correction factors for galva-search, fitted from real runs of strategies on one machine."""
 
-    KIND: ClassVar[str] = "galva.calibration"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.calibration"] = "galva.calibration"
     model_name: str | None = Field(None, description="Model whose runs were fitted.")
     world_size: int | None = Field(None, ge=1, description="Ranks of the runs.")

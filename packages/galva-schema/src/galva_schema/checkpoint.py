@@ -9,7 +9,7 @@ states are one safetensors file of byte tensors. Every file other than the manif
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
@@ -57,9 +57,6 @@ class OptimizerState(GalvaModel):
 class CheckpointManifest(GalvaFile):
     """``manifest.json`` of a checkpoint directory: every module's file and full tensor shapes."""
 
-    KIND: ClassVar[str] = "galva.checkpoint"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.checkpoint"] = "galva.checkpoint"
     model_family: str = Field(description="Adapter name, e.g. 'llama' or 'gpt2'.")
     model_config_dict: dict[str, Any] = Field(

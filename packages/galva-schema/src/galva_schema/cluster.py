@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
@@ -12,9 +12,6 @@ from galva_schema._base import GalvaFile
 class ClusterSpec(GalvaFile):
     """Nodes of identical devices. Ranks are numbered node-major: rank = node * gpus_per_node + local rank."""
 
-    KIND: ClassVar[str] = "galva.cluster"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.cluster"] = "galva.cluster"
     num_nodes: PositiveInt = 1
     gpus_per_node: PositiveInt = Field(description="Devices (GPUs, or CPU processes) per node.")

@@ -36,7 +36,15 @@ from galva_schema.sharding import sequence_cell_count
 from galva_schema.strategy import Strategy
 from galva_schema.vocabulary import DataParallelType, Precision
 
-__all__ = ["LayerTypeConstraints", "ModelConstraints", "ParallelForm", "SharedParameter", "plan_problems"]
+__all__ = [
+    "LayerTypeConstraints",
+    "ModelConstraints",
+    "ParallelForm",
+    "SharedParameter",
+    "layers_problem",
+    "plan_problems",
+    "world_size_problem",
+]
 
 
 class ParallelForm(str, Enum):
@@ -228,22 +236,33 @@ def plan_problems(
     A strategy is already valid on its own (pydantic validation); this adds what depends on the model and the run.
     """
     problems: list[str] = []
-    if world_size is not None and strategy.world_size != world_size:
-        problems.append(f"world_size: the strategy has {strategy.world_size} ranks but the run has {world_size}")
+    if world_size is not None and (world := world_size_problem(strategy, world_size)):
+        problems.append(world)
     if strategy.mixed_precision is Precision.FP16:
         problems.append("mixed_precision: fp16 needs loss scaling, which Galva does not do; use bf16 or fp32")
     if seq_len is not None and constraints.max_seq_length is not None and seq_len > constraints.max_seq_length:
         problems.append(f"seq_len: {seq_len} exceeds the model's {constraints.max_seq_length} learned positions")
-    if strategy.num_layers != constraints.num_layers:
-        problems.append(
-            f"layers: the strategy has {strategy.num_layers} layers but {constraints.model_name} "
-            f"has {constraints.num_layers}"
-        )
+    if layers := layers_problem(strategy, constraints.num_layers, constraints.model_name):
+        problems.append(layers)
         return problems  # per-layer checks would compare the wrong layers
     problems += group_problems(_layer_problems(strategy, constraints, seq_len))
     problems += group_problems(_expert_problems(strategy, constraints, seq_len))
     problems += _vocab_problems(strategy, constraints, seq_len)
     return list(dict.fromkeys(problems))
+
+
+def world_size_problem(strategy: Strategy, world_size: int) -> str | None:
+    """Why ``strategy`` does not fit a run (or a cluster) of ``world_size`` ranks; None when it does."""
+    if strategy.world_size == world_size:
+        return None
+    return f"world_size: the strategy has {strategy.world_size} ranks but the run has {world_size}"
+
+
+def layers_problem(strategy: Strategy, num_layers: int, model_name: str) -> str | None:
+    """Why ``strategy`` does not fit the ``num_layers`` layers of ``model_name``; None when it does."""
+    if strategy.num_layers == num_layers:
+        return None
+    return f"layers: the strategy has {strategy.num_layers} layers but {model_name} has {num_layers}"
 
 
 def _layer_problems(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, model_validator
 
@@ -61,9 +61,6 @@ class CollectiveTimes(GalvaModel):
 class HardwareProfile(GalvaFile):
     """Communication profile of a cluster. Every table is keyed by group size (and layout where it matters)."""
 
-    KIND: ClassVar[str] = "galva.hardware_profile"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.hardware_profile"] = "galva.hardware_profile"
     cluster: ClusterSpec
     backend: str | None = Field(None, description="Communication backend measured: 'nccl', 'gloo', ...")

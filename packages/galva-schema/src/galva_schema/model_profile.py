@@ -6,7 +6,7 @@ Memory is MiB. Activation entries are *per local sample* on a rank running the g
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 
@@ -192,9 +192,6 @@ class VocabProfile(GalvaModel):
 class ModelProfile(GalvaFile):
     """Compute and memory profile of one model at given sequence lengths."""
 
-    KIND: ClassVar[str] = "galva.model_profile"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.model_profile"] = "galva.model_profile"
     model_name: str
     precision: Precision = Field(description="Precision the profile was measured in.")

@@ -7,7 +7,7 @@ Each quantity carries its noise band: a relative half-width within which measure
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
@@ -35,9 +35,6 @@ class Agreement(GalvaModel):
 class RunCheck(GalvaFile):
     """A training run held against its plan's prediction (stage 0: the rank that logs the metrics)."""
 
-    KIND: ClassVar[str] = "galva.run_check"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.run_check"] = "galva.run_check"
     strategy: str = Field(description="The strategy file the run trained.")
     summary: str = Field(description="galva-search's summary of it (the predictions).")

@@ -10,7 +10,7 @@ wrong strategy is refused.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
@@ -70,9 +70,6 @@ class LayerRun(GalvaModel):
 class SearchSummary(GalvaFile):
     """galva-search's prediction for the strategy it wrote, and what the search did."""
 
-    KIND: ClassVar[str] = "galva.search_summary"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.search_summary"] = "galva.search_summary"
     iteration_time_s: float = Field(gt=0.0, description="Predicted seconds per training iteration.")
     throughput_samples_per_s: float = Field(gt=0.0, description="global_batch_size / iteration_time_s.")

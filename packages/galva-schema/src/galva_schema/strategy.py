@@ -9,7 +9,7 @@ property, never a stored field.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
@@ -78,9 +78,6 @@ class VocabStrategy(GalvaModel):
 class Strategy(GalvaFile):
     """A complete hybrid-parallel plan. See the module docstring."""
 
-    KIND: ClassVar[str] = "galva.strategy"
-
-    schema_version: Literal[1] = 1
     kind: Literal["galva.strategy"] = "galva.strategy"
     world_size: PositiveInt = Field(description="Number of ranks (GPUs or CPU processes).")
     pp: PositiveInt = Field(1, description="Pipeline-parallel degree.")

@@ -44,6 +44,11 @@ _SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
 }
 
 
+# the search-space flags named as the SpaceOptions fields they set (--disable-tp-consec sets disable_tp_consec)
+_DISABLED = ("dp", "sdp", "tp", "vtp", "pp", "ckpt", "tp_consec")
+_SPACE_FIELDS = ("sp_space", "max_tp", "max_pp", "max_cp", *(f"disable_{name}" for name in _DISABLED))
+
+
 class _UsageError(Exception):
     pass
 
@@ -88,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--search-space", choices=PRESETS, default="full")
     g.add_argument("--sp-space", choices=SP_SPACES, default="tp",
                    help="tp: Megatron tp; sp: Ulysses; tp+sp: either, per layer (default tp)")
-    for name in ("dp", "sdp", "tp", "vtp", "pp", "ckpt", "tp-consec"):
-        g.add_argument(f"--disable-{name}", action="store_true")
+    for name in _DISABLED:
+        g.add_argument(_flag(f"disable_{name}"), action="store_true")
     g.add_argument("--max-tp", type=int, default=8)
     g.add_argument("--max-pp", type=int, default=8)
     g.add_argument("--max-cp", type=int, default=1,
@@ -275,18 +280,8 @@ def run(args: argparse.Namespace) -> int:
     default_dp = DataParallelType(args.default_dp_type)
     space = SpaceOptions(
         preset=args.search_space,
-        sp_space=args.sp_space,
         default_dp_type=default_dp,
-        max_tp=args.max_tp,
-        max_pp=args.max_pp,
-        max_cp=args.max_cp,
-        disable_dp=args.disable_dp,
-        disable_sdp=args.disable_sdp,
-        disable_tp=args.disable_tp,
-        disable_vtp=args.disable_vtp,
-        disable_pp=args.disable_pp,
-        disable_ckpt=args.disable_ckpt,
-        disable_tp_consec=args.disable_tp_consec,
+        **{name: getattr(args, name) for name in _SPACE_FIELDS},
     )
     calibration = Calibration.load(args.calibration) if args.calibration else None
     settings = CostSettings(

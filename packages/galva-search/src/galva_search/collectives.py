@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from galva_comm.layout import group_consecutive
 from galva_schema import CollectiveTimes, HardwareProfile, SchemaError
 
 MIB = float(2**20)
@@ -40,7 +41,7 @@ class Collectives:
         try:
             return self.profile.allreduce_bandwidth(group_size, consecutive)
         except SchemaError:
-            layout = "consecutive" if consecutive or group_size == self.world_size else "strided"
+            layout = "consecutive" if group_consecutive(group_size, self.world_size, consecutive) else "strided"
             raise SchemaError(
                 f"allreduce: no entry for group_size {group_size} ({layout}); the search needs it",
                 source=self.source,
@@ -55,14 +56,7 @@ class Collectives:
     # ------------------------------------------------------------------------------------------------ times
     def allreduce(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks."""
-        nbytes = np.asarray(nbytes, dtype=float)
-        if n <= 1:
-            return np.zeros_like(nbytes)
-        curve = self._allreduce_curves.get(n)
-        if curve is not None and (consecutive or n == self.world_size):
-            return _curve_seconds(curve, nbytes)
-        bandwidth = self.bus_bandwidth_gb_per_s(n, consecutive)
-        return 2.0 * (n - 1) / n * nbytes / (bandwidth * GB)
+        return self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
 
     def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank: its measured curve (latency included)
@@ -78,21 +72,32 @@ class Collectives:
         self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float
     ) -> np.ndarray:
         nbytes = np.asarray(nbytes, dtype=float)
-        curve = curves.get(n)
-        if n > 1 and curve is not None and (consecutive or n == self.world_size):
+        curve = self._measured(curves, n, consecutive) if n > 1 else None
+        if curve is not None:
             return _curve_seconds(curve, nbytes)
         return 0.5 * self.allreduce(n, consecutive, nbytes)
 
     def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for one all-to-all of an ``nbytes`` buffer per rank over ``n`` ranks."""
+        return self._measured_or_bus(self._all_to_all_curves, n, consecutive, nbytes, volume=1.0)
+
+    def _measured_or_bus(
+        self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float, volume: float
+    ) -> np.ndarray:
+        """The measured curve of groups of ``n`` where the profile has one, else ``volume * (n-1)/n * nbytes`` over
+        the all-reduce bus bandwidth of that group (``volume`` 2 for an all-reduce, 1 for an all-to-all)."""
         nbytes = np.asarray(nbytes, dtype=float)
         if n <= 1:
             return np.zeros_like(nbytes)
-        curve = self._all_to_all_curves.get(n)
-        if curve is not None and (consecutive or n == self.world_size):
+        curve = self._measured(curves, n, consecutive)
+        if curve is not None:
             return _curve_seconds(curve, nbytes)
-        bandwidth = self.bus_bandwidth_gb_per_s(n, consecutive)
-        return (n - 1) / n * nbytes / (bandwidth * GB)
+        return volume * (n - 1) / n * nbytes / (self.bus_bandwidth_gb_per_s(n, consecutive) * GB)
+
+    def _measured(self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool) -> CollectiveTimes | None:
+        """The measured curve of groups of ``n``: curves are measured on consecutive groups, which a strided group of
+        the whole world is too (:func:`galva_comm.layout.group_consecutive`)."""
+        return curves.get(n) if group_consecutive(n, self.world_size, consecutive) else None
 
     def p2p_latency(self, pp: int) -> float:
         """Seconds of one send's latency between neighbouring stages (the profile's ``latency_ms``, 0 if absent)."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from galva_schema import Calibration, DataParallelType, PipelineSchedule, Precision
+from galva_schema import Calibration, DataParallelType, PipelineSchedule, Precision, Strategy
 from galva_search.states import state_bytes
 
 
@@ -59,3 +59,14 @@ class CostSettings:
         """Bytes per parameter of (compute parameters, gradients, optimizer states) that this accounting counts at
         this precision (:func:`galva_search.states.state_bytes`)."""
         return state_bytes(self.precision, self.state_accounting)
+
+    def for_strategy(self, strategy: Strategy) -> CostSettings:
+        """These settings with what a written strategy fixes (precision, schedule, default dp type, Megatron-SP), so
+        the plan is priced as it would run."""
+        return replace(
+            self,
+            precision=strategy.mixed_precision,
+            pipeline_schedule=strategy.pipeline_schedule,
+            default_dp_type=strategy.default_dp_type,
+            megatron_sp=strategy.megatron_sp,
+        )

@@ -7,9 +7,10 @@ and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from galva_schema import DataParallelType, PipelineSchedule, SchemaError, Strategy
+from galva_schema.constraints import layers_problem, world_size_problem
 from galva_search.convert import candidate_of
 from galva_search.cost_model import CostModel, VocabOption, interleaved_chunks_in_flight, pipeline_time
 from galva_search.cost_tables import build_tables
@@ -166,17 +167,12 @@ def evaluate_strategy(cost: CostModel, strategy: Strategy) -> Evaluation:
     Uses the same terms the search optimises; the cost model's settings (precision, schedule, default dp type,
     Megatron-SP) are taken from the strategy, so a plan is always scored as it would run.
     """
-    if strategy.world_size != cost.world_size:
-        raise SchemaError(f"world_size: the strategy has {strategy.world_size} ranks, the cluster {cost.world_size}")
-    if strategy.num_layers != cost.model.num_layers:
-        raise SchemaError(f"layers: the strategy has {strategy.num_layers} layers, the model {cost.model.num_layers}")
-    settings = replace(
-        cost.settings,
-        precision=strategy.mixed_precision,
-        pipeline_schedule=strategy.pipeline_schedule,
-        default_dp_type=strategy.default_dp_type,
-        megatron_sp=strategy.megatron_sp,
-    )
+    model = cost.model
+    if problem := world_size_problem(strategy, cost.world_size) or layers_problem(
+        strategy, model.num_layers, model.model_name
+    ):
+        raise SchemaError(problem)
+    settings = cost.settings.for_strategy(strategy)
     cost = CostModel(
         cost.hardware, cost.model, settings, hardware_source=cost.comm.source, model_source=cost.model_source
     )

@@ -14,13 +14,17 @@ a window is exact in all of them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
-__all__ = ["Rotary", "RotaryEmbedding", "attention", "causal_attention", "sliding_window_mask"]
+from galva_hp.parallel.rng import rank_stream
+
+__all__ = ["HeldHeadsAttention", "Rotary", "RotaryEmbedding", "attention", "causal_attention", "sliding_window_mask"]
 
 Rotary = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """Applies position information to ``(q, k)`` of the *whole* sequence (positions ``0 .. seq-1``)."""
@@ -105,3 +109,21 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._cos_sin(q.shape[1], q.device)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
+
+class HeldHeadsAttention(nn.Module):
+    """Base of the parallel attentions: attention on the heads this rank holds, over the whole sequence, with
+    ``rotary`` (if any), the causal mask (none with ``causal=False``), a sliding ``window`` and attention-probability
+    ``dropout`` in training, drawn from this rank's own stream in ``group`` (it holds its own heads, :mod:`.rng`)."""
+
+    def __init__(self, rotary: Rotary | None, causal: bool, window: int | None, dropout: float) -> None:
+        super().__init__()
+        self.rotary, self.causal, self.window, self.dropout = rotary, causal, window, float(dropout)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None) -> Tensor:
+        """``[b, s, heads, d]`` attention output of ``q``, ``k``, ``v`` (``[b, s, heads or kv_heads, d]``)."""
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        p = self.dropout if self.training else 0.0
+        with rank_stream(group, q.device) if p else contextlib.nullcontext():
+            return attention(q, k, v, causal=self.causal, window=self.window, dropout_p=p)

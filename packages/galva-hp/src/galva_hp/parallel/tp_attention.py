@@ -8,14 +8,12 @@ embeddings (:class:`~galva_hp.parallel.attention.Rotary`) are applied to the ful
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.attention import Rotary, attention
+from galva_hp.parallel.attention import HeldHeadsAttention, Rotary
 from galva_hp.parallel.gather_state import param_or_grad
 from galva_hp.parallel.mappings import (
     all_gather_along_dim,
@@ -23,7 +21,6 @@ from galva_hp.parallel.mappings import (
     group_rank,
     group_size,
 )
-from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.tp_regions import (
     column_parallel_linear,
     enter_tp_region,
@@ -37,7 +34,7 @@ from galva_schema.constraints import heads_problem
 __all__ = ["TensorParallelAttention"]
 
 
-class TensorParallelAttention(nn.Module):
+class TensorParallelAttention(HeldHeadsAttention):
     """Megatron tensor-parallel self-attention (optionally Megatron-SP), made from full single-process weights.
 
     q/k/v weights are ``[heads*d, hidden]`` / ``[kv_heads*d, hidden]`` (``nn.Linear`` layout), ``o_weight`` is
@@ -69,15 +66,13 @@ class TensorParallelAttention(nn.Module):
         window: int | None = None,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.window, self.dropout = window, float(dropout)
         if len({b is None for b in (q_bias, k_bias, v_bias)}) > 1:
             raise ValueError("q_bias, k_bias and v_bias must be given together or not at all")
+        super().__init__(rotary, causal, window, dropout)
         tp, rank = group_size(group), group_rank(group)
         if problem := heads_problem(heads, kv_heads, tp, ulysses=False):
             raise ValueError(problem)
-        self.group, self.sequence_parallel, self.rotary = group, sequence_parallel, rotary
-        self.causal = causal
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.head_dim = q_weight.shape[0] // heads
         self.local_heads = heads // tp
         hidden = q_weight.shape[1]
@@ -156,9 +151,5 @@ class TensorParallelAttention(nn.Module):
             q = qkv
             k, v = F.linear(x, kv_w, kv_b).split([d, d], dim=-1)
         q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
-        if self.rotary is not None:
-            q, k = self.rotary(q, k)
-        p = self.dropout if self.training else 0.0
-        with rank_stream(self.group, x.device) if p else contextlib.nullcontext():
-            out = attention(q, k, v, causal=self.causal, window=self.window, dropout_p=p).reshape(b, s, hq * d)
+        out = self.attend(q, k, v, self.group).reshape(b, s, hq * d)
         return row_output(self.o_proj, out, self.sequence_parallel)

@@ -16,7 +16,7 @@ communication; the matmuls are megatron's. Activations are ``[batch, seq, hidden
 from __future__ import annotations
 
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -104,13 +104,9 @@ def column_parallel_linear(
     layer = ColumnParallelLinear(
         input_size,
         local_weight.shape[0] * tp,
-        config=megatron_config(local_weight.dtype),
-        init_method=nn.init.zeros_,
-        bias=local_bias is not None,
         gather_output=False,
-        skip_bias_add=False,
         disable_grad_reduce=True,
-        tp_group=group,
+        **_megatron_options(local_weight, local_bias, group),
     )
     return _load_shard(layer, local_weight, local_bias, split_dim=0, group=group)
 
@@ -121,14 +117,22 @@ def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: Proces
     layer = RowParallelLinear(
         local_weight.shape[1] * tp,
         local_weight.shape[0],
-        config=megatron_config(local_weight.dtype),
-        init_method=nn.init.zeros_,
-        bias=bias is not None,
         input_is_parallel=True,
-        skip_bias_add=False,
-        tp_group=group,
+        **_megatron_options(local_weight, bias, group),
     )
     return _load_shard(layer, local_weight, bias, split_dim=1, group=group)
+
+
+def _megatron_options(weight: Tensor, bias: Tensor | None, group: ProcessGroup | None) -> dict[str, Any]:
+    """What both megatron linears take alike: the config at the weight's dtype, no initialisation of their own (the
+    shard is loaded next), the bias added inside, and the tp group."""
+    return {
+        "config": megatron_config(weight.dtype),
+        "init_method": nn.init.zeros_,
+        "bias": bias is not None,
+        "skip_bias_add": False,
+        "tp_group": group,
+    }
 
 
 def _load_shard(

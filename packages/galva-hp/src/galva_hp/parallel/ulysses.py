@@ -17,15 +17,13 @@ Weight gradients on each rank cover only its tokens: the runtime sums them over 
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.attention import Rotary, attention
+from galva_hp.parallel.attention import HeldHeadsAttention, Rotary
 from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
-from galva_hp.parallel.rng import rank_stream
 from galva_schema.constraints import heads_problem
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
@@ -40,7 +38,7 @@ def ulysses_kv_repeat(heads: int, kv_heads: int, sp: int) -> int:
     return math.lcm(kv_heads, sp) // kv_heads
 
 
-class UlyssesAttention(nn.Module):
+class UlyssesAttention(HeldHeadsAttention):
     """Self-attention on sequence-sharded input with replicated projections ``q_proj/k_proj/v_proj/o_proj``.
 
     The projections are any modules mapping ``[b, s, hidden]`` to ``[b, s, heads*d]`` (``kv_heads*d`` for k and v)
@@ -66,12 +64,10 @@ class UlyssesAttention(nn.Module):
         window: int | None = None,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.window, self.dropout = window, float(dropout)
-        self.causal = causal
+        super().__init__(rotary, causal, window, dropout)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.group, self.rotary = group, rotary
+        self.group = group
         self.kv_repeat = ulysses_kv_repeat(heads, kv_heads, group_size(group))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -84,10 +80,6 @@ class UlyssesAttention(nn.Module):
             k = k.repeat_interleave(self.kv_repeat, dim=_HEADS)
             v = v.repeat_interleave(self.kv_repeat, dim=_HEADS)
         q, k, v = (differentiable_all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
-        if self.rotary is not None:
-            q, k = self.rotary(q, k)
-        p = self.dropout if self.training else 0.0
-        with rank_stream(self.group, x.device) if p else contextlib.nullcontext():  # this rank's heads
-            out = attention(q, k, v, causal=self.causal, window=self.window, dropout_p=p)  # [b, s, heads/sp, d]
+        out = self.attend(q, k, v, self.group)  # [b, s, heads/sp, d]: this rank's heads
         out = differentiable_all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

@@ -209,11 +209,8 @@ class TableParallelizer:
     def embedding(self, module: nn.Module, ctx: ParallelContext) -> nn.Module:
         assert isinstance(module, TableEmbedding)
         if ctx.tp_size > 1:
-            _once(module)
-            group = ctx.tp_group
-            assert group is not None
+            group, sequence_parallel = _tp_form(module, ctx)
             tp = ctx.tp_size
-            sequence_parallel = ctx.sequence_parallel_tp
             table = self.tables.token_table
             # no vocabulary (pixels), or a forward that needs the whole input: whole, then this rank's slice
             whole = sequence_parallel and (table is None or self.tables.whole_embedding)
@@ -237,10 +234,7 @@ class TableParallelizer:
     def head(self, module: nn.Module, ctx: ParallelContext) -> nn.Module:
         assert isinstance(module, TableHead)
         if ctx.tp_size > 1:
-            _once(module)
-            group = ctx.tp_group
-            assert group is not None
-            sequence_parallel = ctx.sequence_parallel_tp
+            group, sequence_parallel = _tp_form(module, ctx)
             # one label per sample: the head gathers the sequence and runs whole (its labels are not sliced)
             per_sample = self.tables.task == "image_classification"
             region = TpRegion(group, sequence_parallel and not per_sample)
@@ -287,6 +281,14 @@ def _find(root: nn.Module, path: str) -> nn.Module | None:
         return root.get_submodule(path)
     except AttributeError:
         return None
+
+
+def _tp_form(module: Any, ctx: ParallelContext) -> tuple[ProcessGroup, bool]:
+    """Mark a vocabulary module as taking its tensor-parallel form now (once); its tp group and whether Megatron-SP
+    slices its sequence."""
+    _once(module)
+    assert ctx.tp_group is not None
+    return ctx.tp_group, ctx.sequence_parallel_tp
 
 
 def _once(module: Any) -> None:

@@ -20,12 +20,8 @@ from galva_schema.reference.hardware import (
     to_galvatron_hardware,
     write_galvatron_hardware,
 )
-from galva_schema.reference.model_profile import (
-    galvatron_model_profile_file_names,
-    read_galvatron_model_profile,
-    to_galvatron_model_profile,
-    write_galvatron_model_profile,
-)
+from galva_schema.reference.model_profile import galvatron_model_profile_file_names, read_galvatron_model_profile
+from galva_schema.reference.model_profile_writer import to_galvatron_model_profile, write_galvatron_model_profile
 from galva_schema.reference.strategy import (
     PIPELINE_TYPES,
     read_galvatron_strategy,
