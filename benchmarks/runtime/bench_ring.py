@@ -100,7 +100,7 @@ def _rank(rank: int, world: int, seq: int, steps: int, warmup: int) -> dict[str,
     # the same blocks sent alone: per layer, 1 key/value shift forward, 1 key/value + 1 gradient shift backward
     layer = models["ring"][0].units[1].module.layer.self_attn
     kv = torch.randn(2 * 2 * layer.config.num_key_value_heads * (seq // world) * layer.head_dim)
-    ring = ring_module._Ring(dist.group.WORLD, rank, seq // world, kv.device)
+    ring = ring_module._Ring(dist.group.WORLD, rank, seq // world)
     alone = []
     for _ in range(steps):
         dist.barrier()

@@ -84,3 +84,27 @@ def test_context_positions_are_one_early_and_one_late_chunk():
     assert context_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     with pytest.raises(ValueError, match="cannot be split into 8 equal parts"):
         context_positions(12, 4, 0)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (False, None), (True, 5)])
+def test_block_plans_cover_the_mask_and_need_no_mask_under_plain_causal(cp: int, causal: bool, window: int | None):
+    """Each block's plan (rectangle, causal, mask) allows exactly the block's pairs; a plain causal or bidirectional
+    ring runs every block unmasked (full or causal), so the fused kernel never takes a mask there."""
+    from galva_hp.parallel.attention_blocks import plan_block
+    from galva_hp.parallel.ring_attention import RingMask, context_positions
+
+    mask, local = RingMask(None, causal, window), SEQ // cp
+    for r in range(cp):
+        for s in range(cp):
+            allowed = mask.block(context_positions(SEQ, cp, r), context_positions(SEQ, cp, s))
+            expected = torch.ones(local, local, dtype=torch.bool) if allowed is None else allowed[0, 0]
+            plan = plan_block(allowed, local, local)
+            got = torch.zeros(local, local, dtype=torch.bool)
+            if plan is not None:
+                n, m = plan.rows.stop - plan.rows.start, plan.cols.stop - plan.cols.start
+                inner = torch.ones(n, m, dtype=torch.bool)
+                inner = inner.tril() if plan.causal else inner if plan.allowed is None else plan.allowed[0, 0]
+                got[plan.rows, plan.cols] = inner
+                assert window is not None or plan.allowed is None, f"block {r}<-{s} needs a mask"
+            assert torch.equal(got, expected), f"cp {cp}, block {r}<-{s}"

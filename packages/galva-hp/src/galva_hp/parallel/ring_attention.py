@@ -12,14 +12,16 @@ The mask of a block is the whole-sequence mask (``[batch, 1 or heads, seq, seq]`
 at the block's query and key positions; with no mask, positions decide (causal, a sliding window, or everything).
 
 Backward (:class:`_RingAttention`) keeps only q, k, v, the output and its log-sum-exp, and runs the ring again:
-the key/value blocks travel as in forward, and their gradients travel with them, one hop behind, back to the rank
-that owns them. Each block runs a fused kernel that returns its log-sum-exp, on the rectangle of the block that
-attends (:mod:`galva_hp.parallel.attention_blocks`); key/value heads travel unrepeated (GQA/MQA). The key/value
-pair is packed into one buffer once and each received buffer is sent on as it came.
+the key/value blocks travel as in forward, and the gradients of each block go straight home to the rank that owns
+it (one message per block, sent while the next block is computed). Each block runs a fused kernel that returns its
+log-sum-exp, on the rectangle of the block that attends (:mod:`galva_hp.parallel.attention_blocks`); key/value
+heads travel unrepeated (GQA/MQA). The key/value pair is packed into one buffer once and each received buffer is
+sent on as it came.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -102,8 +104,13 @@ class _Ring:
 
     def plan(self, mask: RingMask, step: int, device: torch.device) -> BlockPlan | None:
         """What this rank's queries compute over the block it holds at ``step`` (None: nothing attends)."""
-        allowed = mask.block(self.positions[self.index], self.positions[self.source(step)])
-        plan = plan_block(allowed, self.local, self.local)
+        if mask.mask is None:  # positions decide: the same plan every layer and step
+            plan = _position_plan(
+                self.local * self.size, self.size, self.index, self.source(step), mask.causal, mask.window
+            )
+        else:
+            allowed = mask.block(self.positions[self.index], self.positions[self.source(step)])
+            plan = plan_block(allowed, self.local, self.local)
         if plan is not None and plan.allowed is not None and plan.allowed.device != device:
             plan = plan._replace(allowed=plan.allowed.to(device))
         return plan
@@ -115,6 +122,25 @@ class _Ring:
         send = dist.isend(tensor, self.next, group=self.group, tag=tag)
         recv = dist.irecv(received, self.prev, group=self.group, tag=tag)
         return _InFlight(received, [send, recv], tensor)
+
+    def home(self, tensor: Tensor, step: int, tag: int) -> _InFlight:
+        """Start sending ``tensor`` (gradients of the block held at ``step``) to its owner, and receiving the
+        gradients of this rank's block from the rank that held it at ``step``."""
+        received = torch.empty_like(tensor)
+        owner = dist.get_global_rank(self.group, self.source(step))
+        holder = dist.get_global_rank(self.group, (self.index + step) % self.size)
+        send = dist.isend(tensor, owner, group=self.group, tag=tag)
+        recv = dist.irecv(received, holder, group=self.group, tag=tag)
+        return _InFlight(received, [send, recv], tensor)
+
+
+@functools.lru_cache(maxsize=256)
+def _position_plan(seq: int, size: int, index: int, source: int, causal: bool, window: int | None) -> BlockPlan | None:
+    mask = RingMask(None, causal, window)
+    local = seq // size
+    return plan_block(
+        mask.block(context_positions(seq, size, index), context_positions(seq, size, source)), local, local
+    )
 
 
 class _InFlight(NamedTuple):
@@ -194,10 +220,11 @@ class _RingAttention(torch.autograd.Function):
         safe_lse = _finite(lse)
         dq = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         flat = _pack(key, value)
-        pending_grads: _InFlight | None = None
+        own = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)  # this rank's block's gradients
+        homing: _InFlight | None = None
         for step in range(ring.size):
             pending = ring.shift(flat, _KV_TAG) if step + 1 < ring.size else None
-            grads = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+            grads = own if step == 0 else torch.zeros_like(own)
             plan = ring.plan(ctx.mask, step, query.device)
             if plan is not None:
                 r, c = plan.rows, plan.cols
@@ -209,12 +236,13 @@ class _RingAttention(torch.autograd.Function):
                 dq[:, :, r] += block_dq
                 dk[:, :, c] += block_dk
                 dv[:, :, c] += block_dv
-            if pending_grads is not None:  # what the earlier ranks added to this block
-                grads += pending_grads.wait()
-            # on to the next rank, which holds this block at the next step (the last hop takes it home)
-            pending_grads = ring.shift(grads, _GRAD_TAG)
+            if step > 0:  # straight to the block's owner: one hop, one message per block
+                if homing is not None:
+                    own += homing.wait()
+                homing = ring.home(grads, step, _GRAD_TAG)
             if pending is not None:
                 flat = pending.wait()
-        assert pending_grads is not None
-        dkey, dvalue = _unpack(pending_grads.wait(), (key, value))  # this rank's own block, home from its round
+        if homing is not None:
+            own += homing.wait()
+        dkey, dvalue = _unpack(own, (key, value))
         return dq.to(query.dtype), dkey.to(key.dtype), dvalue.to(value.dtype), None, None, None, None
