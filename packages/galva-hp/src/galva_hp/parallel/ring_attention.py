@@ -12,12 +12,16 @@ The mask of a block is the whole-sequence mask (``[batch, 1 or heads, seq, seq]`
 at the block's query and key positions; with no mask, positions decide (causal, a sliding window, or everything).
 
 Backward (:class:`_RingAttention`) keeps only q, k, v, the output and its log-sum-exp, and runs the ring again:
-the key/value blocks travel as in forward, and their gradients travel with them, one hop behind, back to the rank
-that owns them. GQA/MQA: key/value heads are sent unrepeated and repeated for the block's compute only.
+the key/value blocks travel as in forward, and the gradients of each block go straight home to the rank that owns
+it (one message per block, sent while the next block is computed). Each block runs a fused kernel that returns its
+log-sum-exp, on the rectangle of the block that attends (:mod:`galva_hp.parallel.attention_blocks`); key/value
+heads travel unrepeated (GQA/MQA). The key/value pair is packed into one buffer once and each received buffer is
+sent on as it came.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from galva_hp.parallel.attention_blocks import BlockPlan, block_backward, block_forward, plan_block
 from galva_schema.sharding import sequence_blocks
 
 __all__ = ["RingMask", "context_positions", "ring_attention"]
@@ -53,6 +58,7 @@ class RingMask:
     def block(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """``[batch or 1, heads or 1, q, k]`` bool, or None where every pair may attend."""
         if self.mask is not None:
+            q_pos, k_pos = q_pos.to(self.mask.device), k_pos.to(self.mask.device)
             return self.mask.index_select(-2, q_pos).index_select(-1, k_pos)
         if not self.causal and self.window is None:
             return None
@@ -83,17 +89,31 @@ def ring_attention(
 class _Ring:
     """The ring's peers and block positions for one call."""
 
-    def __init__(self, group: ProcessGroup, index: int, local: int, device: torch.device) -> None:
+    def __init__(self, group: ProcessGroup, index: int, local: int) -> None:
         self.group, self.index = group, index
         self.size = dist.get_world_size(group)
         self.next = dist.get_global_rank(group, (index + 1) % self.size)
         self.prev = dist.get_global_rank(group, (index - 1) % self.size)
         seq = local * self.size
-        self.positions = [context_positions(seq, self.size, i, device) for i in range(self.size)]
+        self.local = local
+        self.positions = [context_positions(seq, self.size, i) for i in range(self.size)]  # on CPU: plans read them
 
     def source(self, step: int) -> int:
         """The context-parallel index whose block this rank holds at ``step``."""
         return (self.index - step) % self.size
+
+    def plan(self, mask: RingMask, step: int, device: torch.device) -> BlockPlan | None:
+        """What this rank's queries compute over the block it holds at ``step`` (None: nothing attends)."""
+        if mask.mask is None:  # positions decide: the same plan every layer and step
+            plan = _position_plan(
+                self.local * self.size, self.size, self.index, self.source(step), mask.causal, mask.window
+            )
+        else:
+            allowed = mask.block(self.positions[self.index], self.positions[self.source(step)])
+            plan = plan_block(allowed, self.local, self.local)
+        if plan is not None and plan.allowed is not None and plan.allowed.device != device:
+            plan = plan._replace(allowed=plan.allowed.to(device))
+        return plan
 
     def shift(self, tensor: Tensor, tag: int) -> _InFlight:
         """Start sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer."""
@@ -102,6 +122,25 @@ class _Ring:
         send = dist.isend(tensor, self.next, group=self.group, tag=tag)
         recv = dist.irecv(received, self.prev, group=self.group, tag=tag)
         return _InFlight(received, [send, recv], tensor)
+
+    def home(self, tensor: Tensor, step: int, tag: int) -> _InFlight:
+        """Start sending ``tensor`` (gradients of the block held at ``step``) to its owner, and receiving the
+        gradients of this rank's block from the rank that held it at ``step``."""
+        received = torch.empty_like(tensor)
+        owner = dist.get_global_rank(self.group, self.source(step))
+        holder = dist.get_global_rank(self.group, (self.index + step) % self.size)
+        send = dist.isend(tensor, owner, group=self.group, tag=tag)
+        recv = dist.irecv(received, holder, group=self.group, tag=tag)
+        return _InFlight(received, [send, recv], tensor)
+
+
+@functools.lru_cache(maxsize=256)
+def _position_plan(seq: int, size: int, index: int, source: int, causal: bool, window: int | None) -> BlockPlan | None:
+    mask = RingMask(None, causal, window)
+    local = seq // size
+    return plan_block(
+        mask.block(context_positions(seq, size, index), context_positions(seq, size, source)), local, local
+    )
 
 
 class _InFlight(NamedTuple):
@@ -130,28 +169,17 @@ def _unpack(flat: Tensor, like: tuple[Tensor, ...]) -> list[Tensor]:
     return out
 
 
-def _repeat(t: Tensor, groups: int) -> Tensor:
-    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
-
-
-def _fold(t: Tensor, groups: int) -> Tensor:
-    """The gradient of :func:`_repeat`: the copies of each key/value head summed."""
-    if groups == 1:
-        return t
-    b, heads, n, d = t.shape
-    return t.view(b, heads // groups, groups, n, d).sum(2)
-
-
-def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores
-
-
 def _finite(lse: Tensor) -> Tensor:
     """``lse`` with -inf (a row that attends to nothing yet) replaced by 0, to subtract from safely."""
     return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+
+
+def _merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
+    """Merge a block's normalised output and log-sum-exp into the running ones (views of its rows), in place."""
+    merged = torch.logaddexp(lse, block_lse)
+    safe = _finite(merged)
+    out.mul_(torch.exp(lse - safe)[..., None]).add_(block_out.float() * torch.exp(block_lse - safe)[..., None])
+    lse.copy_(merged)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -166,64 +194,55 @@ class _RingAttention(torch.autograd.Function):
         index: int,
         scale: float,
     ) -> Tensor:
-        ring = _Ring(group, index, query.shape[2], query.device)
-        groups = query.shape[1] // key.shape[1]
-        q = query.float()
-        q_pos = ring.positions[index]
-        out = q.new_zeros(*q.shape[:3], value.shape[-1])
-        lse = q.new_full(q.shape[:3], float("-inf"))
-        blocks: tuple[Tensor, ...] = (key, value)
+        ring = _Ring(group, index, query.shape[2])
+        out = query.new_zeros(*query.shape[:3], value.shape[-1], dtype=torch.float32)
+        lse = query.new_full(query.shape[:3], float("-inf"), dtype=torch.float32)
+        flat = _pack(key, value)  # packed once: each received block is sent on as it came
         for step in range(ring.size):
-            pending = ring.shift(_pack(*blocks), _KV_TAG) if step + 1 < ring.size else None
-            k, v = blocks
-            allowed = mask.block(q_pos, ring.positions[ring.source(step)])
-            if allowed is None or bool(allowed.any()):
-                scores = _scores(q, _repeat(k.float(), groups), allowed, scale)
-                block_lse = torch.logsumexp(scores, dim=-1)
-                probs = torch.exp(scores - _finite(block_lse)[..., None])
-                block_out = torch.matmul(probs, _repeat(v.float(), groups))  # normalised: rows sum to 1 (or 0)
-                merged = torch.logaddexp(lse, block_lse)
-                safe = _finite(merged)
-                out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]
-                lse = merged
+            pending = ring.shift(flat, _KV_TAG) if step + 1 < ring.size else None
+            plan = ring.plan(mask, step, query.device)
+            if plan is not None:
+                k, v = (t[:, :, plan.cols] for t in _unpack(flat, (key, value)))
+                block_out, block_lse = block_forward(query[:, :, plan.rows], k, v, plan, scale)
+                _merge(out[:, :, plan.rows], lse[:, :, plan.rows], block_out, block_lse)
             if pending is not None:
-                blocks = tuple(_unpack(pending.wait(), blocks))
-        ctx.save_for_backward(query, key, value, out, lse)
+                flat = pending.wait()
+        result = out.to(query.dtype)
+        ctx.save_for_backward(query, key, value, result, lse)
         ctx.mask, ctx.group, ctx.index, ctx.scale = mask, group, index, scale
-        return out.to(query.dtype)
+        return result
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         query, key, value, out, lse = ctx.saved_tensors
-        ring = _Ring(ctx.group, ctx.index, query.shape[2], query.device)
-        groups = query.shape[1] // key.shape[1]
-        q, dout = query.float(), grad_out.float()
-        q_pos = ring.positions[ctx.index]
-        delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dO * O): the softmax's Jacobian term
-        safe_lse = _finite(lse)[..., None]
-        dq = torch.zeros_like(q)
-        blocks: tuple[Tensor, ...] = (key, value)
-        pending_grads: _InFlight | None = None
+        ring = _Ring(ctx.group, ctx.index, query.shape[2])
+        dout = grad_out.to(query.dtype)
+        safe_lse = _finite(lse)
+        dq = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+        flat = _pack(key, value)
+        own = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)  # this rank's block's gradients
+        homing: _InFlight | None = None
         for step in range(ring.size):
-            pending = ring.shift(_pack(*blocks), _KV_TAG) if step + 1 < ring.size else None
-            k, v = blocks
-            dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-            dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-            allowed = ctx.mask.block(q_pos, ring.positions[ring.source(step)])
-            if allowed is None or bool(allowed.any()):
-                k_rep, v_rep = _repeat(k.float(), groups), _repeat(v.float(), groups)
-                probs = torch.exp(_scores(q, k_rep, allowed, ctx.scale) - safe_lse)
-                dv = _fold(torch.matmul(probs.transpose(-1, -2), dout), groups)
-                dscores = probs * (torch.matmul(dout, v_rep.transpose(-1, -2)) - delta)
-                dq += torch.matmul(dscores, k_rep) * ctx.scale
-                dk = _fold(torch.matmul(dscores.transpose(-1, -2), q), groups) * ctx.scale
-            if pending_grads is not None:  # what the earlier ranks added to this block
-                earlier_dk, earlier_dv = _unpack(pending_grads.wait(), (dk, dv))
-                dk, dv = dk + earlier_dk, dv + earlier_dv
-            # on to the next rank, which holds this block at the next step (the last hop takes it home)
-            pending_grads = ring.shift(_pack(dk, dv), _GRAD_TAG)
+            pending = ring.shift(flat, _KV_TAG) if step + 1 < ring.size else None
+            grads = own if step == 0 else torch.zeros_like(own)
+            plan = ring.plan(ctx.mask, step, query.device)
+            if plan is not None:
+                r, c = plan.rows, plan.cols
+                k, v = (t[:, :, c] for t in _unpack(flat, (key, value)))
+                block_dq, block_dk, block_dv = block_backward(
+                    dout[:, :, r], query[:, :, r], k, v, out[:, :, r], safe_lse[:, :, r], plan, ctx.scale
+                )
+                dk, dv = _unpack(grads, (key, value))
+                dq[:, :, r] += block_dq
+                dk[:, :, c] += block_dk
+                dv[:, :, c] += block_dv
+            if step > 0:  # straight to the block's owner: one hop, one message per block
+                if homing is not None:
+                    own += homing.wait()
+                homing = ring.home(grads, step, _GRAD_TAG)
             if pending is not None:
-                blocks = tuple(_unpack(pending.wait(), blocks))
-        assert pending_grads is not None
-        dkey, dvalue = _unpack(pending_grads.wait(), (key, value))  # this rank's own block, home from its round
+                flat = pending.wait()
+        if homing is not None:
+            own += homing.wait()
+        dkey, dvalue = _unpack(own, (key, value))
         return dq.to(query.dtype), dkey.to(key.dtype), dvalue.to(value.dtype), None, None, None, None
