@@ -22,6 +22,7 @@ from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
 Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
+Level = tuple[tuple, float, StageArrays, np.ndarray]  # key, budget, reduced arrays, their candidates' indices
 
 
 class StageSolver:
@@ -35,6 +36,8 @@ class StageSolver:
         self._problems: dict[tuple, StageArrays] = {}
         self._solutions: dict[tuple, list[tuple[float, dp_core.StageSolution | None]]] = {}
         self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
+        self._classes: dict[tuple, np.ndarray] = {}  # problem key -> transition class per candidate
+        self._levels: dict[tuple[tuple, float], list[Level]] = {}  # (problem key, budget) -> levels()
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration).
@@ -91,19 +94,55 @@ class StageSolver:
         self._transients[key] = transient
         return key, (intra, memory, inter)
 
-    def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[tuple[tuple, float, StageArrays]]:
-        """One ``(key, budget, arrays)`` problem per transient level of the stage (see the module docstring)."""
+    def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[Level]:
+        """One ``(key, budget, arrays, columns)`` problem per transient level of the stage (see the module docstring),
+        each reduced to the candidates ``columns`` that can matter there (:func:`undominated`); a level none of whose
+        remaining candidates reaches its transient is left out (a lower level holds the same plans with more memory)."""
         intra, memory, inter = arrays
         transient = self._transients[key]
         values = np.unique(transient[np.isfinite(intra)])
         if len(values) <= 1:
             tau = float(values[0]) if len(values) else 0.0
-            return [(key, budget - tau, arrays)]
+            return [(key, budget - tau, *self._reduced(key, arrays, intra))]
         out = []
+        uniform = bool((transient == transient[:1]).all()) if len(transient) else True
+        whole = self._beats(key, arrays, intra) if uniform else None
         for tau in values:
-            masked = np.where(transient <= tau, intra, np.inf)
-            out.append(((*key, "tau", float(tau)), budget - float(tau), (masked, memory, inter)))
+            allowed = transient <= tau
+            masked = np.where(allowed, intra, np.inf)
+            if whole is not None:  # a candidate is allowed at every layer or at none: the whole stage's verdicts hold
+                keep = allowed[0] & np.isfinite(masked).any(axis=0)
+                keep &= ~(whole & keep[:, None]).any(axis=0)
+                columns = _columns(keep)
+                reduced = (masked[:, columns], memory[:, columns], inter[:, columns][:, :, columns])
+            else:
+                reduced, columns = self._reduced(key, arrays, masked)
+            if transient[:, columns][np.isfinite(reduced[0])].max(initial=-np.inf) < tau:
+                continue  # every plan of this level is a plan of a lower level, whose budget is larger
+            out.append(((*key, "tau", float(tau)), budget - float(tau), reduced, columns))
         return out
+
+    def _levels_of(self, key: tuple, arrays: StageArrays, budget: float) -> list[Level]:
+        hit = self._levels.get((key, budget))
+        if hit is None:
+            hit = self._levels[(key, budget)] = self.levels(key, arrays, budget)
+        return hit
+
+    def _classes_of(self, key: tuple, inter: np.ndarray) -> np.ndarray:
+        classes = self._classes.get(key)
+        if classes is None:
+            classes = self._classes[key] = transition_classes(inter)
+        return classes
+
+    def _beats(self, key: tuple, arrays: StageArrays, intra: np.ndarray) -> np.ndarray:
+        return undominated_beats(intra, arrays[1], self._classes_of(key, arrays[2]))
+
+    def _reduced(self, key: tuple, arrays: StageArrays, intra: np.ndarray) -> tuple[StageArrays, np.ndarray]:
+        memory, inter = arrays[1], arrays[2]
+        beats = self._beats(key, arrays, intra)
+        keep = (np.isfinite(intra) & np.isfinite(memory)).any(axis=0) & ~beats.any(axis=0)
+        columns = _columns(keep)
+        return (intra[:, columns], memory[:, columns], inter[:, columns][:, :, columns]), columns
 
     def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
         for solved_budget, solution in self._solutions.get(key, ()):
@@ -121,26 +160,26 @@ class StageSolver:
         for task in wave:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
-                for sub_key, sub_budget, sub_arrays in self.levels(key, arrays, budget):
-                    found, _ = self._cached(sub_key, sub_budget)
+                for level in self._levels_of(key, arrays, budget):
+                    found, _ = self._cached(level[0], level[1])
                     if found:
                         self.counts["dp_reused"] += 1
-                    elif (sub_key, sub_budget) not in pending:
-                        pending[(sub_key, sub_budget)] = (sub_key, sub_budget, sub_arrays)
+                    elif level[:2] not in pending:
+                        pending[level[:2]] = level
         if pending:
             items = list(pending.values())
-            problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a in items]
+            problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a, _ in items]
             self.counts["dp_problems"] += len(problems)
             solutions = dp_core.solve_many(problems, threads=self.threads)
-            for (key, budget, _), sol in zip(items, solutions):
-                self._solutions.setdefault(key, []).append((budget, sol))
+            for (key, budget, _, columns), sol in zip(items, solutions):
+                self._solutions.setdefault(key, []).append((budget, expand(sol, columns)))
         out = []
         for task in wave:
             per_stage = []
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
                 best: dp_core.StageSolution | None = None
-                for sub_key, sub_budget, _ in self.levels(key, arrays, budget):
+                for sub_key, sub_budget, _, _ in self._levels_of(key, arrays, budget):
                     found, sol = self._cached(sub_key, sub_budget)
                     assert found
                     if sol is not None and (best is None or sol.time < best.time):
@@ -165,9 +204,10 @@ class StageSolver:
             t = types[pos]
             intra[pos] += c * (task.tables.redistribution[t][cand] - task.tables.terms[t].p2p_s)
         best: dp_core.StageSolution | None = None
-        for _, budget, arrays in self.levels(key, (intra, memory, inter), self.tasks.stage_budgets(task)[stage]):
+        budget = self.tasks.stage_budgets(task)[stage]
+        for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), budget):
             self.counts["dp_problems"] += 1
-            sol = dp_core.solve_stage(*arrays, budget)
+            sol = expand(dp_core.solve_stage(*arrays, budget), columns)
             if sol is not None and (best is None or sol.time < best.time):
                 best = sol
         return best
@@ -189,3 +229,46 @@ class StageSolver:
                 if best is None or t < best[0]:
                     best = (t, sols)
         return list(best[1]) if best is not None else [None] * task.pp
+
+
+def transition_classes(inter: np.ndarray) -> np.ndarray:
+    """Per candidate, a class number shared by exactly the candidates with the same transitions from and to every
+    candidate at every layer (candidates that differ only in what the layer itself costs, e.g. expert layouts)."""
+    L, S, _ = inter.shape
+    seen: dict[bytes, int] = {}
+    out = np.empty(S, dtype=int)
+    for s in range(S):
+        out[s] = seen.setdefault(inter[:, :, s].tobytes() + inter[:, s, :].tobytes(), len(seen))
+    return out
+
+
+def undominated_beats(intra: np.ndarray, memory: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``[S][S]``: candidate ``a`` beats ``b`` when both are of one transition class and ``a`` matches or beats ``b``
+    in time and memory at every layer where ``b`` may run (of equal ones the first beats the others).
+
+    A beaten candidate can be dropped from the stage problem: swapping it for its beater (or for the one that beats
+    that, and so on: the relation is a strict order) in any plan keeps every transition, is no slower and uses no
+    more memory, so the optimum is unchanged (exact). This is what keeps the expert layouts, which change only a
+    layer's own costs, from multiplying the DP's work."""
+    live = np.isfinite(intra) & np.isfinite(memory)
+    t = np.where(live, intra, np.inf)
+    m = np.where(live, memory, np.inf)
+    le = ((t[:, :, None] <= t[:, None, :]) & (m[:, :, None] <= m[:, None, :])).all(axis=0)
+    eq = ((t[:, :, None] == t[:, None, :]) & (m[:, :, None] == m[:, None, :])).all(axis=0)
+    order = np.arange(len(classes))
+    beats = le & (~eq | (order[:, None] < order[None, :])) & (classes[:, None] == classes[None, :])
+    beats &= live.any(axis=0)[:, None]  # a candidate no layer may run beats nothing
+    np.fill_diagonal(beats, False)
+    return beats
+
+
+def _columns(keep: np.ndarray) -> np.ndarray:
+    columns = np.flatnonzero(keep)
+    return columns if len(columns) else np.arange(min(1, len(keep)))  # none: one forbidden column says so
+
+
+def expand(solution: dp_core.StageSolution | None, columns: np.ndarray) -> dp_core.StageSolution | None:
+    """A reduced problem's solution in the stage problem's candidate numbers."""
+    if solution is None:
+        return None
+    return dp_core.StageSolution(tuple(int(columns[s]) for s in solution.choice), solution.time, solution.memory_mib)
