@@ -8,12 +8,17 @@ found under a larger budget that fits a smaller one is reused (it is optimal the
 Transients (a ZeRO-3 layer's gathered parameters, a checkpointed layer's recomputation) are held by one layer at a
 time, so a plan's peak adds the *largest* transient of its layers, which a sum over layers cannot express. The
 solver solves one DP per transient level ``tau`` of the stage (candidates whose transient exceeds ``tau`` are
-forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact, and most stages have a handful of levels.
+forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact. Each level's problem keeps only the
+candidates that no other of the same transitions matches or beats at every layer (:func:`undominated_beats`), and the
+levels are solved in order of a lower bound (:func:`level_bound`) until none left can beat the best: both exact, and
+what keeps expert layouts and context parallelism from multiplying the DPs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,6 +28,18 @@ from galva_search.tasks import Task, TaskEnumerator
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
 Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
 Level = tuple[tuple, float, StageArrays, np.ndarray]  # key, budget, reduced arrays, their candidates' indices
+
+
+@dataclass
+class _Levels:
+    """One stage's levels in a wave: their order (by lower bound), the next to solve and the best so far."""
+
+    levels: list[Level]
+    order: list[int]
+    bounds: list[float]
+    next: int = 0
+    best_time: float = math.inf
+    best: int = -1  # index into levels; -1: none fits yet
 
 
 class StageSolver:
@@ -114,7 +131,7 @@ class StageSolver:
                 keep = allowed[0] & np.isfinite(masked).any(axis=0)
                 keep &= ~(whole & keep[:, None]).any(axis=0)
                 columns = _columns(keep)
-                reduced = (masked[:, columns], memory[:, columns], inter[:, columns][:, :, columns])
+                reduced = (masked[:, columns], memory[:, columns], inter[:, columns[:, None], columns])
             else:
                 reduced, columns = self._reduced(key, arrays, masked)
             if transient[:, columns][np.isfinite(reduced[0])].max(initial=-np.inf) < tau:
@@ -142,7 +159,7 @@ class StageSolver:
         beats = self._beats(key, arrays, intra)
         keep = (np.isfinite(intra) & np.isfinite(memory)).any(axis=0) & ~beats.any(axis=0)
         columns = _columns(keep)
-        return (intra[:, columns], memory[:, columns], inter[:, columns][:, :, columns]), columns
+        return (intra[:, columns], memory[:, columns], inter[:, columns[:, None], columns]), columns
 
     def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
         for solved_budget, solution in self._solutions.get(key, ()):
@@ -155,18 +172,36 @@ class StageSolver:
         return False, None
 
     def solve(self, wave: Sequence[Task]) -> list[Solutions]:
-        """Every stage of every task of ``wave``: new problems in one :func:`galva_search.dp.solve_many` call."""
-        pending: dict[tuple, tuple[tuple, float, StageArrays]] = {}
+        """Every stage of every task of ``wave``: new problems in rounds of :func:`galva_search.dp.solve_many` calls."""
+        # Per stage, its levels in order of a lower bound on their time; rounds of one solve_many call each solve the
+        # next level of every stage until no level left can beat the stage's best (the fastest, the lowest level of
+        # equal ones: the order the levels alone would give).
+        stages: list[_Levels] = []
         for task in wave:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
-                for level in self._levels_of(key, arrays, budget):
-                    found, _ = self._cached(level[0], level[1])
-                    if found:
-                        self.counts["dp_reused"] += 1
-                    elif level[:2] not in pending:
-                        pending[level[:2]] = level
-        if pending:
+                levels = self._levels_of(key, arrays, budget)
+                bounds = [level_bound(level) for level in levels]
+                order = sorted(range(len(levels)), key=lambda i: (bounds[i], i))
+                stages.append(_Levels(levels, order, bounds))
+        while True:
+            pending: dict[tuple, Level] = {}
+            for st in stages:
+                while st.next < len(st.order):
+                    i = st.order[st.next]
+                    if st.bounds[i] > st.best_time + 1e-9 * abs(st.best_time):  # this level and the rest cannot win
+                        st.next = len(st.order)
+                        break
+                    found, sol = self._cached(st.levels[i][0], st.levels[i][1])
+                    if not found:
+                        pending.setdefault(st.levels[i][:2], st.levels[i])
+                        break
+                    self.counts["dp_reused"] += 1
+                    st.next += 1
+                    if sol is not None and (sol.time < st.best_time or (sol.time == st.best_time and i < st.best)):
+                        st.best_time, st.best = sol.time, i
+            if not pending:
+                break
             items = list(pending.values())
             problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a, _ in items]
             self.counts["dp_problems"] += len(problems)
@@ -174,17 +209,13 @@ class StageSolver:
             for (key, budget, _, columns), sol in zip(items, solutions):
                 self._solutions.setdefault(key, []).append((budget, expand(sol, columns)))
         out = []
+        n = 0
         for task in wave:
             per_stage = []
-            for stage, budget in enumerate(self.tasks.stage_budgets(task)):
-                key, arrays = self.stage_problem(task, stage)
-                best: dp_core.StageSolution | None = None
-                for sub_key, sub_budget, _, _ in self._levels_of(key, arrays, budget):
-                    found, sol = self._cached(sub_key, sub_budget)
-                    assert found
-                    if sol is not None and (best is None or sol.time < best.time):
-                        best = sol
-                per_stage.append(best)
+            for _ in range(task.pp):
+                st = stages[n]
+                n += 1
+                per_stage.append(None if st.best < 0 else self._cached(*st.levels[st.best][:2])[1])
             out.append(per_stage)
         return out
 
@@ -204,8 +235,8 @@ class StageSolver:
             t = types[pos]
             intra[pos] += c * (task.tables.redistribution[t][cand] - task.tables.terms[t].p2p_s)
         best: dp_core.StageSolution | None = None
-        budget = self.tasks.stage_budgets(task)[stage]
-        for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), budget):
+        stage_budget = self.tasks.stage_budgets(task)[stage]
+        for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), stage_budget):
             self.counts["dp_problems"] += 1
             sol = expand(dp_core.solve_stage(*arrays, budget), columns)
             if sol is not None and (best is None or sol.time < best.time):
@@ -234,7 +265,7 @@ class StageSolver:
 def transition_classes(inter: np.ndarray) -> np.ndarray:
     """Per candidate, a class number shared by exactly the candidates with the same transitions from and to every
     candidate at every layer (candidates that differ only in what the layer itself costs, e.g. expert layouts)."""
-    L, S, _ = inter.shape
+    S = inter.shape[1]
     seen: dict[bytes, int] = {}
     out = np.empty(S, dtype=int)
     for s in range(S):
@@ -260,6 +291,21 @@ def undominated_beats(intra: np.ndarray, memory: np.ndarray, classes: np.ndarray
     beats &= live.any(axis=0)[:, None]  # a candidate no layer may run beats nothing
     np.fill_diagonal(beats, False)
     return beats
+
+
+def level_bound(level: Level) -> float:
+    """A lower bound on the time of a level's plans: ``max_lam min (time + lam (memory - budget))`` with the layers
+    chosen apart (transitions cost >= 0), over a range of multipliers ``lam`` (seconds per MiB)."""
+    _, budget, (intra, memory, _), _ = level
+    live = np.isfinite(intra) & np.isfinite(memory)
+    if not live.any(axis=1).all():
+        return math.inf
+    with np.errstate(invalid="ignore"):
+        priced = np.where(live[None], intra[None] + BOUND_LAMBDAS[:, None, None] * memory[None], np.inf)
+    return float((priced.min(axis=2).sum(axis=1) - BOUND_LAMBDAS * budget).max())
+
+
+BOUND_LAMBDAS = np.concatenate([[0.0], np.logspace(-9, 1, 41)])
 
 
 def _columns(keep: np.ndarray) -> np.ndarray:
