@@ -324,11 +324,11 @@ def test_stage_level_reduction_is_exact() -> None:
     rng = np.random.default_rng(7)
     checked = 0
     for _ in range(40):
-        L, groups, per = int(rng.integers(2, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        L, groups, per = int(rng.integers(2, 6)), int(rng.integers(2, 4)), int(rng.integers(1, 4))
         S = groups * per
-        base = rng.uniform(0.0, 1.0, (L, groups, groups))
+        base = rng.uniform(0.0, 2.0, (L, groups, groups))
         inter = np.repeat(np.repeat(base, per, axis=1), per, axis=2)  # same transitions inside a group
-        intra = rng.uniform(1.0, 2.0, (L, S))
+        intra = rng.uniform(1.0, 1.2, (L, S))
         intra[rng.uniform(size=(L, S)) < 0.1] = np.inf
         memory = rng.uniform(1.0, 4.0, (L, S))
         transient = np.tile(rng.choice([0.0, 0.5, 1.0], S), (L, 1))
