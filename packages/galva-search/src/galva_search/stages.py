@@ -17,7 +17,7 @@ what keeps expert layouts and context parallelism from multiplying the DPs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +27,7 @@ from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
 Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
-Level = tuple[tuple, float, StageArrays, np.ndarray]  # key, budget, reduced arrays, their candidates' indices
+Level = tuple[tuple, float, "StageArrays | _Lazy", np.ndarray]  # key, budget, reduced arrays, their candidates
 
 
 @dataclass
@@ -55,6 +55,7 @@ class StageSolver:
         self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
         self._classes: dict[tuple, np.ndarray] = {}  # problem key -> transition class per candidate
         self._levels: dict[tuple[tuple, float], list[Level]] = {}  # (problem key, budget) -> levels()
+        self._bounds: dict[tuple[tuple, float], float] = {}  # (level key, budget) -> level_bound() of its level
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration).
@@ -121,19 +122,25 @@ class StageSolver:
         if len(values) <= 1:
             tau = float(values[0]) if len(values) else 0.0
             return [(key, budget - tau, *self._reduced(key, arrays, intra))]
-        out = []
+        out: list[Level] = []
         uniform = bool((transient == transient[:1]).all()) if len(transient) else True
-        whole = self._beats(key, arrays, intra) if uniform else None
-        for tau in values:
-            allowed = transient <= tau
-            masked = np.where(allowed, intra, np.inf)
-            if whole is not None:  # a candidate is allowed at every layer or at none: the whole stage's verdicts hold
-                keep = allowed[0] & np.isfinite(masked).any(axis=0)
+        if uniform:  # a candidate is allowed at every layer or at none: the whole stage's verdicts hold at each level
+            whole = self._beats(key, arrays, intra)
+            runs = np.isfinite(intra).any(axis=0)
+            priced = _priced(intra, memory)
+            for tau in values:
+                keep = (transient[0] <= tau) & runs
                 keep &= ~(whole & keep[:, None]).any(axis=0)
-                columns = _columns(keep)
-                reduced = (masked[:, columns], memory[:, columns], inter[:, columns[:, None], columns])
-            else:
-                reduced, columns = self._reduced(key, arrays, masked)
+                columns = np.flatnonzero(keep)
+                if not len(columns) or transient[0, columns].max() < tau:
+                    continue  # every plan of this level is a plan of a lower level, whose budget is larger
+                level_key, level_budget = (*key, "tau", float(tau)), budget - float(tau)
+                self._bounds[(level_key, level_budget)] = _bound(priced[:, :, columns], level_budget)
+                out.append((level_key, level_budget, _Lazy(intra, memory, inter, columns), columns))
+            return out
+        for tau in values:
+            masked = np.where(transient <= tau, intra, np.inf)
+            reduced, columns = self._reduced(key, arrays, masked)
             if transient[:, columns][np.isfinite(reduced[0])].max(initial=-np.inf) < tau:
                 continue  # every plan of this level is a plan of a lower level, whose budget is larger
             out.append(((*key, "tau", float(tau)), budget - float(tau), reduced, columns))
@@ -181,7 +188,8 @@ class StageSolver:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
                 levels = self._levels_of(key, arrays, budget)
-                bounds = [level_bound(level) for level in levels]
+                known = self._bounds
+                bounds = [known[lv[:2]] if lv[:2] in known else level_bound(lv) for lv in levels]
                 order = sorted(range(len(levels)), key=lambda i: (bounds[i], i))
                 stages.append(_Levels(levels, order, bounds))
         while True:
@@ -238,7 +246,7 @@ class StageSolver:
         stage_budget = self.tasks.stage_budgets(task)[stage]
         for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), stage_budget):
             self.counts["dp_problems"] += 1
-            sol = expand(dp_core.solve_stage(*arrays, budget), columns)
+            sol = expand(dp_core.solve_stage(arrays[0], arrays[1], arrays[2], budget), columns)
             if sol is not None and (best is None or sol.time < best.time):
                 best = sol
         return best
@@ -297,15 +305,41 @@ def level_bound(level: Level) -> float:
     """A lower bound on the time of a level's plans: ``max_lam min (time + lam (memory - budget))`` with the layers
     chosen apart (transitions cost >= 0), over a range of multipliers ``lam`` (seconds per MiB)."""
     _, budget, (intra, memory, _), _ = level
+    return _bound(_priced(intra, memory), budget)
+
+
+def _priced(intra: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """``[lam][L][S]``: time plus ``lam`` times memory of every candidate that may run there (+inf elsewhere)."""
     live = np.isfinite(intra) & np.isfinite(memory)
-    if not live.any(axis=1).all():
+    with np.errstate(invalid="ignore"):
+        return np.where(live[None], intra[None] + BOUND_LAMBDAS[:, None, None] * memory[None], np.inf)
+
+
+def _bound(priced: np.ndarray, budget: float) -> float:
+    if priced.shape[2] == 0:
         return math.inf
     with np.errstate(invalid="ignore"):
-        priced = np.where(live[None], intra[None] + BOUND_LAMBDAS[:, None, None] * memory[None], np.inf)
-    return float((priced.min(axis=2).sum(axis=1) - BOUND_LAMBDAS * budget).max())
+        return float((priced.min(axis=2).sum(axis=1) - BOUND_LAMBDAS * budget).max())
 
 
 BOUND_LAMBDAS = np.concatenate([[0.0], np.logspace(-9, 1, 41)])
+
+
+class _Lazy:
+    """A level's reduced arrays, built when first read (most levels of a stage are never solved)."""
+
+    def __init__(self, intra: np.ndarray, memory: np.ndarray, inter: np.ndarray, columns: np.ndarray) -> None:
+        self._source = (intra, memory, inter, columns)
+        self._arrays: StageArrays | None = None
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._arrays is None:
+            intra, memory, inter, c = self._source
+            self._arrays = (intra[:, c], memory[:, c], inter[:, c[:, None], c])
+        return self._arrays[i]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter((self[0], self[1], self[2]))
 
 
 def _columns(keep: np.ndarray) -> np.ndarray:
