@@ -312,3 +312,43 @@ def test_stats_report_the_method() -> None:
     stats = {}
     dp.solve_stage([[1.0, 2.0, 1.5]] * 4, [[5.0, 1.0, 6.0]] * 4, [[[0.0] * 3] * 3] * 4, 12.0, stats=stats)
     assert stats["live_strategies"] == 8
+
+
+def test_stage_level_reduction_is_exact() -> None:
+    """Each transient level reduced to the candidates no other of its transition class matches or beats (stages.py)
+    has the optimum of the whole level, and the level's lower bound is below it (random stages, expert-like groups)."""
+    import numpy as np
+
+    from galva_search.stages import level_bound, transition_classes, undominated_beats
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(40):
+        L, groups, per = int(rng.integers(2, 6)), int(rng.integers(2, 4)), int(rng.integers(1, 4))
+        S = groups * per
+        base = rng.uniform(0.0, 2.0, (L, groups, groups))
+        inter = np.repeat(np.repeat(base, per, axis=1), per, axis=2)  # same transitions inside a group
+        intra = rng.uniform(1.0, 1.2, (L, S))
+        intra[rng.uniform(size=(L, S)) < 0.1] = np.inf
+        memory = rng.uniform(1.0, 4.0, (L, S))
+        transient = np.tile(rng.choice([0.0, 0.5, 1.0], S), (L, 1))
+        budget = float(rng.uniform(1.5, 3.5) * L)
+        classes = transition_classes(inter)
+        assert len(set(classes.tolist())) <= groups
+        for tau in np.unique(transient):
+            masked = np.where(transient <= tau, intra, np.inf)
+            whole = dp.solve_stage(masked, memory, inter, budget - tau)
+            keep = (np.isfinite(masked) & np.isfinite(memory)).any(axis=0)
+            keep &= ~undominated_beats(masked, memory, classes).any(axis=0)
+            cols = np.flatnonzero(keep)
+            if len(cols) == 0:
+                assert whole is None
+                continue
+            reduced = dp.solve_stage(masked[:, cols], memory[:, cols], inter[:, cols[:, None], cols], budget - tau)
+            assert (whole is None) == (reduced is None)
+            if whole is not None and reduced is not None:
+                assert reduced.time == pytest.approx(whole.time, rel=1e-12)
+                level = ((), budget - tau, (masked[:, cols], memory[:, cols], inter[:, cols[:, None], cols]), cols)
+                assert level_bound(level) <= whole.time * (1 + 1e-9)
+                checked += 1
+    assert checked > 20

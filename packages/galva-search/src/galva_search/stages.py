@@ -8,12 +8,17 @@ found under a larger budget that fits a smaller one is reused (it is optimal the
 Transients (a ZeRO-3 layer's gathered parameters, a checkpointed layer's recomputation) are held by one layer at a
 time, so a plan's peak adds the *largest* transient of its layers, which a sum over layers cannot express. The
 solver solves one DP per transient level ``tau`` of the stage (candidates whose transient exceeds ``tau`` are
-forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact, and most stages have a handful of levels.
+forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact. Each level's problem keeps only the
+candidates that no other of the same transitions matches or beats at every layer (:func:`undominated_beats`), and the
+levels are solved in order of a lower bound (:func:`level_bound`) until none left can beat the best: both exact, and
+what keeps expert layouts and context parallelism from multiplying the DPs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +27,19 @@ from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
 Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
+Level = tuple[tuple, float, "StageArrays | _Lazy", np.ndarray]  # key, budget, reduced arrays, their candidates
+
+
+@dataclass
+class _Levels:
+    """One stage's levels in a wave: their order (by lower bound), the next to solve and the best so far."""
+
+    levels: list[Level]
+    order: list[int]
+    bounds: list[float]
+    next: int = 0
+    best_time: float = math.inf
+    best: int = -1  # index into levels; -1: none fits yet
 
 
 class StageSolver:
@@ -35,6 +53,9 @@ class StageSolver:
         self._problems: dict[tuple, StageArrays] = {}
         self._solutions: dict[tuple, list[tuple[float, dp_core.StageSolution | None]]] = {}
         self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
+        self._classes: dict[tuple, np.ndarray] = {}  # problem key -> transition class per candidate
+        self._levels: dict[tuple[tuple, float], list[Level]] = {}  # (problem key, budget) -> levels()
+        self._bounds: dict[tuple[tuple, float], float] = {}  # (level key, budget) -> level_bound() of its level
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration).
@@ -91,19 +112,61 @@ class StageSolver:
         self._transients[key] = transient
         return key, (intra, memory, inter)
 
-    def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[tuple[tuple, float, StageArrays]]:
-        """One ``(key, budget, arrays)`` problem per transient level of the stage (see the module docstring)."""
+    def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[Level]:
+        """One ``(key, budget, arrays, columns)`` problem per transient level of the stage (see the module docstring),
+        each reduced to the candidates ``columns`` that can matter there (:func:`undominated`); a level none of whose
+        remaining candidates reaches its transient is left out (a lower level holds the same plans with more memory)."""
         intra, memory, inter = arrays
         transient = self._transients[key]
         values = np.unique(transient[np.isfinite(intra)])
         if len(values) <= 1:
             tau = float(values[0]) if len(values) else 0.0
-            return [(key, budget - tau, arrays)]
-        out = []
+            return [(key, budget - tau, *self._reduced(key, arrays, intra))]
+        out: list[Level] = []
+        uniform = bool((transient == transient[:1]).all()) if len(transient) else True
+        if uniform:  # a candidate is allowed at every layer or at none: the whole stage's verdicts hold at each level
+            whole = self._beats(key, arrays, intra)
+            runs = np.isfinite(intra).any(axis=0)
+            priced = _priced(intra, memory)
+            for tau in values:
+                keep = (transient[0] <= tau) & runs
+                keep &= ~(whole & keep[:, None]).any(axis=0)
+                columns = np.flatnonzero(keep)
+                if not len(columns) or transient[0, columns].max() < tau:
+                    continue  # every plan of this level is a plan of a lower level, whose budget is larger
+                level_key, level_budget = (*key, "tau", float(tau)), budget - float(tau)
+                self._bounds[(level_key, level_budget)] = _bound(priced[:, :, columns], level_budget)
+                out.append((level_key, level_budget, _Lazy(intra, memory, inter, columns), columns))
+            return out
         for tau in values:
             masked = np.where(transient <= tau, intra, np.inf)
-            out.append(((*key, "tau", float(tau)), budget - float(tau), (masked, memory, inter)))
+            reduced, columns = self._reduced(key, arrays, masked)
+            if transient[:, columns][np.isfinite(reduced[0])].max(initial=-np.inf) < tau:
+                continue  # every plan of this level is a plan of a lower level, whose budget is larger
+            out.append(((*key, "tau", float(tau)), budget - float(tau), reduced, columns))
         return out
+
+    def _levels_of(self, key: tuple, arrays: StageArrays, budget: float) -> list[Level]:
+        hit = self._levels.get((key, budget))
+        if hit is None:
+            hit = self._levels[(key, budget)] = self.levels(key, arrays, budget)
+        return hit
+
+    def _classes_of(self, key: tuple, inter: np.ndarray) -> np.ndarray:
+        classes = self._classes.get(key)
+        if classes is None:
+            classes = self._classes[key] = transition_classes(inter)
+        return classes
+
+    def _beats(self, key: tuple, arrays: StageArrays, intra: np.ndarray) -> np.ndarray:
+        return undominated_beats(intra, arrays[1], self._classes_of(key, arrays[2]))
+
+    def _reduced(self, key: tuple, arrays: StageArrays, intra: np.ndarray) -> tuple[StageArrays, np.ndarray]:
+        memory, inter = arrays[1], arrays[2]
+        beats = self._beats(key, arrays, intra)
+        keep = (np.isfinite(intra) & np.isfinite(memory)).any(axis=0) & ~beats.any(axis=0)
+        columns = _columns(keep)
+        return (intra[:, columns], memory[:, columns], inter[:, columns[:, None], columns]), columns
 
     def _cached(self, key: tuple, budget: float) -> tuple[bool, dp_core.StageSolution | None]:
         for solved_budget, solution in self._solutions.get(key, ()):
@@ -116,36 +179,51 @@ class StageSolver:
         return False, None
 
     def solve(self, wave: Sequence[Task]) -> list[Solutions]:
-        """Every stage of every task of ``wave``: new problems in one :func:`galva_search.dp.solve_many` call."""
-        pending: dict[tuple, tuple[tuple, float, StageArrays]] = {}
+        """Every stage of every task of ``wave``: new problems in rounds of :func:`galva_search.dp.solve_many` calls."""
+        # Per stage, its levels in order of a lower bound on their time; rounds of one solve_many call each solve the
+        # next level of every stage until no level left can beat the stage's best (the fastest, the lowest level of
+        # equal ones: the order the levels alone would give).
+        stages: list[_Levels] = []
         for task in wave:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
                 key, arrays = self.stage_problem(task, stage)
-                for sub_key, sub_budget, sub_arrays in self.levels(key, arrays, budget):
-                    found, _ = self._cached(sub_key, sub_budget)
-                    if found:
-                        self.counts["dp_reused"] += 1
-                    elif (sub_key, sub_budget) not in pending:
-                        pending[(sub_key, sub_budget)] = (sub_key, sub_budget, sub_arrays)
-        if pending:
+                levels = self._levels_of(key, arrays, budget)
+                known = self._bounds
+                bounds = [known[lv[:2]] if lv[:2] in known else level_bound(lv) for lv in levels]
+                order = sorted(range(len(levels)), key=lambda i: (bounds[i], i))
+                stages.append(_Levels(levels, order, bounds))
+        while True:
+            pending: dict[tuple, Level] = {}
+            for st in stages:
+                while st.next < len(st.order):
+                    i = st.order[st.next]
+                    if st.bounds[i] > st.best_time + 1e-9 * abs(st.best_time):  # this level and the rest cannot win
+                        st.next = len(st.order)
+                        break
+                    found, sol = self._cached(st.levels[i][0], st.levels[i][1])
+                    if not found:
+                        pending.setdefault(st.levels[i][:2], st.levels[i])
+                        break
+                    self.counts["dp_reused"] += 1
+                    st.next += 1
+                    if sol is not None and (sol.time < st.best_time or (sol.time == st.best_time and i < st.best)):
+                        st.best_time, st.best = sol.time, i
+            if not pending:
+                break
             items = list(pending.values())
-            problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a in items]
+            problems = [dp_core.StageProblem(a[0], a[1], a[2], budget) for _, budget, a, _ in items]
             self.counts["dp_problems"] += len(problems)
             solutions = dp_core.solve_many(problems, threads=self.threads)
-            for (key, budget, _), sol in zip(items, solutions):
-                self._solutions.setdefault(key, []).append((budget, sol))
+            for (key, budget, _, columns), sol in zip(items, solutions):
+                self._solutions.setdefault(key, []).append((budget, expand(sol, columns)))
         out = []
+        n = 0
         for task in wave:
             per_stage = []
-            for stage, budget in enumerate(self.tasks.stage_budgets(task)):
-                key, arrays = self.stage_problem(task, stage)
-                best: dp_core.StageSolution | None = None
-                for sub_key, sub_budget, _ in self.levels(key, arrays, budget):
-                    found, sol = self._cached(sub_key, sub_budget)
-                    assert found
-                    if sol is not None and (best is None or sol.time < best.time):
-                        best = sol
-                per_stage.append(best)
+            for _ in range(task.pp):
+                st = stages[n]
+                n += 1
+                per_stage.append(None if st.best < 0 else self._cached(*st.levels[st.best][:2])[1])
             out.append(per_stage)
         return out
 
@@ -165,9 +243,10 @@ class StageSolver:
             t = types[pos]
             intra[pos] += c * (task.tables.redistribution[t][cand] - task.tables.terms[t].p2p_s)
         best: dp_core.StageSolution | None = None
-        for _, budget, arrays in self.levels(key, (intra, memory, inter), self.tasks.stage_budgets(task)[stage]):
+        stage_budget = self.tasks.stage_budgets(task)[stage]
+        for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), stage_budget):
             self.counts["dp_problems"] += 1
-            sol = dp_core.solve_stage(*arrays, budget)
+            sol = expand(dp_core.solve_stage(arrays[0], arrays[1], arrays[2], budget), columns)
             if sol is not None and (best is None or sol.time < best.time):
                 best = sol
         return best
@@ -189,3 +268,87 @@ class StageSolver:
                 if best is None or t < best[0]:
                     best = (t, sols)
         return list(best[1]) if best is not None else [None] * task.pp
+
+
+def transition_classes(inter: np.ndarray) -> np.ndarray:
+    """Per candidate, a class number shared by exactly the candidates with the same transitions from and to every
+    candidate at every layer (candidates that differ only in what the layer itself costs, e.g. expert layouts)."""
+    S = inter.shape[1]
+    seen: dict[bytes, int] = {}
+    out = np.empty(S, dtype=int)
+    for s in range(S):
+        out[s] = seen.setdefault(inter[:, :, s].tobytes() + inter[:, s, :].tobytes(), len(seen))
+    return out
+
+
+def undominated_beats(intra: np.ndarray, memory: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``[S][S]``: candidate ``a`` beats ``b`` when both are of one transition class and ``a`` matches or beats ``b``
+    in time and memory at every layer where ``b`` may run (of equal ones the first beats the others).
+
+    A beaten candidate can be dropped from the stage problem: swapping it for its beater (or for the one that beats
+    that, and so on: the relation is a strict order) in any plan keeps every transition, is no slower and uses no
+    more memory, so the optimum is unchanged (exact). This is what keeps the expert layouts, which change only a
+    layer's own costs, from multiplying the DP's work."""
+    live = np.isfinite(intra) & np.isfinite(memory)
+    t = np.where(live, intra, np.inf)
+    m = np.where(live, memory, np.inf)
+    le = ((t[:, :, None] <= t[:, None, :]) & (m[:, :, None] <= m[:, None, :])).all(axis=0)
+    eq = ((t[:, :, None] == t[:, None, :]) & (m[:, :, None] == m[:, None, :])).all(axis=0)
+    order = np.arange(len(classes))
+    beats = le & (~eq | (order[:, None] < order[None, :])) & (classes[:, None] == classes[None, :])
+    beats &= live.any(axis=0)[:, None]  # a candidate no layer may run beats nothing
+    np.fill_diagonal(beats, False)
+    return beats
+
+
+def level_bound(level: Level) -> float:
+    """A lower bound on the time of a level's plans: ``max_lam min (time + lam (memory - budget))`` with the layers
+    chosen apart (transitions cost >= 0), over a range of multipliers ``lam`` (seconds per MiB)."""
+    _, budget, (intra, memory, _), _ = level
+    return _bound(_priced(intra, memory), budget)
+
+
+def _priced(intra: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """``[lam][L][S]``: time plus ``lam`` times memory of every candidate that may run there (+inf elsewhere)."""
+    live = np.isfinite(intra) & np.isfinite(memory)
+    with np.errstate(invalid="ignore"):
+        return np.where(live[None], intra[None] + BOUND_LAMBDAS[:, None, None] * memory[None], np.inf)
+
+
+def _bound(priced: np.ndarray, budget: float) -> float:
+    if priced.shape[2] == 0:
+        return math.inf
+    with np.errstate(invalid="ignore"):
+        return float((priced.min(axis=2).sum(axis=1) - BOUND_LAMBDAS * budget).max())
+
+
+BOUND_LAMBDAS = np.concatenate([[0.0], np.logspace(-9, 1, 41)])
+
+
+class _Lazy:
+    """A level's reduced arrays, built when first read (most levels of a stage are never solved)."""
+
+    def __init__(self, intra: np.ndarray, memory: np.ndarray, inter: np.ndarray, columns: np.ndarray) -> None:
+        self._source = (intra, memory, inter, columns)
+        self._arrays: StageArrays | None = None
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._arrays is None:
+            intra, memory, inter, c = self._source
+            self._arrays = (intra[:, c], memory[:, c], inter[:, c[:, None], c])
+        return self._arrays[i]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter((self[0], self[1], self[2]))
+
+
+def _columns(keep: np.ndarray) -> np.ndarray:
+    columns = np.flatnonzero(keep)
+    return columns if len(columns) else np.arange(min(1, len(keep)))  # none: one forbidden column says so
+
+
+def expand(solution: dp_core.StageSolution | None, columns: np.ndarray) -> dp_core.StageSolution | None:
+    """A reduced problem's solution in the stage problem's candidate numbers."""
+    if solution is None:
+        return None
+    return dp_core.StageSolution(tuple(int(columns[s]) for s in solution.choice), solution.time, solution.memory_mib)
