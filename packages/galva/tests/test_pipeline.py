@@ -153,7 +153,8 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     assert generation["model_class"] == "LlamaForCausalLM" and generation["new_tokens"] == 4
     assert generation["text"].startswith(generation["prompt"])
     search_line = next(line for line in stage_lines if "] search" in line)
-    assert re.search(r"micro-batch\(es\), predicted [0-9.]+ samples/s", search_line), search_line  # the summary, read
+    # the plan in its one phrase (Strategy.describe), then the summary's prediction, read through SearchSummary
+    assert re.search(r"micro-batch(es)?, global batch \d+, .*; predicted [0-9.]+ samples/s", search_line), search_line
     report = (out / "report.html").read_text()
     for section in ('id="plan"', 'id="memory"', 'id="time"', 'id="training"', 'id="measured"', 'id="chart-loss"'):
         assert section in report, section
