@@ -42,9 +42,14 @@ class Candidate:
     cp: int = 1
 
     @property
+    def stage_ranks(self) -> int:
+        """Ranks of this layer's pipeline stage: ``tp * cp * dp``."""
+        return self.tp * self.cp * self.dp
+
+    @property
     def expert_dp(self) -> int:
         """Replicas of each expert shard: the stage's ranks over ``ep * etp``."""
-        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+        return self.stage_ranks // (self.ep * self.etp)
 
     @property
     def tp_degree(self) -> int:
@@ -207,11 +212,10 @@ def with_expert_layouts(
         return list(candidates)
     out: list[Candidate] = []
     for c in candidates:
-        stage = c.tp * c.cp * c.dp
         for etp in sorted({1, c.tp_degree}):
             if not any(ffn % etp == 0 for _, ffn in expert_types):
                 continue
-            for ep in powers_of_two(min(max_ep, stage // etp)):
+            for ep in powers_of_two(min(max_ep, c.stage_ranks // etp)):
                 if any(experts % ep == 0 for experts, _ in expert_types):
                     out.append(c if ep == etp == 1 else replace(c, ep=ep, etp=etp))
     return out
