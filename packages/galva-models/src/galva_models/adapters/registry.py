@@ -10,7 +10,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("t5", "swin")
+_MODULES = ("t5",)
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 
