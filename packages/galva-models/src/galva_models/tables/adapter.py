@@ -114,13 +114,11 @@ def decompose(model: Any) -> LayeredModel:
     balance = router_loss(model)
     router = router_class(base) if balance is not None else None
     model_constraints = constraints(config)
+    after = {n: getattr(base, n) for n in tables.after}
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
-        head=TableHead(
-            {n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs,
-            tables.tail,
-        ),
+        head=TableHead(after, head, model, model.base_model_prefix, tables.inputs, tables.tail),
         layer_types=[t.name for t in model_constraints.layer_types for _ in range(t.num_layers)],
         parallelizer=TableParallelizer(config, tables, router, int(getattr(model, "num_experts_per_tok", 0) or 0)),
         name=family,
