@@ -1,6 +1,6 @@
 """Which adapter handles a Hugging Face model: a family adapter for the families without tables (``_MODULES``),
 otherwise the table adapter of its task (:mod:`galva_models.tables`) for any causal LM whose tables say how it
-splits and any family with a Galva table entry (BERT, ViT)."""
+splits and any family with a Galva table entry (GPT-2, BERT, ViT, Swin)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """One adapter per task for every family whose tables say how it splits (transformers' own, or Galva's): no family
 code. Causal LMs (:data:`ADAPTER`), and the encoder families of :data:`~.plans.GALVA_TABLES` (BERT's masked LM,
-ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized
-in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered functions
-(:mod:`.attention`).
+ViT's and Swin's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`),
+parallelized in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered
+functions (:mod:`.attention`).
 """
 
 from __future__ import annotations
