@@ -309,9 +309,7 @@ class TableLayer(_InPlace):
     stage's own module that follows it (``end``: Swin's patch merging, under its Hugging Face name), called on its
     output with the same arguments."""
 
-    def __init__(
-        self, layer: nn.Module, index: int, inputs: LayerInputs, end: tuple[str, nn.Module] | None = None
-    ) -> None:
+    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs, end: tuple[str, nn.Module] | None = None):
         super().__init__()
         self.layer = layer
         self.index = index
