@@ -17,6 +17,7 @@ from torch import nn
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, ParallelContext, build, train_step
 from galva_hp.model import LayeredModel
+from galva_hp.shared_params import embedding_ties
 from galva_hp.testing.oracle import OPTIM, SEQ, VOCAB, batch, reference_run, run_plan
 from galva_schema import ParallelForm, Strategy
 from galva_schema.constraints import uniform_constraints
@@ -73,7 +74,7 @@ def tiny_model() -> LayeredModel:
         head=head,
         layer_types=["block"] * LAYERS,
         parallelizer=CopyParallelizer(),
-        tied_weights=[("embedding.weight", "head.proj.weight")],
+        shared=embedding_ties(embedding, head),
         name="tiny-block",
         constraints=uniform_constraints(
             "tiny-block",
