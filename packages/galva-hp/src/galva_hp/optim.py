@@ -2,8 +2,8 @@
 
 The global norm counts every distinct gradient element of the model once: each rank adds the squares of its local
 pieces divided by how many ranks hold the same piece (dp replicas of ddp parameters, tp replicas of norms and row
-biases, the sp replicas of Ulysses weights are all inside the sharding group), a tied weight is counted once (its
-head holder follows the embedding's: no AdamW states of its own, see ``ParamRecord.follows``), and a single
+biases, the sp replicas of Ulysses weights are all inside the sharding group; a shared weight has one record, its
+home's: :mod:`galva_hp.shared_params`), and a single
 all-reduce over the world sums the rest. The same formula as ``torch.nn.utils.clip_grad_norm_`` then scales the
 gradients, so a plan clips exactly as a single process would.
 """
@@ -85,10 +85,9 @@ class GalvaOptimizer:
     def __init__(self, records: Sequence[ParamRecord], config: OptimConfig | None = None) -> None:
         self.config = config or OptimConfig()
         self.records = list(records)
-        owned = [r for r in self.records if r.follows is None]  # a tied weight's follower takes its owner's value
         # DTensor (sharded) and plain parameters go into separate groups: the fused multi-tensor path wants one kind
-        plain = [r.param for r in owned if not _is_dtensor(r.param)]
-        sharded = [r.param for r in owned if _is_dtensor(r.param)]
+        plain = [r.param for r in self.records if not _is_dtensor(r.param)]
+        sharded = [r.param for r in self.records if _is_dtensor(r.param)]
         groups = [{"params": g} for g in (plain, sharded) if g]
         # on a GPU, the fused kernel (one launch for every tensor; 2x the multi-tensor path's speed on an H200);
         # on CPU the default path, bit for bit the single-process oracle's
@@ -113,7 +112,7 @@ class GalvaOptimizer:
         total = torch.zeros(1, dtype=torch.float64, device=device)
         by_replicas: dict[tuple[float, torch.device, torch.dtype], list[Tensor]] = {}
         for record in self.records:
-            if record.follows is None and record.param.grad is not None:
+            if record.param.grad is not None:
                 grad = local_tensor(record.param.grad).detach()
                 by_replicas.setdefault((record.replicas, grad.device, grad.dtype), []).append(grad)
         for (replicas, _, _), grads in by_replicas.items():
