@@ -134,6 +134,8 @@ def main() -> None:
         args.vocab, args.seq, args.batch, args.steps, args.warmup = 256, 32, 2, 3, 1
     device = torch.device(args.device)
     if device.type == "cuda":
+        if device.index is None:  # set_device needs an index ("cuda" alone is refused by torch 2.11)
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -17,6 +17,7 @@ from torch import nn
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, ParallelContext, build, train_step
 from galva_hp.model import LayeredModel
+from galva_hp.shared_params import embedding_ties
 from galva_hp.testing.oracle import OPTIM, SEQ, VOCAB, batch, reference_run, run_plan
 from galva_schema import ParallelForm, Strategy
 from galva_schema.constraints import uniform_constraints
@@ -73,7 +74,7 @@ def tiny_model() -> LayeredModel:
         head=head,
         layer_types=["block"] * LAYERS,
         parallelizer=CopyParallelizer(),
-        tied_weights=[("embedding.weight", "head.proj.weight")],
+        shared=embedding_ties(embedding, head),
         name="tiny-block",
         constraints=uniform_constraints(
             "tiny-block",
@@ -140,7 +141,12 @@ def measured(rank: int, world_size: int) -> dict:
     optimizer = GalvaOptimizer(model.param_records(), OPTIM)
     ids, labels = batch(0)
     metrics = train_step(model, optimizer, ids[0], labels[0])
-    return {"saved": metrics.saved_activation_bytes, "ms": metrics.step_ms, "peak": metrics.peak_memory_mib}
+    head = next(u for u in model.units if u.name == "head")
+    return {
+        "saved": metrics.saved_activation_bytes, "ms": metrics.step_ms, "peak": metrics.peak_memory_mib,
+        "records": [r.name for r in model.param_records()], "head": [n for n, _ in head.master_parameters()],
+        "states": len(optimizer.optimizer.state),
+    }  # fmt: skip
 
 
 @pytest.mark.distributed
@@ -152,3 +158,6 @@ def test_step_metrics() -> None:
     assert saved["layers.1"] > 4 * saved["layers.0"], saved
     assert set(saved) == {"embedding", "layers.0", "layers.1", "layers.2", "layers.3", "head"}
     assert result["ms"] > 0 and result["peak"] > 0
+    # the tie on one stage (ZeRO-3): one tensor, the embedding's; the head's unit holds none, one set of AdamW states
+    assert "embedding.weight" in result["records"] and "head.proj.weight" not in result["records"]
+    assert "proj.weight" not in result["head"] and result["states"] == len(result["records"])

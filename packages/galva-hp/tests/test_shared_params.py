@@ -59,7 +59,7 @@ def shifted_gpt() -> LayeredModel:
     for index in USERS:
         model.layers[index] = Shifted(model.layers[index], shared, shift if index == USERS[0] else None)
     model.parallelizer = ShiftedParallelizer(4, 4)
-    model.shared = [shared]
+    model.shared.append(shared)  # beside the embedding-to-head tie: one mechanism
     return model
 
 
@@ -101,5 +101,5 @@ def test_a_parameter_shared_across_stages_and_layouts_trains_like_one_process():
 
 
 def test_a_shared_weight_names_its_home_among_its_users():
-    with pytest.raises(ValueError, match="home layer 3 is not one of its users"):
+    with pytest.raises(ValueError, match=r"home layers\.3 is not one of its users"):
         SharedWeight("x", nn.Parameter(torch.zeros(2)), home=3, path="x", users=(1, 2))

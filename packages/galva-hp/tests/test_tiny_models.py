@@ -55,8 +55,10 @@ def _reference_grads(model: LayeredModel, ids: torch.Tensor, labels: torch.Tenso
 def _tie(grads: dict[str, torch.Tensor], model: LayeredModel) -> dict[str, torch.Tensor]:
     """Tied weights: both names carry the sum of both gradients (what the runtime's tie step produces)."""
     grads = dict(grads)
-    for a, b in model.tied_weights:
-        grads[a] = grads[b] = grads[a] + grads[b]
+    for weight in model.shared:
+        names = [f"{m}.{weight.path_in(m)}" for m in (weight.home, *weight.held)]
+        total = sum(grads[n] for n in names)
+        grads.update(dict.fromkeys(names, total))
     return grads
 
 
@@ -73,10 +75,11 @@ def test_tiny_model_is_deterministic_and_trains(family: str) -> None:
     loss.backward()
     assert all(p.grad is not None for _, m in _modules(one) for p in m.parameters())
     if family == "gpt":
-        assert one.tied_weights == [("embedding.wte.weight", "head.lm_head.weight")]
-        assert one.head.lm_head.weight is one.embedding.wte.weight
+        (tie,) = one.shared
+        assert (tie.home, tie.path, tie.held) == ("embedding", "wte.weight", {"head": "lm_head.weight"})
+        assert one.head.lm_head.weight is one.embedding.wte.weight is tie.param
     else:
-        assert one.tied_weights == [] and one.layers[0].attn.kv_heads == 2
+        assert one.shared == [] and one.layers[0].attn.kv_heads == 2
 
 
 # -------------------------------------------------------------------------- whole models in one uniform layout

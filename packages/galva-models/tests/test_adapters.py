@@ -86,10 +86,11 @@ def test_name_mapping_and_tied_weights():
     assert names["embedding.wte.weight"] == "transformer.wte.weight"
     assert names["layers.3.layer.attn.c_attn.weight"] == "transformer.h.3.attn.c_attn.weight"
     assert names["head.ln_f.weight"] == "transformer.ln_f.weight"
-    assert layered.tied_weights == [("embedding.wte.weight", "head.lm_head.weight")]
+    (tie,) = layered.shared  # the tie: one shared weight, at home in the embedding, held in place by the head
+    assert (tie.record_name, tie.held) == ("embedding.wte.weight", {"head": "lm_head.weight"})
     assert len(set(names.values())) == sum(1 for _ in model.parameters())  # every HF parameter, once
     model, layered = build_layered(preset_config("tiny-llama"))
-    assert layered.tied_weights == [] and parameter_name_map(model, layered)["head.lm_head.weight"] == "lm_head.weight"
+    assert layered.shared == [] and parameter_name_map(model, layered)["head.lm_head.weight"] == "lm_head.weight"
 
 
 def test_layer_types_and_specs():
@@ -105,7 +106,10 @@ def test_layer_types_and_specs():
     # parameter that every layer of the stack reads through its bias
     assert shared_parameter_groups(layered) == [("embedding.shared.weight", "head.lm.lm_head.weight")]
     table = layered.layers[0].block.layer[0].SelfAttention.relative_attention_bias.weight
-    assert (layered.shared[0].param is table, layered.shared[0].home, layered.shared[0].users) == (True, 0, (0, 1))
+    assert (layered.shared[0].param is table, layered.shared[0].home, layered.shared[0].users) == (
+        True, "layers.0", ("layers.0", "layers.1")
+    )
+    assert layered.shared[2].held == {"head": "lm.lm_head.weight"}  # the tie, one mechanism with the tables
     assert layered.layers[1].bias.table is layered.shared[0] and layered.layers[3].bias.table is layered.shared[1]
     assert not any("relative_attention_bias" in n for n, _ in layered.layers[1].named_parameters())
 

@@ -338,7 +338,7 @@ def _t5_gathered(group) -> dict[str, str]:
     from galva_hp.parallel.tensor_parallel import gather_full_state
 
     _, layered = _encoder_models("t5")
-    shared = {(w.home, w.path) for w in layered.shared}
+    shared = {(w.home, w.path) for w in layered.shared if not w.in_place}
     problems = {}
     for form, ctx in {
         "tp": ParallelContext(tp_group=group),
@@ -347,9 +347,9 @@ def _t5_gathered(group) -> dict[str, str]:
     }.items():
         for index in reversed(range(layered.num_layers)):  # later layers first: no order is needed
             layer, layer_type = layered.layers[index], layered.layer_types[index]
-            expected = {n: p.detach() for n, p in layer.named_parameters() if (index, n) not in shared}
+            expected = {n: p.detach() for n, p in layer.named_parameters() if (f"layers.{index}", n) not in shared}
             got = gather_full_state(layered.parallelizer.layer(layer, layer_type, ctx))
-            got = {n: t for n, t in got.items() if (index, n) not in shared}  # Ulysses copies the whole block
+            got = {n: t for n, t in got.items() if (f"layers.{index}", n) not in shared}  # Ulysses copies the block
             if set(got) != set(expected):
                 problems[f"t5/{form}/layers.{index}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
             elif any(not torch.equal(got[n], expected[n]) for n in expected):

@@ -9,9 +9,8 @@
 4. convert each module with the model's parallelizer and a :class:`~galva_hp.model.ParallelContext` of its layer;
 5. wrap activation checkpointing, then data parallelism (ddp / zero2 / zero3 over the layer's sharding group);
 6. insert a redistribution wherever a layer's input layout differs from its predecessor's output layout;
-7. tie the embedding and head holders of shared weights (the embedding's owns the optimizer state, the head's
-   follows it; one rank when pp == 1, the tie group otherwise);
-   parameters shared between layers get one copy per rank of their readers' stages (:mod:`galva_hp.shared_params`).
+7. parameters read by several modules (the embedding-to-head tie, shared tables) are taken out of their readers'
+   forms or lent between them, one copy per rank of their readers' stages (:mod:`galva_hp.shared_params`).
 
 The result is a :class:`~galva_hp.runtime.HybridParallelModel` in training mode (dropout on), whatever mode the
 modules came in. Plan validation lives in :mod:`galva_hp.plan_check`
@@ -20,7 +19,7 @@ and the options in :mod:`galva_hp.options`; both are re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import torch.distributed as dist
@@ -39,10 +38,10 @@ from galva_hp.parallel.balance import BalanceLedger
 from galva_hp.parallel.redistribute import Redistribute
 from galva_hp.plan_check import check_plan
 from galva_hp.precision import PrecisionPolicy
-from galva_hp.runtime import HybridParallelModel, Tie
+from galva_hp.runtime import HybridParallelModel
 from galva_hp.shared_params import SharedParameters
-from galva_schema import GroupKind, Strategy
-from galva_schema.vocabulary import layer_module
+from galva_schema import DataParallelType, GroupKind, Strategy
+from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_module
 
 __all__ = ["BuildOptions", "HybridParallelModel", "build", "check_plan"]
 
@@ -54,7 +53,6 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
         raise RuntimeError("build() needs torch.distributed to be initialised (torchrun, or run_distributed in tests)")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_plan(model, strategy, world, options.seq_len)
-    _separate_tied_copies(model)
     precision = PrecisionPolicy.from_precision(strategy.mixed_precision, options.reduce_in_fp32)
 
     layout = RankLayout(strategy)
@@ -69,26 +67,27 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     parallelizer = model.parallelizer
     if out.is_first:
         ctx = _context(layout.vocab_first, rank, groups, strategy.megatron_sp, strategy.vocab.sp)
-        module = _convert("embedding", model.embedding, options, lambda m: parallelizer.embedding(m, ctx))
-        out.embedding = _wrap(out, "embedding", module, layout.vocab_first, ctx, False)
+        module = _convert(EMBEDDING_MODULE, model.embedding, options, lambda m: parallelizer.embedding(m, ctx))
+        out.shared.release(EMBEDDING_MODULE, module)
+        out.embedding = _wrap(out, EMBEDDING_MODULE, module, layout.vocab_first, ctx, False)
     for index in out.layer_indices():
         name, layer_type = layer_module(index), model.layer_types[index]
         ctx = _context(layout.layers[index], rank, groups, strategy.megatron_sp, False, out.ledger)
-        convert = partial(_convert_layer, parallelizer, layer_type, ctx, out.shared, index)
+        convert = partial(_convert_layer, parallelizer, layer_type, ctx, out.shared, name)
         module = _convert(name, model.layers[index], options, convert)
-        out.shared.release(index, module)  # a shared parameter lives in out.shared, outside data parallelism
+        out.shared.release(name, module)  # read through its SharedWeight or lent: outside this data-parallel unit
         checkpoint = strategy.layers[index].checkpoint
         out.layers[str(index)] = _wrap(out, name, module, layout.layers[index], ctx, checkpoint, index)
     if out.is_last:
         ctx = _context(layout.vocab_last, rank, groups, strategy.megatron_sp, strategy.vocab.sp)
-        module = _convert("head", model.head, options, lambda m: parallelizer.head(m, ctx))
-        out.head = _wrap(out, "head", module, layout.vocab_last, ctx, False)
+        module = _convert(HEAD_MODULE, model.head, options, lambda m: parallelizer.head(m, ctx))
+        out.shared.release(HEAD_MODULE, module)
+        out.head = _wrap(out, HEAD_MODULE, module, layout.vocab_last, ctx, False)
     for index, plan in layout.boundary_plans():
         if rank in plan.target.ranks:
             out.redistributions[str(index)] = _redistribution(plan, groups, rank)
     out.reducer = BucketReducer([u for u in out.units if isinstance(u, DdpUnit)])
-    _tie(out, model.tied_weights)
-    out.sync_tied_weights()
+    out.sync_shared_weights()
     # a model for training, whatever the modules' source: transformers' from_pretrained hands its modules over in
     # eval mode, which would switch every dropout off silently
     return out.train()
@@ -112,10 +111,10 @@ def _convert_layer(
     layer_type: str,
     ctx: ParallelContext,
     shared: SharedParameters,
-    index: int,
+    name: str,
     module: nn.Module,
 ) -> nn.Module:
-    shared.capture(index, module)  # materialised: the home of a shared parameter gives its first value
+    shared.capture(name, module)  # materialised: the home of a shared parameter gives its first value
     return parallelizer.layer(module, layer_type=layer_type, ctx=ctx)
 
 
@@ -174,6 +173,10 @@ def _wrap(
         module = Checkpointed(module)
     strategy = out.strategy
     dp_type = strategy.vocab_dp_type if index is None else strategy.layer_dp_type(index)
+    if dp_type is DataParallelType.ZERO3 and out.shared.lends(name):
+        # another module of this rank reads a parameter of this one (a tied head): it stays gathered between the
+        # two forwards and their backwards, the states sharded as under ZeRO-3
+        dp_type = DataParallelType.ZERO2
     shard = groups.of(GroupKind.SHARD, out.rank)
     out._tp_partitioned[name] = _tp_partitioned(module, ctx)
     out._unit_tp[name] = ctx.tp_size
@@ -212,6 +215,7 @@ def _wrap(
         expert_names,
     )
     out.units.append(unit)
+    out.shared.hold(name, unit)
     return unit.module
 
 
@@ -233,45 +237,3 @@ def _tp_partitioned(module: nn.Module, ctx: ParallelContext) -> set[str]:
 
 def _redistribution(plan: RedistributionPlan, cache: ProcessGroupCache, rank: int) -> nn.Module:
     return Redistribute(plan, rank, cache)
-
-
-def _separate_tied_copies(model: LayeredModel) -> None:
-    """Give the head its own holder of every tied weight that it shares with the embedding as one tensor object.
-
-    Hugging Face ties weights by sharing one ``Parameter``; a parallelizer that keeps a degree-1 module as it is
-    would then hand the same tensor to the embedding's and the head's data-parallel units: its gradient would be
-    reduced by both and doubled by the tie. With a holder per side, the runtime's one tie mechanism applies on one
-    stage as across stages (:class:`~galva_hp.runtime.Tie`): gradients summed once, one optimizer state (the
-    embedding holder's), the head holder given its value after every step.
-    """
-    for emb_name, head_name in model.tied_weights:
-        emb = model.embedding.get_parameter(emb_name.removeprefix("embedding."))
-        head_path = head_name.removeprefix("head.")
-        if model.head.get_parameter(head_path) is not emb:
-            continue
-        owner_path, _, attr = head_path.rpartition(".")
-        owner = model.head.get_submodule(owner_path) if owner_path else model.head
-        setattr(owner, attr, nn.Parameter(emb.detach().clone(), requires_grad=emb.requires_grad))
-
-
-def _tie(out: HybridParallelModel, tied: Sequence[tuple[str, str]]) -> None:
-    if not tied:
-        return
-    masters = {
-        f"{unit.name}.{n}": p
-        for unit in out.units
-        if unit.name in ("embedding", "head")
-        for n, p in unit.master_parameters()
-    }
-    tie_group = next((g for g in out.layout.embedding_ties if out.rank in g), None)
-    for emb_name, head_name in tied:
-        emb = masters.get(emb_name) if out.is_first else None
-        head = masters.get(head_name) if out.is_last else None
-        for side, name, param in (("embedding", emb_name, emb), ("head", head_name, head)):
-            if param is None and (out.is_first if side == "embedding" else out.is_last):
-                raise ValueError(f"tied weight {name}: no such parameter in the parallel {side} (names must be kept)")
-        if out.strategy.pp == 1:
-            out.ties.append(Tie(emb_name, emb, head, None, out.rank))
-        elif emb is not None or head is not None:
-            assert tie_group is not None
-            out.ties.append(Tie(emb_name, emb, head, out.groups.get(tie_group), tie_group[0]))

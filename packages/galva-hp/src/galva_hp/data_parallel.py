@@ -51,10 +51,6 @@ class ParamRecord:
     name: str
     param: nn.Parameter  # the fp32 master parameter the optimizer updates (a DTensor for zero2/zero3)
     replicas: int  # ranks holding an identical copy of this rank's local piece
-    follows: str | None = None
-    """The head's holder of a tied weight: the name of the record it follows (the embedding's). One weight, one
-    optimizer state: a follower is not optimized nor counted in the norm; the runtime gives it the owner's gradient
-    sum and, after every step, the owner's value (:meth:`~galva_hp.runtime.HybridParallelModel.after_step`)."""
 
 
 class DataParallelUnit(ABC):

@@ -110,10 +110,10 @@ class LayeredModel:
     - ``embedding``: ``input_ids [b, s] -> hidden [b, s, h]``
     - ``layers[i]``: ``hidden -> hidden``; ``layer_types[i]`` names its kind (e.g. ``"decoder"``)
     - ``head``: final norm + output projection + loss: ``(hidden, labels) -> (loss_sum, token_count)``
-    - ``tied_weights``: pairs of parameter names (``"embedding.<name>"``, ``"head.<name>"``) that must stay equal
     - ``constraints``: what the model can run (heads, unsupported forms, shared parameters), which
       :func:`galva_hp.build` checks a plan against with :func:`galva_schema.plan_problems`
-    - ``shared``: parameters read by several layers (:class:`~galva_hp.shared_params.SharedWeight`), on any stages
+    - ``shared``: parameters read by several modules (:class:`~galva_hp.shared_params.SharedWeight`), on any
+      stages: the embedding-to-head tie (:func:`~galva_hp.shared_params.embedding_ties`), a table several layers read
     - ``router_loss``: ``(experts, coef)`` where the loss adds a load-balancing term over every layer's router
       statistics of a micro-batch (:mod:`galva_hp.parallel.balance`); layers report them to ``ctx.ledger``
 
@@ -126,7 +126,6 @@ class LayeredModel:
     head: nn.Module
     layer_types: list[str]
     parallelizer: Parallelizer
-    tied_weights: list[tuple[str, str]] = field(default_factory=list)
     name: str = "model"
     constraints: ModelConstraints = field(kw_only=True)
     shared: list[SharedWeight] = field(default_factory=list, kw_only=True)
@@ -140,11 +139,15 @@ class LayeredModel:
             raise ValueError(
                 f"{self.name}: constraints declare layer types {declared}, the model has {self.layer_types}"
             )
+        modules = dict(self.galva_modules())
         for weight in self.shared:
-            if weight.users[-1] >= len(self.layers):
-                raise ValueError(f"{self.name}: shared {weight.name!r} names layer {weight.users[-1]}")
-            if self.layers[weight.home].get_parameter(weight.path) is not weight.param:
-                raise ValueError(f"{self.name}: shared {weight.name!r} is not layers[{weight.home}].{weight.path}")
+            for user in weight.users:
+                if user not in modules:
+                    raise ValueError(f"{self.name}: shared {weight.name!r} names {user}, not a module of the model")
+            for user in (weight.home, *weight.held):
+                path = weight.path_in(user)
+                if _parameter(modules[user], path) is not weight.param:
+                    raise ValueError(f"{self.name}: shared {weight.name!r} is not {user}.{path}")
 
     @property
     def num_layers(self) -> int:
@@ -163,3 +166,10 @@ class LayeredModel:
             hidden = layer(hidden)
         loss_sum, count = self.head(hidden, labels)
         return loss_sum / count
+
+
+def _parameter(module: nn.Module, path: str) -> nn.Parameter | None:
+    try:
+        return module.get_parameter(path)
+    except AttributeError:
+        return None

@@ -2,8 +2,8 @@
 
 The global norm counts every distinct gradient element of the model once: each rank adds the squares of its local
 pieces divided by how many ranks hold the same piece (dp replicas of ddp parameters, tp replicas of norms and row
-biases, the sp replicas of Ulysses weights are all inside the sharding group), a tied weight is counted once (its
-head holder follows the embedding's: no AdamW states of its own, see ``ParamRecord.follows``), and a single
+biases, the sp replicas of Ulysses weights are all inside the sharding group; a shared weight has one record, its
+home's: :mod:`galva_hp.shared_params`), and a single
 all-reduce over the world sums the rest. The same formula as ``torch.nn.utils.clip_grad_norm_`` then scales the
 gradients, so a plan clips exactly as a single process would.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from galva_hp.data_parallel import ParamRecord, local_tensor
 
@@ -85,17 +85,20 @@ class GalvaOptimizer:
     def __init__(self, records: Sequence[ParamRecord], config: OptimConfig | None = None) -> None:
         self.config = config or OptimConfig()
         self.records = list(records)
-        owned = [r for r in self.records if r.follows is None]  # a tied weight's follower takes its owner's value
         # DTensor (sharded) and plain parameters go into separate groups: the fused multi-tensor path wants one kind
-        plain = [r.param for r in owned if not _is_dtensor(r.param)]
-        sharded = [r.param for r in owned if _is_dtensor(r.param)]
+        plain = [r.param for r in self.records if not _is_dtensor(r.param)]
+        sharded = [r.param for r in self.records if _is_dtensor(r.param)]
         groups = [{"params": g} for g in (plain, sharded) if g]
+        # on a GPU, the fused kernel (one launch for every tensor; 2x the multi-tensor path's speed on an H200);
+        # on CPU the default path, bit for bit the single-process oracle's
+        fused = bool(plain) and not sharded and all(p.is_cuda for p in plain)
         self.optimizer = torch.optim.AdamW(
             groups or [{"params": []}],
             lr=self.config.lr,
             betas=self.config.betas,
             eps=self.config.eps,
             weight_decay=self.config.weight_decay,
+            fused=fused or None,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(self.config))
 
@@ -107,10 +110,15 @@ class GalvaOptimizer:
         """L2 norm of the whole model's gradient, every distinct element counted once (collective over the world)."""
         device = local_tensor(self.records[0].param).device if self.records else torch.device("cpu")
         total = torch.zeros(1, dtype=torch.float64, device=device)
+        by_replicas: dict[tuple[float, torch.device, torch.dtype], list[Tensor]] = {}
         for record in self.records:
-            if record.follows is None and record.param.grad is not None:
-                piece = local_tensor(record.param.grad).detach().double()
-                total += piece.pow(2).sum() / record.replicas
+            if record.param.grad is not None:
+                grad = local_tensor(record.param.grad).detach()
+                by_replicas.setdefault((record.replicas, grad.device, grad.dtype), []).append(grad)
+        for (replicas, _, _), grads in by_replicas.items():
+            # each tensor's norm in one multi-tensor launch, their squares summed in fp64
+            norms = torch.stack(torch._foreach_norm(grads)).to(device=device, dtype=torch.float64)
+            total += norms.pow(2).sum() / replicas
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(total)
         return float(total.sqrt())
@@ -121,9 +129,9 @@ class GalvaOptimizer:
         if self.config.max_grad_norm is not None:
             coef = clip_coefficient(norm, self.config.max_grad_norm)
             if coef < 1.0:
-                for record in self.records:
-                    if record.param.grad is not None:
-                        local_tensor(record.param.grad).mul_(coef)
+                grads = [local_tensor(r.param.grad) for r in self.records if r.param.grad is not None]
+                if grads:
+                    torch._foreach_mul_(grads, coef)
         return norm
 
     def step(self) -> None:

@@ -6,16 +6,15 @@ cost model prices them: ddp buckets launched from the last micro-batch's backwar
 tp-replicated parameters summed once per iteration), and hands the optimizer its parameters with
 :meth:`~HybridParallelModel.param_records`.
 
-A weight tied between the embedding and the head (:class:`Tie`) is one parameter with two holders: the embedding's
-holder owns it (the optimizer's record and AdamW states), the head's follows it (a record marked ``follows``, no
-states). The holders' gradients are summed (on one rank when pp == 1, over the first and last stages' tie group
-otherwise), the owner steps, and :meth:`~HybridParallelModel.after_step` hands its value to the follower.
+Parameters read by several modules (the embedding-to-head tie, shared tables) are one mechanism,
+:mod:`galva_hp.shared_params`: one set of optimizer states (the home stage's), their gradients summed once in
+:meth:`~HybridParallelModel.finish_gradients`, the other stages' copies refreshed in
+:meth:`~HybridParallelModel.after_step`; on one stage a tied weight is one tensor.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,19 +40,7 @@ from galva_hp.shared_params import SharedParameters
 from galva_schema import Strategy
 from galva_schema.vocabulary import EMBEDDING_MODULE, layer_module, layer_of_module
 
-__all__ = ["HybridParallelModel", "Tie"]
-
-
-@dataclass
-class Tie:
-    """One tied weight on this rank: its embedding holder (the owner, ``owner``) and its head holder (``follower``),
-    each None where this rank's stage does not hold that side."""
-
-    owner_name: str  # the owner's record name (``embedding.<name>``)
-    owner: nn.Parameter | None
-    follower: nn.Parameter | None
-    group: dist.ProcessGroup | None  # the tie group (first and last stage) when pp > 1
-    src: int  # the owner's global rank in ``group``
+__all__ = ["HybridParallelModel"]
 
 
 class HybridParallelModel(nn.Module):
@@ -79,10 +66,9 @@ class HybridParallelModel(nn.Module):
         self.units: list[DataParallelUnit] = []
         self.reducer: BucketReducer | None = None  # set by build() once every unit exists
         self.replicated = DeferredGradSums()  # parameters whose gradient is summed over tp once per iteration
-        self.shared = SharedParameters()  # parameters shared between layers: this rank's copies (set by build())
+        self.shared = SharedParameters()  # parameters read by several modules: this rank's copies (set by build())
         self._unit_tp: dict[str, int] = {}  # unit name -> tp degree of its module
         self._tp_partitioned: dict[str, set[str]] = {}  # unit name -> parameter names split over tp
-        self.ties: list[Tie] = []  # weights tied between embedding and head (set by build())
         self.saved_bytes: dict[str, int] = {}
         self.contexts: dict[str, ParallelContext] = {}  # unit name -> the context its module was converted with
         self.replica_index: dict[str, int] = {}  # unit name -> this rank's data-parallel replica (where several)
@@ -112,18 +98,15 @@ class HybridParallelModel(nn.Module):
     def param_records(self) -> list[ParamRecord]:
         """The optimizer's parameters on this rank, with the replication used for the global gradient norm."""
         records = []
-        follows = {id(t.follower): t.owner_name for t in self.ties if t.follower is not None}
+        followers = self.shared.followers()  # a shared weight's copy off its home stage: the home's states only
         for unit in self.units:
             tp = self._unit_tp[unit.name]
             for name, param in unit.master_parameters():
+                if id(param) in followers:
+                    continue
                 tp_replicas = 1 if name in self._tp_partitioned[unit.name] else tp
                 records.append(
-                    ParamRecord(
-                        name=f"{unit.name}.{name}",
-                        param=param,
-                        replicas=unit.replicas_over_dp() * tp_replicas,
-                        follows=follows.get(id(param)),
-                    )
+                    ParamRecord(name=f"{unit.name}.{name}", param=param, replicas=unit.replicas_over_dp() * tp_replicas)
                 )
         return records + self.shared.records()
 
@@ -223,22 +206,11 @@ class HybridParallelModel(nn.Module):
 
     def finish_gradients(self) -> None:
         """After the schedule: wait for the ddp reductions (launched during the last backward), sum the gradients of
-        tp-replicated parameters over their groups, then add up the tied weights' holders and the layers' shared
-        parameters."""
+        tp-replicated parameters over their groups, then those of the shared parameters' copies."""
         if self.reducer is not None:
             self.reducer.finish()
         self._sum_replicated_grads()
         self.shared.reduce_grads()
-        for tie in self.ties:
-            # both holders end with the sum (the owner steps with it; the follower's is the same gradient, by name)
-            if tie.owner is not None and tie.follower is not None:  # both holders on this rank (pp == 1)
-                owner, follower = _grad_or_zero(tie.owner), _grad_or_zero(tie.follower)
-                owner.add_(follower)
-                follower.copy_(owner)
-            else:
-                param = tie.owner if tie.owner is not None else tie.follower
-                assert param is not None
-                dist.all_reduce(_grad_or_zero(param), group=tie.group)
 
     def _sum_replicated_grads(self) -> None:
         """Once per iteration: sum over its group the gradient of every parameter that forward passed through
@@ -259,23 +231,15 @@ class HybridParallelModel(nn.Module):
             all_reduce_flat(grads, group, grads[0].dtype)
 
     def after_step(self) -> None:
-        """Hand every tied weight's follower its owner's value, refresh compute weights from the master weights
-        (bf16 ddp units) and the other stages' copies of shared parameters from their home stage."""
-        with torch.no_grad():
-            for tie in self.ties:
-                if tie.owner is not None and tie.follower is not None:
-                    local_tensor(tie.follower).copy_(local_tensor(tie.owner))
-                else:
-                    param = tie.owner if tie.owner is not None else tie.follower
-                    assert param is not None
-                    dist.broadcast(local_tensor(param.data), src=tie.src, group=tie.group)
+        """Hand the shared parameters' copies off their home stage the home value, then refresh compute weights from
+        the master weights (bf16 ddp units)."""
+        self.shared.sync()
         for unit in self.units:
             unit.after_step()
-        self.shared.sync()
 
-    def sync_tied_weights(self) -> None:
-        """Give every follower its owner's value, and the compute weights and shared copies theirs (after a build
-        or a load: :meth:`after_step`)."""
+    def sync_shared_weights(self) -> None:
+        """Give every shared parameter's copies, and the compute weights, their masters' values (after a build or a
+        load: :meth:`after_step`)."""
         self.after_step()
 
 
@@ -331,9 +295,3 @@ class _StageHooks:
         self._backward_of(k)
         for unit in self.units[chunk]:
             unit.begin_split_backward()
-
-
-def _grad_or_zero(param: nn.Parameter) -> Tensor:
-    if param.grad is None:
-        param.grad = torch.zeros_like(param)
-    return local_tensor(param.grad)

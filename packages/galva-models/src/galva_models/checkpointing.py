@@ -130,8 +130,6 @@ class CheckpointIO:
         # the run's model directory, and over them those of the checkpoint it loads
         self.side_files = dict(side_files or {})
         self.params = {r.name: r.param for r in model.param_records()}
-        # a tied weight's head holder has no optimizer state: its owner's (the embedding's) moments are the weight's
-        self.followers = {r.name for r in model.param_records() if r.follows is not None}
         where = _Where.of(names)
         self.placements: list[Placement] = []
         for record, boxes in shard_map(model, fresh).items():
@@ -165,7 +163,7 @@ class CheckpointIO:
         for p in self.placements:
             param = self.params[p.record]
             pieces.append((_piece(module_file(p.module), p.tensor, p), self._block(param, p)))
-            if self.optimizer is not None and p.record not in self.followers:
+            if self.optimizer is not None:
                 state = self.optimizer.optimizer.state.get(param, {})
                 for moment in MOMENTS:
                     value = state.get(moment)
@@ -264,7 +262,7 @@ class CheckpointIO:
                 self._put(param, p, block)
             for _, hf, buffer in self.buffers:
                 buffer.copy_(source.read_slice(hf, tuple(slice(0, n) for n in buffer.shape)))
-        self.model.sync_tied_weights()  # also refreshes bf16 compute copies from the masters
+        self.model.sync_shared_weights()  # also refreshes bf16 compute copies from the masters
         manifest = source.manifest
         resume = not weights_only and manifest is not None and manifest.optimizer is not None
         if not resume or self.optimizer is None or manifest is None:
@@ -273,8 +271,6 @@ class CheckpointIO:
         inner = self.optimizer.optimizer
         with torch.no_grad():
             for p in self.placements:
-                if p.record in self.followers:
-                    continue
                 param = self.params[p.record]
                 state = inner.state[param]
                 if not state:

@@ -72,6 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.nproc_per_node is not None and "RANK" not in os.environ:
                 return _launch(args, list(sys.argv[1:] if argv is None else argv))
             return run_hardware(args)
+        _quiet_transformers()
         if args.command == "check":
             from galva_profiler.check_cli import run_check
 
@@ -91,6 +92,14 @@ def _main(argv: Sequence[str] | None) -> int:
         raise
 
 
+def _quiet_transformers() -> None:
+    """Keep transformers' advice (an attention mask for the profiler's random ids, config notes) off stderr, which
+    holds this command's own lines; set before transformers is imported, and after, for a run in one process."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].logging.set_verbosity_error()
+
+
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Check the input, then run this command as ``--nproc-per-node`` ranks on this machine."""
     import torch
@@ -99,8 +108,6 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     from galva_profiler.hardware_cli import check_hardware_args
     from galva_profiler.overlap import ALONE_THREADS_ENV
 
-    if args.nproc_per_node < 2:
-        raise ProfileError(f"--nproc-per-node {args.nproc_per_node}: a sweep needs at least 2 ranks")
     check_hardware_args(args)
     # the threads a lone process computes with here (before the launcher gives each rank its share): the
     # compute-slowdown test times rank 0 alone with them, as the single-process model profile runs

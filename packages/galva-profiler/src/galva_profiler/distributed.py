@@ -36,13 +36,14 @@ def launched_world_size() -> int:
 def init_world(timeout_s: float, backend: str | None = None) -> World:
     """Join the process group torchrun describes: NCCL on GPUs, gloo on CPU; every collective times out.
 
-    Raises :class:`ProfileError` when the job has fewer than two ranks (nothing to measure between).
+    Raises :class:`ProfileError` when run without a launcher. A job of one rank (one GPU) measures what one
+    device has: its base memory and optimizer rate; there is nothing to communicate.
     """
     size = launched_world_size()
-    if size < 2 or "RANK" not in os.environ:
+    if "RANK" not in os.environ:
         raise ProfileError(
-            f"hardware profiling needs at least 2 ranks, this job has {size}; launch it with torchrun, e.g. "
-            "torchrun --nproc_per_node 4 -m galva_profiler.cli hardware ..."
+            "hardware profiling runs as the ranks of a job: give --nproc-per-node N (N ranks on this machine, 1 for "
+            "one device) or launch it with torchrun, e.g. torchrun --nproc_per_node 4 -m galva_profiler.cli hardware"
         )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))

@@ -3,7 +3,8 @@
 The sweep is planned first (:func:`plan_sweep`, pure: the same list on every rank, so every rank runs the same
 collectives in the same order, and the progress bar knows its length), then run step by step (:func:`run_sweep`).
 
-Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``max_group_size``):
+Measured, for every power-of-two group size ``n`` from 2 up to the world (or ``max_group_size``; none on a world of
+one device, which measures only its base memory and optimizer rate):
 
 * all-reduce bus bandwidth at ``bandwidth_mib``, groups of consecutive ranks and groups strided by ``W/n``
   (galva_comm.layout's two layouts; the world-sized group has one layout);
@@ -130,7 +131,8 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
         for mib in options.message_mib
     ]
     steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
-    steps.append(Step("overlap"))
+    if world_size > 1:  # one rank communicates with nobody and computes alone
+        steps.append(Step("overlap"))
     return steps
 
 

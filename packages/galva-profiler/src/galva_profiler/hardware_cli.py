@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 import torch
 
-from galva_profiler.distributed import World, all_agree, init_world, launched_world_size
+from galva_profiler.distributed import World, all_agree, init_world
 from galva_profiler.errors import ProfileError
 from galva_profiler.hardware import QUICK, SweepOptions, SweepResult, hardware_profile, plan_sweep, run_sweep
 from galva_profiler.outputs import check_writable_dir, check_writable_file, writing
@@ -55,8 +56,7 @@ def check_hardware_args(args: argparse.Namespace) -> SweepOptions:
 
 def run_hardware(args: argparse.Namespace) -> int:
     """Measure and write; every rank runs this, rank 0 prints and writes."""
-    if launched_world_size() < 2:
-        # checked before the flags so that a one-rank run says what is wrong with it first
+    if "RANK" not in os.environ:  # checked before the flags: a run without a launcher says so first
         init_world(args.timeout, args.backend)
     options = check_hardware_args(args)
     world = init_world(args.timeout, args.backend)

@@ -5,10 +5,10 @@ first stage) and ``pp_last`` (norm, head and loss, on the last stage). Model sta
 rank holds in the module's vocabulary-parallel form (built in a gloo group of ``k`` forked ranks, as for layers)
 times the bytes galva-hp holds per parameter under ddp (:data:`STATE_BYTES_PER_PARAMETER`: fp32 4 + 4 + 8 = 16;
 bf16 2 + 4 + 12 = 18, the bf16 compute weight, its fp32 gradient, the fp32 master and Adam's two moments; galva-search's
-``state_accounting="galva-hp"``). A weight tied between embedding and head is one parameter with two holders
-(``galva_hp.runtime.Tie``): the embedding's holds its full states, the head's its weight and gradient but no AdamW
-moments (:data:`ADAM_MOMENT_BYTES` less per parameter), on one stage as across stages; so ``pp_off`` is still
-``pp_first`` plus ``pp_last`` at every vocabulary tp degree. Activations are saved-tensor bytes per local sample.
+``state_accounting="galva-hp"``). A weight tied between embedding and head is one shared weight
+(``galva_hp.shared_params``): the embedding holds its full states; on one stage (``pp_off``) the head reads that very
+tensor and holds nothing more, on the last stage (``pp_last``) it holds a copy, its weight and gradient but no AdamW
+moments (:data:`ADAM_MOMENT_BYTES` less per parameter). Activations are saved-tensor bytes per local sample.
 """
 
 from __future__ import annotations
@@ -32,18 +32,23 @@ POSITIONS = ("pp_off", "pp_first", "pp_last")
 MIB = 2**20
 
 
+def _head_ties(layered: Any) -> list[tuple[str, str]]:
+    """``(path in the embedding, path in the head)`` of every weight the head holds tied to the embedding."""
+    return [(w.path, path) for w in layered.shared for user, path in w.held.items() if user == "head"]
+
+
 def tie(layered: Any) -> None:
     """Make tied head weights the embedding's tensors again (materialising each module gave each its own copy)."""
-    for emb_name, head_name in layered.tied_weights:
-        source = layered.embedding.get_parameter(emb_name.removeprefix("embedding."))
-        owner_path, _, attr = head_name.removeprefix("head.").rpartition(".")
+    for emb_path, head_path in _head_ties(layered):
+        source = layered.embedding.get_parameter(emb_path)
+        owner_path, _, attr = head_path.rpartition(".")
         owner = layered.head.get_submodule(owner_path) if owner_path else layered.head
         setattr(owner, attr, source)
 
 
 def _tied(layered: Any) -> tuple[str, ...]:
     """The head's names (in the head module) of the weights it ties to the embedding."""
-    return tuple(head.removeprefix("head.") for _, head in layered.tied_weights)
+    return tuple(head_path for _, head_path in _head_ties(layered))
 
 
 @dataclass
@@ -80,7 +85,8 @@ def _position_bytes(
     rank_offset: int, tied: tuple[str, ...] = (),
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
     """``{position: (model-state bytes, activation bytes per sample)}`` for one rank's modules; ``tied``: the head's
-    names of its tied weights (their holder there keeps no AdamW moments)."""
+    names of its tied weights (on the embedding's stage the head reads the embedding's tensor; on its own stage its
+    copy keeps no AdamW moments)."""
 
     def embed_at(b: int) -> Tensor:
         ids, _ = _inputs(b, seq, vocab)
@@ -100,12 +106,12 @@ def _position_bytes(
 
     per_parameter = STATE_BYTES_PER_PARAMETER[dtype]
     emb = _unique_elements(embedding) * per_parameter
-    # the head's holder of a tied weight: its weight and gradient, the moments being the embedding holder's
-    head_bytes = _unique_elements(head) * per_parameter - ADAM_MOMENT_BYTES * sum(
-        head.get_parameter(n).numel() for n in tied
-    )
+    head_full = _unique_elements(head) * per_parameter
+    tied_elements = sum(head.get_parameter(n).numel() for n in tied)
+    # the head's copy of a tied weight on its own stage: its weight and gradient, the moments being the embedding's
+    head_bytes = head_full - ADAM_MOMENT_BYTES * tied_elements
     return {
-        "pp_off": (emb + head_bytes, slope(both_at)),
+        "pp_off": (emb + head_full - per_parameter * tied_elements, slope(both_at)),
         "pp_first": (emb, slope(embed_at)),
         "pp_last": (head_bytes, slope(head_at)),
     }

@@ -31,7 +31,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from galva.pipeline import PipelineOptions
+    from galva.pipeline import CPU_MEMORY, PipelineOptions
 
     d = PipelineOptions()  # the one place galva run's defaults are written; help texts and subcommands read them
     # one-line errors, and no prefix taken for a flag (`--train-it` is not `--train-iters`), in every subcommand
@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--documents", type=_positive, help=f"documents in the generated corpus (default {d.documents})")
     s = run.add_argument_group("plan and training")
     s.add_argument(
-        "--memory", help=f"memory budget per device for the search, e.g. 1300MiB or 36GB (default {d.memory})"
+        "--memory", help=f"memory budget per device for the search, e.g. 1300MiB or 36GB (default {CPU_MEMORY} per "
+        "CPU rank, a GPU's own memory on GPUs)"
     )
     s.add_argument("--context-memory", help="base memory per device the search reserves (default: measured, by "
                    "--calibration's run, else by the hardware profile)")

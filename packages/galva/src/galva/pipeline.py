@@ -39,6 +39,10 @@ from galva_schema.interrupt import wait_child
 __all__ = ["PipelineOptions", "StageResult", "detect_devices", "run_pipeline"]
 
 
+CPU_MEMORY = "1300MiB"
+"""The default budget per CPU rank: small enough that the search has to split the default model over the ranks."""
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     """What ``galva run`` does; the defaults finish in a few minutes on a 2-core CPU machine."""
@@ -53,7 +57,8 @@ class PipelineOptions:
     seq_length: int = 128
     vocab_size: int = 512
     documents: int = 2000
-    memory: str = "1300MiB"  # per device, the base memory the hardware profile measured included
+    memory: str | None = None  # per device, the measured base memory included; None: CPU_MEMORY on CPU ranks, the
+    # device's own memory on GPUs (a 1.3 GB demonstration budget does not hold one GPU's CUDA context and a model)
     context_memory: str | None = None  # None: the measured base (calibration, else hardware profile)
     calibration: Path | None = None  # a calibration from an earlier run's check stage, for the search
     global_batch_size: int = 16
@@ -82,6 +87,13 @@ def detect_devices() -> tuple[int, str]:
     except ImportError:  # pragma: no cover - galva depends on torch through its stages
         count = 0
     return (count, "gpu") if count > 0 else (0, "cpu")
+
+
+def _memory_flags(memory: str | None, kind: str) -> list[str]:
+    """galva-search's budget flag: the one given, else CPU_MEMORY on CPU ranks, else none (the device's memory)."""
+    if memory is None and kind == "gpu":
+        return []
+    return ["--memory", memory or CPU_MEMORY]
 
 
 def _python_command(*args: str) -> list[str]:
@@ -314,7 +326,8 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
         "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick", "-o", str(model_profile),
         "--report", str(prof / "model-report.json")), {"model profile": model_profile}, env=threads)
     r.stage("search", _python_command(
-        "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile), "--memory", o.memory,
+        "galva_search.cli", "--hardware-profile", str(hw), "--model-profile", str(model_profile),
+        *_memory_flags(o.memory, kind),
         *(["--context-memory", o.context_memory] if o.context_memory else []),
         *(["--calibration", str(used_calibration)] if used_calibration else []),
         "--global-batch-size", str(o.global_batch_size), "--sp-space", "tp+sp",

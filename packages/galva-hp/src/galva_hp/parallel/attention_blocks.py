@@ -14,7 +14,8 @@ is neither full nor causal (a sliding window's edge, padding).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,7 +63,7 @@ def _fused(q: Tensor, plan: BlockPlan) -> str:
     """The kernel for this block: ``cpu``, ``flash``, ``efficient`` or ``explicit``."""
     if q.device.type == "cpu":
         return "cpu"
-    if q.device.type == "cuda" and plan.allowed is None:  # CUDA paths: unverified without a GPU in CI
+    if q.device.type == "cuda" and plan.allowed is None:  # checked on a GPU by test_attention_blocks_devices.py
         return "flash" if q.dtype in (torch.float16, torch.bfloat16) else "efficient"
     return "explicit"
 
@@ -128,12 +129,15 @@ def block_backward(
         return _explicit_backward(dout, q, k, v, out, lse, _allowed(plan, q.shape[2], k.shape[2], q.device), scale)
     groups = q.shape[1] // k.shape[1]
     k_rep, v_rep = _repeat(k, groups), _repeat(v, groups)
+    # the CUDA kernels read the log-sum-exp (and output) as dense [b, h, rows]: a block's rows are a strided view of
+    # the ring's, which the flash kernel misread (dq off by 70x on an H200)
+    out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     if kind == "flash":  # recomputes nothing random: dropout is off, so the rng state is unused
-        n, m = q.shape[2], k.shape[2]
-        empty = torch.empty((), dtype=torch.int64, device=q.device)
+        cum_q, cum_k, seed, offset = _flash_extras(q.device, q.dtype)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dout, q, k_rep, v_rep, out, lse, empty, empty, n, m, 0.0, plan.causal, empty, empty, scale=scale
-        )
+            dout, q, k_rep, v_rep, out, lse, cum_q, cum_k, q.shape[2], k.shape[2], 0.0, plan.causal, seed, offset,
+            scale=scale,
+        )  # fmt: skip
     else:
         empty = torch.empty((), dtype=torch.int64, device=q.device)
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
@@ -141,6 +145,16 @@ def block_backward(
             scale=scale,
         )  # fmt: skip
     return dq, _fold(dk, groups), _fold(dv, groups)
+
+
+@functools.lru_cache(maxsize=8)
+def _flash_extras(device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any, Any]:
+    """What the flash kernel's forward returns beside its output for a dense (not variable-length) batch -- the
+    cumulative sequence lengths (undefined) and the rng state -- which its backward takes back as they came (an
+    empty int64 tensor there means variable lengths: "cu_seqlens_q must have dtype int32", seen on an H200)."""
+    probe = torch.zeros(1, 1, 8, 64, device=device, dtype=dtype)
+    result = torch.ops.aten._scaled_dot_product_flash_attention(probe, probe, probe, 0.0, False, False)
+    return result[2], result[3], result[6], result[7]
 
 
 def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:

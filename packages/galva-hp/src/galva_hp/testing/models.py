@@ -37,6 +37,7 @@ from galva_hp.parallel.mappings import differentiable_copy_to_group, group_rank
 from galva_hp.parallel.tensor_parallel import TensorParallelAttention, TensorParallelMLP, sequence_parallel_norm
 from galva_hp.parallel.ulysses import UlyssesAttention
 from galva_hp.parallel.vocab import IGNORE_INDEX, VocabParallelEmbedding, VocabParallelHead, token_loss_sum
+from galva_hp.shared_params import embedding_ties
 from galva_schema.constraints import uniform_constraints
 
 __all__ = [
@@ -329,19 +330,17 @@ def tiny_gpt(
     _init_embeddings(embedding, generator)
     for module in (*blocks, head):
         _randomize_norms(module, generator)
-    tied: list[tuple[str, str]] = []
     if tie_embeddings:
         head.lm_head.weight = embedding.wte.weight
-        tied.append(("embedding.wte.weight", "head.lm_head.weight"))
     return LayeredModel(
         embedding,
         blocks,
         head,
         ["decoder"] * layers,
         TinyParallelizer(heads, heads),
-        tied_weights=tied,
         name="tiny_gpt",
         constraints=uniform_constraints("tiny_gpt", "decoder", layers, heads, max_seq_length=seq_len),
+        shared=embedding_ties(embedding, head),
     )
 
 

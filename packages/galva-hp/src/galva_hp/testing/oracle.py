@@ -23,7 +23,7 @@ from galva_hp import (
 )
 from galva_hp.model import LayeredModel
 from galva_schema import Strategy
-from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_module, layer_of_module
+from galva_schema.vocabulary import EMBEDDING_MODULE, HEAD_MODULE, layer_of_module
 
 SEQ, VOCAB, BATCH, STEPS = 16, 64, 8, 4
 # eps=1e-5 rather than AdamW's usual 1e-8: Adam divides each gradient element by its own running magnitude, so with
@@ -115,10 +115,13 @@ def parallel_form(built: HybridParallelModel, model: LayeredModel) -> dict[str, 
             module = par.layer(copy.deepcopy(model.layers[index]), model.layer_types[index], ctx)
         for pname, p in module.named_parameters():
             out[f"{name}.{pname}"] = p.detach().float()
-    for weight in model.shared:  # held whole, outside its home layer's form, by the home stage
-        out.pop(weight.record_name, None)
-        if layer_module(weight.home) in built.contexts:
-            out[weight.record_name] = weight.param.detach().float()
+    for weight in model.shared:
+        for user in weight.held:  # held in place: the home's is the weight (one record)
+            out.pop(f"{user}.{weight.path_in(user)}", None)
+        if not weight.in_place:  # read through: held whole, outside its home layer's form, by the home stage
+            out.pop(weight.record_name, None)
+            if weight.home in built.contexts:
+                out[weight.record_name] = weight.param.detach().float()
     return out
 
 

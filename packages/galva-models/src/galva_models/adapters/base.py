@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from galva_hp.model import LayeredModel, ParallelContext
+from galva_hp.shared_params import embedding_ties
 from galva_schema import ModelConstraints
 
 
@@ -144,20 +145,6 @@ def shared_parameter_groups(model: LayeredModel) -> list[tuple[str, ...]]:
     return [tuple(names) for names in groups.values() if len(names) > 1]
 
 
-def tie_pairs(model: LayeredModel) -> list[tuple[str, str]]:
-    """Embedding-to-head weight ties as ``(embedding name, head name)`` pairs: ``LayeredModel.tied_weights``.
-
-    Sharing inside one module (e.g. BERT's decoder bias) needs no declaration. Sharing between transformer layers
-    is not expressible in ``tied_weights``; an adapter must avoid it (see how adapters/t5.py does).
-    """
-    out: list[tuple[str, str]] = []
-    for names in shared_parameter_groups(model):
-        emb = [n for n in names if n.startswith("embedding.")]
-        head = [n for n in names if n.startswith("head.")]
-        out += [(emb[0], h) for h in head] if emb else []
-    return out
-
-
 def check_full_coverage(hf_model: nn.Module, model: LayeredModel, unused: tuple[str, ...] = ()) -> None:
     """Every trainable Hugging Face parameter is held by the LayeredModel (except ``unused`` prefixes)."""
     held = {id(p) for _, p in galva_named_parameters(model)}
@@ -169,10 +156,11 @@ def check_full_coverage(hf_model: nn.Module, model: LayeredModel, unused: tuple[
 
 
 def tie_and_check(hf_model: nn.Module, model: LayeredModel) -> LayeredModel:
-    """The last step of every family's ``decompose``: declare ``model``'s embedding-to-head weight ties
-    (:func:`tie_pairs`) and check that it holds every trainable parameter of ``hf_model`` (:func:`check_full_coverage`).
+    """The last step of every family's ``decompose``: declare ``model``'s embedding-to-head weight ties as shared
+    weights (:func:`galva_hp.shared_params.embedding_ties`) and check that it holds every trainable parameter of
+    ``hf_model`` (:func:`check_full_coverage`).
     """
-    model.tied_weights = tie_pairs(model)
+    model.shared += embedding_ties(model.embedding, model.head)
     check_full_coverage(hf_model, model)
     return model
 
@@ -182,7 +170,7 @@ def hf_init_fn(hf_model: Any, seed: int) -> Callable[[str, nn.Module], None]:
 
     Each Galva module (``"embedding"``, ``"layers.3"``, ``"head"``) is initialised from its own seed
     (``seed`` + CRC32 of the name), so every rank gets the same values without building the whole model; rotary
-    buffers are recomputed by the same call. Tied copies are made equal afterwards by galva-hp.
+    buffers are recomputed by the same call. Shared weights' copies are made equal afterwards by galva-hp.
     """
     import zlib
 
