@@ -196,6 +196,13 @@ def main() -> None:
     print("rank 0 per unit (median ms, forward / backward hooks): " + ", ".join(
         f"{k} {v * 1e3:.1f}" for k, v in units.items()))
     print(f"units' sum {sum(units.values()) * 1e3:.1f} ms of the step's {r0['step'] * 1e3:.1f} ms")
+    in_step = sum(v for k, v in units.items() if k.startswith("layers.")) / strategy.num_layers
+    form = "ulysses" if layer.ulysses else ("megatron_sp" if strategy.megatron_sp else "tp")
+    overhead = sum(mp.layer_types[0].parallel_overhead_ms.get(form, {}).get(layer.tp, (0.0, 0.0)))
+    plain = r0["cpu"]["layer"] if args.cpu else r0["layer_all"]
+    print(f"a layer inside the step (fwd + bwd, mean) {in_step * 1e3:.2f} ms against the plain layer at b/tp beside "
+          f"it {plain * 1e3:.2f} ms ({in_step / plain:.2f}x); the profile's {form} {layer.tp} overhead {overhead:.2f} "
+          f"ms makes it {(plain * 1e3 + overhead) / (in_step * 1e3):.2f} of the measured")
     cpus = [r["cpu"] for r in results]
     print("CPU seconds per rank (median): step " + ", ".join(f"{c['step'] * 1e3:.1f}" for c in cpus)
           + " ms (main thread " + ", ".join(f"{c['thread_step'] * 1e3:.1f}" for c in cpus) + "); one layer "
