@@ -58,3 +58,8 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     # zb-h1's deferred work measured, not assumed: the weight-gradient share of the backward, in [0, 1) (a timing:
     # on a loaded machine the input-gradient pass can take as long as the whole backward, and the share clamps to 0)
     assert layer.weight_grad_share is not None and 0.0 <= layer.weight_grad_share < 1.0
+    # each parallel form's own cost per call beyond the plain layer, timed on the ranks that measured its bytes: the
+    # tp form runs a plain layer's work plus its splits and collectives' bookkeeping, never less in both passes
+    assert set(layer.parallel_overhead_ms) == {"tp", "megatron_sp", "ulysses"}
+    assert all(set(by_degree) == {2} for by_degree in layer.parallel_overhead_ms.values())
+    assert sum(layer.parallel_overhead_ms["tp"][2]) > 0.0

@@ -195,6 +195,25 @@ def test_activation_by_tp_checkpoint_sp_and_ulysses(make_model, tiny_hw):
     assert got == pytest.approx(4 * 1.0 / 2)  # the checkpointed input is sequence-sharded
 
 
+def test_a_parallel_forms_measured_overhead_is_compute(make_model, tiny_hw):
+    """parallel_overhead_ms[form][degree] adds (forward, backward) ms per call to a layer under that form, scaled as
+    compute; recomputation repeats the forward's; tp 1, other degrees and zb-h1's deferred share are unchanged."""
+    plain = make_model()
+    layer = plain.layer_types[0].model_copy(
+        update={"parallel_overhead_ms": {"tp": {2: (1.0, 3.0)}, "ulysses": {2: (0.5, 0.25)}}})
+    measured = plain.model_copy(update={"layer_types": (layer,)})
+    cands = [Candidate(1, 1, 4), Candidate(1, 2, 2), Candidate(1, 2, 2, checkpoint=True),
+             Candidate(1, 2, 2, ulysses=True), Candidate(1, 4, 1)]
+    base = CostModel(tiny_hw, plain, CostSettings()).layer_terms(0, cands, 8, 1)
+    got = CostModel(tiny_hw, measured, CostSettings()).layer_terms(0, cands, 8, 1)
+    k = 1e-3 * CostSettings().factors.compute * tiny_hw.compute_slowdown
+    extra_f, extra_b = np.array([0, 1.0, 1.0, 0.5, 0]) * k, np.array([0, 3.0, 4.0, 0.25, 0]) * k
+    assert got.forward_s - base.forward_s == pytest.approx(extra_f, **EXACT)
+    assert got.backward_s - base.backward_s == pytest.approx(extra_b, **EXACT)
+    assert got.micro_batch_s - base.micro_batch_s == pytest.approx(extra_f + extra_b, **EXACT)
+    assert got.weight_grad_s == pytest.approx(base.weight_grad_s, **EXACT)
+
+
 def test_in_flight_micro_batches(tiny, tiny_hw):
     one_f_one_b = CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=PipelineSchedule.ONE_F_ONE_B))
     gpipe = CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=PipelineSchedule.GPIPE))

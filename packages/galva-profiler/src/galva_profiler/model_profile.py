@@ -332,6 +332,9 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     weight_grad_share=m.weight_grad_share.get(seq),
                     experts=m.experts.get(seq),
                     attention_core=m.attention_core,
+                    parallel_overhead_ms={
+                        mode: dict(by_degree) for mode, by_degree in acts.overhead_ms.items() if by_degree
+                    },
                 )
             )
         vocab = sweep.vocab[seq]

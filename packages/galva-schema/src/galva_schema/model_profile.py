@@ -114,6 +114,9 @@ class AttentionCoreProfile(GalvaModel):
     seq_lengths: tuple[PositiveInt, ...] = Field((), description="Sequence lengths the fit was measured at.")
 
 
+OverheadForm = Literal["tp", "megatron_sp", "ulysses"]  # the parallel forms whose overhead a profile times
+
+
 class LayerTypeProfile(GalvaModel):
     """One kind of transformer layer (e.g. the decoder layer of a GPT, or the encoder layer of a T5)."""
 
@@ -159,6 +162,14 @@ class LayerTypeProfile(GalvaModel):
         description="The attention core apart from the linear parts (context parallelism's ring steps). None: "
         "the search takes the quadratic term of a sequence forward_time as the core (none otherwise) and "
         "2 x hidden_size x element bytes per token.",
+    )
+
+    parallel_overhead_ms: dict[OverheadForm, dict[PositiveInt, tuple[NonNegativeFloat, NonNegativeFloat]]] = Field(
+        default_factory=dict,
+        description="(forward, backward) ms one call of the layer's parallel form costs beyond the plain layer on "
+        "the same work per rank (F(b/degree)), by form ('tp' Megatron, 'megatron_sp', 'ulysses') and degree: the "
+        "parallel linears' extra Python, copies and splits, measured in the main thread's CPU time on forked gloo "
+        "ranks, collectives left out (they are priced from the hardware profile). Empty: not profiled (0).",
     )
 
     @model_validator(mode="after")
