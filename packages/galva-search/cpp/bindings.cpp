@@ -147,7 +147,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "solve_stages",
-      [](const py::list& stages, unsigned threads) {
+      [](const py::list& stages, unsigned threads, bool cutoffs) {
         std::vector<std::pair<StageLevels*, double>> items;
         items.reserve(stages.size());
         for (const py::handle& h : stages) {
@@ -159,13 +159,14 @@ PYBIND11_MODULE(_core, m) {
         std::vector<StageSolution> out;
         {
           py::gil_scoped_release release;
-          out = galva::dp::solve_stages(items, Options(), threads, counts);
+          out = galva::dp::solve_stages(items, Options(), threads, counts, cutoffs);
         }
         py::list result;
         for (const StageSolution& s : out) result.append(to_python(s));
         return py::make_tuple(result, counts.solved, counts.reused);
       },
-      py::arg("stages"), py::arg("threads") = 0,
+      py::arg("stages"), py::arg("threads") = 0, py::arg("cutoffs") = true,
       "Best plan of each (StageLevels, stage budget) over its levels, solved in rounds on C++ threads with the GIL "
-      "released. Returns (solutions or None, DPs solved, level solutions reused).");
+      "released; cutoffs: tell each DP the best time its stages have. Returns (solutions or None, DPs solved, level "
+      "solutions reused).");
 }

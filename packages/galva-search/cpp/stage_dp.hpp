@@ -78,6 +78,10 @@ struct Options {
   bool prune_strategies = true;    // step 1
   bool use_bounds = true;          // step 2 (and bound pruning in step 3)
   bool cross_prune = true;         // step 3: dominance across fronts with different last strategies
+  // A plan slower than this is of no use to the caller (stage_levels.hpp: another level already has one this fast):
+  // the solver may answer "above the cutoff" instead of solving (StageSolution::above_cutoff). Any plan it returns is
+  // still the optimum.
+  double cutoff = kInf;
 };
 
 struct Stats {
@@ -94,6 +98,7 @@ struct StageSolution {
   std::vector<int> choice;
   double time = 0.0;
   double memory = 0.0;
+  bool above_cutoff = false;  // not feasible: no plan within Options::cutoff (there may be slower ones)
 };
 
 inline std::string format_value(double v) {
@@ -148,7 +153,12 @@ class StageSolver {
   StageSolver(const StageProblem& p, const Options& o) : StageSolver(p, o, p.budget) {}
   // ``budget`` in place of p.budget: one problem's arrays solved under several budgets without copies
   StageSolver(const StageProblem& p, const Options& o, double budget)
-      : p_(p), opt_(o), L_(p.layers), S_(p.strategies), budget_(budget) {}
+      : p_(p),
+        opt_(o),
+        L_(p.layers),
+        S_(p.strategies),
+        budget_(budget),
+        cut_(std::isfinite(o.cutoff) ? o.cutoff + 1e-9 * std::fabs(o.cutoff) : kInf) {}
 
   StageSolution solve(Stats* stats) {
     Stats local;
@@ -176,15 +186,22 @@ class StageSolver {
 
     std::vector<int> ub_plan;
     double ub = kInf;
+    bool cutting = false;  // ub is the cutoff
     if (opt_.use_bounds) {
       if (dual_search(st, ub_plan, ub)) return finish(ub_plan, st, "dual");
       if (st.method == "unconstrained") return finish(ub_plan, st, "unconstrained");
       if (st.method == "infeasible") return infeasible(st);
+      if (cut_ < ub) {  // only a plan within the cutoff matters: none when the dual bound is above it
+        if (lb_ > cut_) return above(st);
+        ub = cut_;
+        ub_plan.clear();
+        cutting = true;
+      }
     }
     std::vector<int> plan;
     if (pareto(st, ub, plan)) return finish(plan, st, "pareto");
     if (!ub_plan.empty()) return finish(ub_plan, st, "dual");
-    return infeasible(st);
+    return cutting ? above(st) : infeasible(st);
   }
 
  private:
@@ -357,7 +374,7 @@ class StageSolver {
       return false;
     }
     bound0_ = a.w;
-    double lb = a.value - 0.0;
+    lb_ = a.value - 0.0;
     Pass b;  // smallest-memory plan: fits whenever any plan fits (memory has no transitions)
     viterbi(0.0, true, b);
     ++st.dual_passes;
@@ -376,15 +393,16 @@ class StageSolver {
       if (c.plan.empty()) break;
       seen.push_back(c.plan);
       const double dual = c.value - lam * budget_;
-      if (dual > lb || best_dual.w.empty()) {
-        if (dual > lb) lb = dual;
+      if (dual > lb_ || best_dual.w.empty()) {
+        if (dual > lb_) lb_ = dual;
         best_dual = c;
       }
+      if (lb_ > cut_) return false;  // no plan within the cutoff: solve() says so
       if (c.memory <= budget_ && c.time < ub) {
         ub = c.time;
         ub_plan = c.plan;
       }
-      if (ub <= lb + 1e-13 * std::fabs(ub)) return true;
+      if (ub <= lb_ + 1e-13 * std::fabs(ub)) return true;
       const double line = a.time + lam * a.memory;
       if (!(c.value < line - 1e-12 * std::fabs(line))) break;  // lam is the dual optimum
       if (c.memory > budget_)
@@ -397,7 +415,7 @@ class StageSolver {
       bound_lam_ = std::move(best_dual.w);
     }
     splice(seen, ub, ub_plan);
-    return ub <= lb + 1e-13 * std::fabs(ub);
+    return ub <= lb_ + 1e-13 * std::fabs(ub);
   }
 
   // A better upper bound from the plans the dual search met: the optimum is often the head of one and the tail of
@@ -626,11 +644,19 @@ class StageSolver {
     st.method = "infeasible";
     return StageSolution();
   }
+  StageSolution above(Stats& st) const {
+    st.method = "above_cutoff";
+    StageSolution out;
+    out.above_cutoff = true;
+    return out;
+  }
 
   const StageProblem& p_;
   const Options opt_;
   const int L_, S_;
   const double budget_;
+  const double cut_;    // Options::cutoff with a relative slack of 1e-9 (sums in another order)
+  double lb_ = -kInf;  // the dual bound of step 2
   std::vector<double> mem_;
   std::vector<char> live_;
   std::vector<double> layer_min_, suffix_min_mem_;

@@ -38,12 +38,18 @@ inline const std::vector<double>& bound_lambdas() {
   return lams;
 }
 
+struct Solved {
+  double budget;
+  StageSolution solution;  // in the stage problem's candidate numbers
+  double cutoff;           // solved under Options::cutoff (what an above_cutoff solution says: nothing within it)
+};
+
 struct Level {
   double tau = 0.0;
   std::vector<int> columns;              // candidates of the stage problem kept at this level
   std::vector<double> priced;            // per multiplier: sum over layers of the least time + lam * memory
   StageProblem reduced;                  // built when first solved (most levels never are)
-  std::vector<std::pair<double, StageSolution>> solved;  // (budget, solution in stage numbering), in solve order
+  std::vector<Solved> solved;            // in the order solved
 };
 
 class StageLevels {
@@ -86,9 +92,14 @@ class StageLevels {
     return best;
   }
 
-  // stages.py's _cached: a solution of level i found under ``budget`` or one that answers it (found, solution).
-  std::pair<bool, const StageSolution*> cached(size_t i, double budget) const {
-    for (const auto& [solved_budget, sol] : levels_[i].solved) {
+  // stages.py's _cached: a solution of level i found under ``budget`` or one that answers it (found, solution), for
+  // a stage to which a plan slower than ``cutoff`` is of no use (an above-cutoff answer: found, no solution).
+  std::pair<bool, const StageSolution*> cached(size_t i, double budget, double cutoff) const {
+    for (const auto& [solved_budget, sol, solved_cutoff] : levels_[i].solved) {
+      if (sol.above_cutoff) {  // nothing within solved_cutoff: nor under less memory, nor within less time
+        if (solved_budget >= budget && cutoff <= solved_cutoff) return {true, nullptr};
+        continue;
+      }
       if (!sol.feasible && solved_budget >= budget) return {true, nullptr};
       if (sol.feasible && solved_budget >= budget && sol.memory <= budget) return {true, &sol};
       if (solved_budget == budget) return {true, sol.feasible ? &sol : nullptr};
@@ -119,10 +130,10 @@ class StageLevels {
     return lv.reduced;
   }
 
-  void record(size_t i, double budget, StageSolution sol) {
+  void record(size_t i, double budget, StageSolution sol, double cutoff) {
     Level& lv = levels_[i];
     for (int& s : sol.choice) s = lv.columns[static_cast<size_t>(s)];
-    lv.solved.emplace_back(budget, std::move(sol));
+    lv.solved.push_back({budget, std::move(sol), cutoff});
   }
 
  private:
@@ -332,15 +343,17 @@ class StageLevels {
 struct LevelCounts {
   long long solved = 0;  // DPs run
   long long reused = 0;  // level solutions found in the cache
+  long long above = 0;   // DPs that stopped at the cutoff
 };
 
 // The best plan of each stage (stage, its budget) over its levels: rounds in which every stage solves the next of
 // its levels in bound order that the cache cannot answer, all of a round's DPs on ``threads`` threads, until no level
-// left can beat its stage's best (the fastest; the lowest level of equal ones). ``best_level`` gets the level (-1:
-// nothing fits).
+// left can beat its stage's best (the fastest; the lowest level of equal ones). With ``cutoffs`` a level's DP is told
+// the best time its stages already have (Options::cutoff): a level that cannot reach it is answered without its
+// Pareto DP, and one that can still gets its exact optimum. ``best_level`` gets the level (-1: nothing fits).
 inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<StageLevels*, double>>& stages,
                                                const Options& o, unsigned threads, LevelCounts& counts,
-                                               std::vector<int>* best_level = nullptr) {
+                                               bool cutoffs = true, std::vector<int>* best_level = nullptr) {
   struct Track {
     std::vector<size_t> order;
     std::vector<double> bounds;
@@ -362,7 +375,8 @@ inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<Stage
   }
   for (;;) {
     std::vector<std::tuple<StageLevels*, size_t, double>> pending;
-    std::map<std::tuple<StageLevels*, size_t, double>, char> seen;
+    std::vector<double> cutoff;  // per pending DP: the slowest best time of the stages asking for it
+    std::map<std::tuple<StageLevels*, size_t, double>, size_t> seen;
     for (size_t n = 0; n < stages.size(); ++n) {
       const auto& [sl, budget] = stages[n];
       Track& tr = tracks[n];
@@ -373,10 +387,16 @@ inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<Stage
           break;
         }
         const double level_budget = budget - sl->levels()[i].tau;
-        const auto [found, sol] = sl->cached(i, level_budget);
+        const auto [found, sol] = sl->cached(i, level_budget, tr.best_time);
         if (!found) {
           const auto key = std::make_tuple(sl, i, level_budget);
-          if (seen.emplace(key, 0).second) pending.push_back(key);
+          const auto [at, fresh] = seen.emplace(key, pending.size());
+          if (fresh) {
+            pending.push_back(key);
+            cutoff.push_back(cutoffs ? tr.best_time : kInf);
+          } else {
+            cutoff[at->second] = std::max(cutoff[at->second], cutoffs ? tr.best_time : kInf);
+          }
           break;
         }
         ++counts.reused;
@@ -392,13 +412,16 @@ inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<Stage
     for (auto& [sl, i, level_budget] : pending) problems.push_back(&sl->reduced(i));
     std::vector<StageSolution> out(pending.size());
     run_parallel(pending.size(), threads, [&](size_t k) {
-      StageSolver solver(*problems[k], o, std::get<2>(pending[k]));
+      Options own = o;
+      own.cutoff = cutoff[k];
+      StageSolver solver(*problems[k], own, std::get<2>(pending[k]));
       out[k] = solver.solve(nullptr);
     });
     counts.solved += static_cast<long long>(pending.size());
     for (size_t k = 0; k < pending.size(); ++k) {
       auto& [sl, i, level_budget] = pending[k];
-      sl->record(i, level_budget, std::move(out[k]));
+      counts.above += out[k].above_cutoff;
+      sl->record(i, level_budget, std::move(out[k]), cutoff[k]);
     }
   }
   std::vector<StageSolution> result(stages.size());
@@ -407,7 +430,7 @@ inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<Stage
     const Track& tr = tracks[n];
     if (tr.best < 0) continue;
     const auto& [sl, budget] = stages[n];
-    const auto [found, sol] = sl->cached(static_cast<size_t>(tr.best), budget - sl->levels()[tr.best].tau);
+    const auto [found, sol] = sl->cached(static_cast<size_t>(tr.best), budget - sl->levels()[tr.best].tau, tr.best_time);
     if (found && sol) result[n] = *sol;
     if (best_level) (*best_level)[n] = static_cast<int>(tr.best);
   }

@@ -150,14 +150,15 @@ class StageLevels:
 
 
 def solve_stages(
-    stages: Sequence[tuple[StageLevels, float]], *, threads: int = 0
+    stages: Sequence[tuple[StageLevels, float]], *, threads: int = 0, cutoffs: bool = True
 ) -> tuple[list[StageSolution | None], int, int]:
     """The best plan of each ``(stage levels, stage budget)`` over its levels (the fastest, the lowest level of equal
     ones; None: nothing fits), the levels of all stages solved in rounds on ``threads`` C++ threads (0 = all), and
-    the number of DPs run and of level solutions reused."""
+    the number of DPs run and of level solutions reused. ``cutoffs``: each level's DP is told the best time its stages
+    already have and may stop once it cannot reach it (the same optimum, less work; off only to test that)."""
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
-    raw, solved, reused = _extension().solve_stages([(s.core, float(b)) for s, b in stages], threads)
+    raw, solved, reused = _extension().solve_stages([(s.core, float(b)) for s, b in stages], threads, cutoffs)
     return [_to_solution(r) for r in raw], int(solved), int(reused)
 
 
