@@ -87,7 +87,7 @@ class StageSolver:
             return key, hit
         tables = task.tables
         L, S = len(types), len(tables.candidates)
-        from_embedding, to_head = self.cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
+        from_embedding, to_head = tables.vocab_boundaries(self.cost, task.vocab, task.micro_batch)
         intra = np.empty((L, S))
         memory = np.empty((L, S))
         transient = np.empty((L, S))
@@ -286,10 +286,10 @@ class StageSolver:
         """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
         budgets = self.tasks.stage_budgets(task)
         best: tuple[float, list[dp_core.StageSolution]] | None = None
+        problems = [self.stage_problem(task, stage) for stage in range(task.pp)]
         for s in range(len(task.tables.candidates)):
             sols = []
-            for stage, budget in enumerate(budgets):
-                key, (intra, memory, _) = self.stage_problem(task, stage)
+            for (key, (intra, memory, _)), budget in zip(problems, budgets):
                 mem = float(memory[:, s].sum() + self._transients[key][:, s].max())
                 if mem > budget or not np.isfinite(intra[:, s]).all():  # too big, or refused by the model
                     break
