@@ -69,6 +69,11 @@ class StageLevels {
     for (int l = 0; l < L_; ++l)
       for (int s = 0; s < S_; ++s) check_value(transient[idx(l, s)], "transient", l, s, -1);
     transient_ = std::move(transient);
+    // layers of one type share their transition block: gather and compare each distinct block once
+    const size_t block = static_cast<size_t>(S_) * S_;
+    same_block_.assign(L_, 0);
+    for (int l = 1; l < L_; ++l)
+      same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
     classify();
     build_levels();
   }
@@ -107,7 +112,7 @@ class StageLevels {
     return {false, nullptr};
   }
 
-  // Level i's reduced problem (built once).
+  // Level i's reduced problem (built when asked, until release()).
   const StageProblem& reduced(size_t i) {
     Level& lv = levels_[i];
     if (lv.reduced.strategies == 0 && !lv.columns.empty()) {
@@ -119,16 +124,28 @@ class StageLevels {
       r.intra.resize(static_cast<size_t>(L_) * n);
       r.memory.resize(static_cast<size_t>(L_) * n);
       r.inter.resize(static_cast<size_t>(L_) * n * n);
-      for (int l = 0; l < L_; ++l)
+      const size_t nn = static_cast<size_t>(n) * n;
+      for (int l = 0; l < L_; ++l) {
         for (int a = 0; a < n; ++a) {
           r.intra[static_cast<size_t>(l) * n + a] = level_intra(l, c[a], lv.tau);
           r.memory[static_cast<size_t>(l) * n + a] = p_.memory_at(l, c[a]);
-          for (int b = 0; b < n; ++b)
-            r.inter[(static_cast<size_t>(l) * n + a) * n + b] = p_.inter_at(l, c[a], c[b]);
         }
+        double* out = &r.inter[l * nn];
+        if (same_block_[l]) {
+          std::memcpy(out, out - nn, nn * sizeof(double));
+          continue;
+        }
+        for (int a = 0; a < n; ++a) {
+          const double* row = &p_.inter[(static_cast<size_t>(l) * S_ + c[a]) * S_];
+          for (int b = 0; b < n; ++b) out[static_cast<size_t>(a) * n + b] = row[c[b]];
+        }
+      }
     }
     return lv.reduced;
   }
+
+  // Frees level i's reduced problem (most levels are solved once; a later budget rebuilds it).
+  void release(size_t i) { levels_[i].reduced = StageProblem(); }
 
   void record(size_t i, double budget, StageSolution sol, double cutoff) {
     Level& lv = levels_[i];
@@ -153,13 +170,15 @@ class StageLevels {
       std::memcpy(&bits, &v, sizeof bits);
       return (h ^ bits) * 1099511628211ull;
     };
-    for (int l = 0; l < L_; ++l)
+    for (int l = 0; l < L_; ++l) {
+      if (same_block_[l]) continue;  // a repeated block adds nothing to tell candidates apart
       for (int i = 0; i < S_; ++i)
         for (int j = 0; j < S_; ++j) {
           const double v = p_.inter_at(l, i, j);
           into[j] = mix(into[j], v);
           from[i] = mix(from[i], v);
         }
+    }
     for (int s = 0; s < S_; ++s) hash[s] = into[s] ^ (from[s] * 0x9e3779b97f4a7c15ull);
     std::unordered_map<uint64_t, std::vector<int>> firsts;  // hash -> class representatives
     int next = 0;
@@ -180,7 +199,8 @@ class StageLevels {
   }
 
   bool same_transitions(int a, int b) const {
-    for (int l = 0; l < L_; ++l)
+    for (int l = 0; l < L_; ++l) {
+      if (same_block_[l]) continue;
       for (int x = 0; x < S_; ++x) {
         const double* ra = &p_.inter[(static_cast<size_t>(l) * S_ + a) * S_];
         const double* rb = &p_.inter[(static_cast<size_t>(l) * S_ + b) * S_];
@@ -188,6 +208,7 @@ class StageLevels {
         const double ia = p_.inter_at(l, x, a), ib = p_.inter_at(l, x, b);
         if (std::memcmp(&ia, &ib, sizeof(double)) != 0) return false;
       }
+    }
     return true;
   }
 
@@ -334,6 +355,7 @@ class StageLevels {
   const int L_, S_;
   StageProblem p_;
   std::vector<double> transient_;
+  std::vector<char> same_block_;  // layer l's transition block equals layer l - 1's
   std::vector<int> class_;
   std::vector<std::vector<int>> members_;
   std::vector<Level> levels_;
@@ -422,6 +444,7 @@ inline std::vector<StageSolution> solve_stages(const std::vector<std::pair<Stage
       auto& [sl, i, level_budget] = pending[k];
       counts.above += out[k].above_cutoff;
       sl->record(i, level_budget, std::move(out[k]), cutoff[k]);
+      sl->release(i);
     }
   }
   std::vector<StageSolution> result(stages.size());
