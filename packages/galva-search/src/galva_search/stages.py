@@ -12,6 +12,11 @@ forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact. Each 
 candidates that no other of the same transitions matches or beats at every layer (:func:`undominated_beats`), and the
 levels are solved in order of a lower bound (:func:`level_bound`) until none left can beat the best: both exact, and
 what keeps expert layouts and context parallelism from multiplying the DPs.
+
+The C++ core does all of that (``cpp/stage_levels.hpp`` through :class:`galva_search.dp.StageLevels` and
+:func:`galva_search.dp.solve_stages`), and tells each level's DP the best time its stages already have so that a
+level which cannot reach it stops at its dual bound; this module's functions and :meth:`StageSolver.solve_python` are
+the statement of the rules it follows (the search runs them where the core is not built; the tests compare both).
 """
 
 from __future__ import annotations
