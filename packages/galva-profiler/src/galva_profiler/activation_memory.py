@@ -184,6 +184,7 @@ def measure_layer(
             result.add(mode, degree, worst[0], worst[1])
             # the group moves at its slowest rank's pace: the largest overhead of each pass
             result.overhead_ms.setdefault(mode, {})[degree] = (
-                max(r[mode][2][0] for r in ranks), max(r[mode][2][1] for r in ranks)
+                max(r[mode][2][0] for r in ranks),
+                max(r[mode][2][1] for r in ranks),
             )
     return result

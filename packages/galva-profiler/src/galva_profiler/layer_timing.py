@@ -59,7 +59,12 @@ def layer_forward(
 
 
 def weight_grad_share(
-    module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype, repeats: Repeats,
+    module: torch.nn.Module,
+    batch: int,
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    repeats: Repeats,
     device: torch.device | None = None,
 ) -> float:
     """The share of a layer's backward that is weight gradients: what zb-h1 defers into the bubble.

@@ -29,7 +29,7 @@ from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes, w
 from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
-from galva_profiler.vocab import POSITIONS, VocabMeasurement, measure_vocab, tie
+from galva_profiler.vocab import POSITIONS, VocabInputs, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
     AttentionCoreProfile,
     BatchTime,
@@ -221,14 +221,23 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     model.head(dtype).train()
     tie(model.layered)
     vocab = {}
-    vocab_size = int(model.config.vocab_size)
     for seq in seqs:
         vocab[seq] = measure_vocab(
-            model.layered, seq, layers[0].hidden, vocab_size, dtype, batches, vocab_degrees, options.megatron_sp,
-            options.repeats, options.timeout_s,
+            model.layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches, vocab_degrees,
+            options.megatron_sp, options.repeats, options.timeout_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:
+    """The vocabulary modules' inputs at ``seq``; the head reads the last layer's shape where layers change it
+    (a shape-keeping last layer, as Swin's last stage has no patch merging)."""
+    specs = layer_specs(model, seq)
+    first, last = specs[0], specs[-1]
+    changed = (last.seq_length, last.hidden_size) != (first.seq_length, first.hidden_size)
+    head_input = (last.seq_length, last.hidden_size) if changed else None
+    return VocabInputs.of(model.config, seq, dtype, head_input)
 
 
 ROUTING_FORWARDS = 8
@@ -352,7 +361,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
             megatron_sp=options.megatron_sp,
             layer_types=tuple(layer_types),
             vocab=VocabProfile(
-                vocab_size=int(sweep.model.config.vocab_size),
+                vocab_size=VocabInputs.of(sweep.model.config, seq, torch.float32).token_vocab,
                 forward_time=_forward_time(sweep, {s: v.times for s, v in sweep.vocab.items()}, seq),
                 memory_pp_off=memory["pp_off"],
                 memory_pp_first=memory["pp_first"],
