@@ -59,6 +59,10 @@ def test_measured_curves_interpolate_inside_and_fit_outside(tiny_hw):
     assert float(comm.all_to_all(4, True, 1.5 * mib)) == pytest.approx(1.25e-3, **EXACT)
     slope, intercept = curve.linear_fit()
     assert float(comm.allreduce(4, True, 8 * mib)) == pytest.approx((slope * 8 + intercept) * 1e-3, **EXACT)
+    # below the smallest size an all-to-all is latency-bound: that size's time, where the line falls below it
+    line = max(0.0, slope * 0.25 + intercept) * 1e-3
+    assert line < 1e-3 and float(comm.allreduce(4, True, 0.25 * mib)) == pytest.approx(line, **EXACT)
+    assert float(comm.all_to_all(4, True, 0.25 * mib)) == pytest.approx(1e-3, **EXACT)
     # strided groups have no curve: bus bandwidth
     assert float(comm.allreduce(2, False, mib)) == pytest.approx(mib / 50e9, **EXACT)
 
