@@ -330,7 +330,8 @@ class LayerCosts:
             st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
         )
         per_call = np.where(st.checkpoint, 0.0, layer.activation_mib_per_call / st.cp)  # per-position tables, cut
-        act = (local * st.activation_per_sample + per_call) * f.activations
+        expert_rows = expert_costs.imbalance_activation(layer, candidates, local)  # the busiest rank's extra rows
+        act = (local * st.activation_per_sample + per_call + expert_rows) * f.activations
         transient = (local * st.recompute_per_sample + kv_buffer) * f.activations + 2.0 * st.gather_mib * f.states
         share = 0.5 if layer.weight_grad_share is None else layer.weight_grad_share  # the profile's measured W share
         return LayerTerms(
