@@ -479,18 +479,19 @@ ENCODER_PLANS = {
     "bert": ["tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed"],
     # one label per image: vocabulary sp is refused (below), so Ulysses runs with the classifier split over labels
     "vit": ["tp2", "tp2-megatron_sp", "ulysses2-vtp2", "pp2-zero3", "pp2-mixed"],
-    # window attention on a shifted, padded grid, patch merging between the stages; the sequence forms are refused
-    "swin": ["tp2", "pp2-zero3", "pp2-mixed-tp"],
+    # window attention on a shifted, padded grid, patch merging between the stages; Ulysses and cp are refused
+    "swin": ["tp2", "tp2-megatron_sp", "pp2-zero3", "pp2-mixed-sp"],
 }
 PLANS["ulysses2-vtp2"] = _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2})
-PLANS["pp2-mixed-tp"] = _plan(  # a different form per layer where every layer takes tp only
+PLANS["pp2-mixed-sp"] = _plan(  # a different form per layer under Megatron-SP: the sequence sliced where tp is 2
     [
-        {"tp": 2, "checkpoint": True},
         {"dp_type": "zero3"},
+        {"tp": 2, "checkpoint": True},  # Swin: the stage's last block, its patch merging on sequence slices
         {"tp": 2, "tp_consecutive": False, "checkpoint": True},
         {"tp": 2, "dp_type": "zero2"},
     ],
     pp=2,
+    megatron_sp=True,
     vocab={"tp": 2},
 )
 
