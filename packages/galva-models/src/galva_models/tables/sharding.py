@@ -144,8 +144,8 @@ def shard_linear(
     ``region``'s group. ``replicate``: keep the weights whole although the style is column-parallel (key/value heads
     fewer than tp ranks: each rank picks the heads it needs in attention). ``blocks``: packed blocks of a
     ``packed_*`` style. ``partial``: a row-parallel output stays this rank's partial sum, which the family's hook
-    sums later (Swin under Megatron-SP: after its window reverse). Returns the names of its parameters that stay replicated and whose gradient the runtime
-    must sum over tp (a replicated column-parallel input's weights)."""
+    sums later (Swin under Megatron-SP: after its window reverse). Returns the names of its parameters that stay
+    replicated and whose gradient the runtime must sum over tp (a replicated column-parallel input's weights)."""
     transposed = _transposed(linear)
     if not (isinstance(linear, nn.Linear) or transposed):
         raise ValueError(f"{path}: tensor-parallel style {style!r} needs an nn.Linear, found {type(linear).__name__}")

@@ -18,11 +18,13 @@ What the table format cannot say is in the hooks below:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
 
 from galva_hp.parallel.mappings import differentiable_gather_replicated, differentiable_split
+from galva_hp.parallel.rng import group_stream
 from galva_models.tables.hooks import LayerShape
 from galva_models.tables.sharding import SEQ_DIM, TpRegion
 
@@ -78,9 +80,17 @@ def sequence_parallel(module: nn.Module, region: TpRegion) -> frozenset[str]:
     identity without drop), whose output is reduce-scattered along the sequence. The MLP is the standard form
     (``mlp`` gathers, ``fc2`` reduce-scatters). Patch merging interleaves 2 x 2 cells of the whole grid: its input
     is gathered (every rank then holds the same grid) and its norm and reduction run on this rank's slice of the
-    merged tokens, the next stage's own sequence. Returns the block whose region this hook handles."""
+    merged tokens, the next stage's own sequence. Returns the block whose region this hook handles.
+
+    Random masks: the layer runs in this rank's stream (its sequence slice); the dropout on the attention output
+    and the drop path, which meet the partial sums before the reduce-scatter, draw from the stream the group
+    shares (every rank masks its part alike: the sum masked once), each from its own (``group_stream``)."""
     group = region.group
     layer = module.layer
+    calls = [0]  # SwinLayer.forward calls its dropout twice: the attention output first, then the MLP's (a slice)
+    layer.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, 0))
+    _draw_alike(layer.dropout, 1, lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] == 1)
+    _draw_alike(layer.drop_path, 2, lambda: True)
     layer.layernorm_before.register_forward_hook(lambda m, args, out: region.enter(out))
     layer.drop_path.register_forward_hook(lambda m, args, out: region.leave(out))
     merging = getattr(module, TABLE["stage_end"], None)
@@ -90,6 +100,19 @@ def sequence_parallel(module: nn.Module, region: TpRegion) -> frozenset[str]:
         )
         merging.norm.register_forward_pre_hook(lambda m, args: (differentiable_split(args[0], SEQ_DIM, group),))
     return frozenset({"attention"})
+
+
+def _draw_alike(module: nn.Module, salt: int, when: Callable[[], bool]) -> None:
+    """``module`` (a dropout or drop path) draws from the tp group's shared stream on the calls ``when`` picks."""
+    forward = module.forward
+
+    def alike(hidden: Tensor) -> Tensor:
+        if not when():
+            return forward(hidden)
+        with group_stream(hidden.device, salt):
+            return forward(hidden)
+
+    module.forward = alike  # type: ignore[method-assign]
 
 
 _BLOCK = "encoder.layers.*.blocks.*."
