@@ -86,10 +86,15 @@ def sequence_parallel(module: nn.Module, region: TpRegion) -> frozenset[str]:
     and the drop path, which meet the partial sums before the reduce-scatter, draw from the stream the group
     shares (every rank masks its part alike: the sum masked once), each from its own (``group_stream``)."""
     group = region.group
-    layer = module.layer
-    calls = [0]  # SwinLayer.forward calls its dropout twice: the attention output first, then the MLP's (a slice)
+    layer: Any = module.layer  # Hugging Face's SwinLayer
+    calls = [0]
+
+    def first_dropout() -> bool:  # SwinLayer.forward's dropout: the attention output first, then the MLP's (a slice)
+        calls[0] += 1
+        return calls[0] == 1
+
     layer.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, 0))
-    _draw_alike(layer.dropout, 1, lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] == 1)
+    _draw_alike(layer.dropout, 1, first_dropout)
     _draw_alike(layer.drop_path, 2, lambda: True)
     layer.layernorm_before.register_forward_hook(lambda m, args, out: region.enter(out))
     layer.drop_path.register_forward_hook(lambda m, args, out: region.leave(out))
@@ -112,7 +117,7 @@ def _draw_alike(module: nn.Module, salt: int, when: Callable[[], bool]) -> None:
         with group_stream(hidden.device, salt):
             return forward(hidden)
 
-    module.forward = alike  # type: ignore[method-assign]
+    module.forward = alike
 
 
 _BLOCK = "encoder.layers.*.blocks.*."
