@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, reference_optimizer, train_step
 from galva_hp.parallel.attention import attention
-from galva_hp.parallel.rng import ShardedDropout, rank_stream
+from galva_hp.parallel.rng import ShardedDropout, group_stream, rank_stream
 from galva_hp.testing.oracle import OPTIM, SEQ, batch
 from galva_models.adapters import build_layered
 from galva_models.presets import preset_config
@@ -64,6 +64,17 @@ def check_streams(rank: int, world_size: int) -> dict[str, float]:
     torch.manual_seed(1234)  # the same seed replays this rank's sharded mask
     res["reproducible"] = float(torch.equal((ShardedDropout(P, group).train()(x) != 0).float(), mask))
 
+    # inside this rank's stream, the group's shared stream: the same mask on every rank (a partial sum masked alike),
+    # another for another salt, neither this rank's own
+    with rank_stream(group, x.device):
+        own = (F.dropout(x, P) != 0).float()
+        with group_stream(x.device, 1):
+            alike = (F.dropout(x, P) != 0).float()
+        with group_stream(x.device, 2):
+            other = (F.dropout(x, P) != 0).float()
+    res["group_stream_equal"] = float(all(torch.equal(t, alike) for t in _gather(alike)))
+    res["group_stream_apart"] = float(not torch.equal(alike, other) and not torch.equal(alike, own))
+
     # activation checkpointing recomputes with the same mask: the gradient is exactly the forward's mask / (1 - p)
     xg = torch.ones(64, 64, requires_grad=True)
     y = checkpoint(ShardedDropout(P, group).train(), xg, use_reentrant=False)
@@ -93,7 +104,8 @@ def test_dropout_streams_across_tp_ranks():
         assert abs(res["replicated_kept"] - (1 - P)) < 0.01, (rank, res)
         # independent masks agree on p^2 + (1-p)^2 = 82% of elements; identical ones on 100%
         assert abs(res["sharded_agreement"] - (P**2 + (1 - P) ** 2)) < 0.02, (rank, res)
-        for key in ("scale_ok", "global_in_step", "replicated_equal", "reproducible", "checkpoint_replays"):
+        for key in ("scale_ok", "global_in_step", "replicated_equal", "reproducible", "checkpoint_replays",
+                    "group_stream_equal", "group_stream_apart"):  # fmt: skip
             assert res[key] == 1.0, (key, rank, res)
         assert res["attention_heads_differ"] == 1.0 and res["attention_no_dropout_equal"] == 1.0, (rank, res)
 
@@ -143,12 +155,18 @@ PLANS = {
 }
 CASES = [(family, plan) for family in ("gpt2", "bert") for plan in PLANS]
 # the other families' sharded dropouts: T5's FFN middle and heads under tp, ViT / Swin heads (Swin's window attention)
-OTHER_CASES = [("t5", "pp2-tp2-ckpt"), ("vit", "pp2-tp2-ckpt"), ("swin", "pp2-tp2-ckpt")]
+# (Swin under Megatron-SP: its attention output and drop path masked alike on every rank before the reduce-scatter,
+# the MLP's output on each rank's slice; recomputation replays both)
+OTHER_CASES = [("t5", "pp2-tp2-ckpt"), ("vit", "pp2-tp2-ckpt"), ("swin", "pp2-tp2-sp-ckpt")]
+OTHER_PLANS = {"pp2-tp2-sp-ckpt": _plan({"tp": 2, "checkpoint": True}, megatron_sp=True)}
 
 
 def stock_config(family: str, p: float):
-    """The tiny preset with the stock checkpoints' dropout: GPT-2 attn/resid/embd_pdrop, BERT hidden/attention."""
+    """The tiny preset with the stock checkpoints' dropout: GPT-2 attn/resid/embd_pdrop, BERT hidden/attention
+    (Swin: its drop path too)."""
     config = preset_config(f"tiny-{family}")
+    if family == "swin":
+        config.drop_path_rate = p
     if family == "gpt2":
         config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = p
     elif family == "t5":
@@ -178,7 +196,7 @@ def run_plan(family: str, plan: str, p: float, seed: int = 0) -> list[float]:
     torch.manual_seed(0)
     config = stock_config(family, p)
     _, layered = build_layered(config, **({"encoder_seq_length": ENC_SEQ} if family == "t5" else {}))
-    fields = PLANS[plan]
+    fields = {**PLANS, **OTHER_PLANS}[plan]
     if family in ("t5", "vit", "swin"):
         fields = {key: value for key, value in fields.items() if key != "vocab"}  # vocab degree 1
     strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})

@@ -479,18 +479,19 @@ ENCODER_PLANS = {
     "bert": ["tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed"],
     # one label per image: vocabulary sp is refused (below), so Ulysses runs with the classifier split over labels
     "vit": ["tp2", "tp2-megatron_sp", "ulysses2-vtp2", "pp2-zero3", "pp2-mixed"],
-    # window attention on a shifted, padded grid, patch merging between the stages; the sequence forms are refused
-    "swin": ["tp2", "pp2-zero3", "pp2-mixed-tp"],
+    # window attention on a shifted, padded grid, patch merging between the stages; Ulysses and cp are refused
+    "swin": ["tp2", "tp2-megatron_sp", "pp2-zero3", "pp2-mixed-sp"],
 }
 PLANS["ulysses2-vtp2"] = _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2})
-PLANS["pp2-mixed-tp"] = _plan(  # a different form per layer where every layer takes tp only
+PLANS["pp2-mixed-sp"] = _plan(  # a different form per layer under Megatron-SP: the sequence sliced where tp is 2
     [
-        {"tp": 2, "checkpoint": True},
         {"dp_type": "zero3"},
+        {"tp": 2, "checkpoint": True},  # Swin: the stage's last block, its patch merging on sequence slices
         {"tp": 2, "tp_consecutive": False, "checkpoint": True},
         {"tp": 2, "dp_type": "zero2"},
     ],
     pp=2,
+    megatron_sp=True,
     vocab={"tp": 2},
 )
 
@@ -545,8 +546,8 @@ def test_encoder_families_train_like_hugging_face():
 
 
 def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
-    """Vocabulary sp for a per-image label, a sequence split of ViT's 17 tokens, and any sequence form for Swin:
-    refused up front by the constraints the search plans with."""
+    """Vocabulary sp for a per-image label, a sequence split of ViT's 17 tokens, Ulysses and cp for Swin, and
+    Megatron-SP where a Swin grid does not divide: refused up front by the constraints the search plans with."""
     from galva_models.adapters import adapter_for
 
     vit = preset_config("tiny-vit")
@@ -557,9 +558,16 @@ def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
     assert any("17" in p for p in problems), problems
-    swin = encoder_config("swin")  # Swin's layers read the whole grid: every sequence form, one line per stage
+    swin = encoder_config("swin")  # Swin's layers read the whole grid: Ulysses and cp, one line per stage
     reason = "swin's layers arrange their {} tokens as a grid of windows outside the attention function"
-    for plan, form in (("tp2-megatron_sp", "Megatron-SP"), ("ulysses2-vtp2", "Ulysses"), ("cp2", "context")):
+    for plan in ("tp2-megatron_sp", "pp2-mixed-sp"):  # Megatron-SP gathers the grid around the windows
+        assert not plan_problems(PLANS[plan], adapter_for(swin).constraints(swin), world_size=4), plan
+    swin.image_size = 20  # a 10 x 10 grid merged into 5 x 5: its 25 tokens do not split in two
+    problems = plan_problems(PLANS["tp2-megatron_sp"], adapter_for(swin).constraints(swin), world_size=4)
+    assert problems and all("\n" not in p for p in problems), problems
+    assert problems[0] == "layers[1].tp: Megatron-SP degree 2 does not divide the 25 tokens of its output", problems
+    swin.image_size = 24
+    for plan, form in (("ulysses2-vtp2", "Ulysses"), ("cp2", "context")):
         problems = plan_problems({**PLANS, **CP_PLANS}[plan], adapter_for(swin).constraints(swin), world_size=4)
         assert len(problems) >= 2 and all("\n" not in p for p in problems), problems  # cp: the vocabulary too
         assert form in problems[0] and reason.format(144) in problems[0], problems

@@ -8,6 +8,10 @@ batch are sharded too: the runtime runs each module of a data-parallel replica i
 (:func:`member_stream`), so replicas mask their samples independently, as one process masks every sample of the
 batch (Megatron-LM gives data-parallel ranks one stream, which correlates the masks of their samples).
 
+Inside a sharded region, an activation that is a partial sum the group reduces later (Swin's attention output
+under Megatron-SP, masked before its window reverse) or a per-sample decision (drop path) draws from the stream the
+group shares there (:func:`group_stream`): masking each rank's part alike masks the sum.
+
 A sharded region forks the global RNG (CPU, and the tensor's CUDA device), seeds it from one number drawn from the
 global CPU generator and this rank's index in the group, runs, and restores the global state advanced by that one
 draw. Hence:
@@ -31,7 +35,7 @@ from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.mappings import group_rank, group_size
 
-__all__ = ["ShardedDropout", "member_stream", "rank_stream", "sharded_dropout"]
+__all__ = ["ShardedDropout", "group_stream", "member_stream", "rank_stream", "sharded_dropout"]
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -42,12 +46,37 @@ def rank_stream(group: ProcessGroup | None, device: torch.device) -> contextlib.
     return member_stream(group_rank(group), device)
 
 
+_BASES: list[int] = []
+"""The draw that seeded each open member stream, innermost last (the same on every member of its group)."""
+
+
 @contextlib.contextmanager
 def member_stream(index: int, device: torch.device) -> Iterator[None]:
     """:func:`rank_stream` for member ``index`` of a group: the ranks that share an index share the stream (the
     runtime gives each data-parallel replica of a module its own: ranks holding different samples)."""
     base = int(torch.randint(0, 2**62, (), generator=torch.default_generator))
-    seed = (base * _MIX + index + 1) % (2**63)
+    with _seeded((base * _MIX + index + 1) % (2**63), device):
+        _BASES.append(base)
+        try:
+            yield
+        finally:
+            _BASES.pop()
+
+
+@contextlib.contextmanager
+def group_stream(device: torch.device, salt: int) -> Iterator[None]:
+    """Inside a member stream: a stream every member of its group draws alike, for an activation replicated over
+    the group there, or a partial sum the group reduces later (each rank's part masked alike is the sum masked).
+    ``salt`` (>= 1) tells the uses within one member stream apart. Outside any: the global stream, shared already."""
+    if not _BASES:
+        yield
+        return
+    with _seeded((_BASES[-1] * _MIX - salt) % (2**63), device):  # members add index + 1: never the same seed
+        yield
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda, device_type="cuda"):
         torch.default_generator.manual_seed(seed)

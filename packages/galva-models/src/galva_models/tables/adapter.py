@@ -157,7 +157,7 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
         )
     longest = config.max_position_embeddings if tables.learned_positions else None
     if tables.layer_shapes is not None:
-        return _staged(config, tables.layer_shapes(config), unsupported)
+        return _staged(config, tables, unsupported)
     heads, kv, _ = head_counts(config)
     if tables.tokens is not None:  # the input fixes the sequence: every layer's boundary holds its tokens
         layer_type = LayerTypeConstraints(
@@ -203,12 +203,15 @@ _SEQUENCE_FORMS = (ParallelForm.ULYSSES, ParallelForm.MEGATRON_SP, ParallelForm.
 """The forms that give a layer a slice of the sequence, whole only inside the registered attention function."""
 
 
-def _staged(config: Any, shapes: list[LayerShape], unsupported: dict[ParallelForm, str]) -> ModelConstraints:
+def _staged(config: Any, tables: ModelTables, unsupported: dict[ParallelForm, str]) -> ModelConstraints:
     """Constraints of a family whose layers differ by stage (:mod:`.hooks`): one layer type per run of equal
-    shapes, with its heads and tokens (and a stage end's merged tokens). Its layers take a fixed grid from the
-    base forward (windows, patch merging: token mixing outside the attention function), so the sequence forms,
-    which would hand them a slice, are refused."""
+    shapes, with its heads and tokens (and a stage end's merged tokens, which a sequence split must divide too).
+    Its layers take a fixed grid from the base forward (windows, patch merging: token mixing outside the attention
+    function), so the sequence forms, which would hand them a slice, are refused; Megatron-SP runs where the table
+    has a hook gathering the grid around the windows (``sequence_parallel``: Swin's)."""
     family = config.model_type
+    shapes = tables.layer_shapes(config) if tables.layer_shapes is not None else []
+    refused = tuple(f for f in _SEQUENCE_FORMS if f is not ParallelForm.MEGATRON_SP or tables.sequence_parallel is None)
     stages: dict[str, list[LayerShape]] = {}
     for shape in shapes:  # a stage's layers are consecutive
         stages.setdefault(shape.layer_type, []).append(shape)
@@ -222,7 +225,7 @@ def _staged(config: Any, shapes: list[LayerShape], unsupported: dict[ParallelFor
         types.append(
             LayerTypeConstraints(
                 name=name, num_layers=len(stage), num_heads=first.heads,
-                unsupported={**unsupported, **dict.fromkeys(_SEQUENCE_FORMS, reason)},
+                unsupported={**unsupported, **dict.fromkeys(refused, reason)},
                 seq_length=first.tokens, output_seq_length=stage[-1].output_tokens,
             )
         )  # fmt: skip

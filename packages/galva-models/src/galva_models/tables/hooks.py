@@ -32,7 +32,8 @@ class LayerShape:
     """Tokens at its output where the stage ends there and merges patches; None: ``tokens``."""
     args: tuple[Any, ...] = ()
     """Positional arguments the base forward hands the layer after its hidden states (Swin: the grid's height and
-    width); the layer runs on the whole grid, so the sequence forms are refused (:func:`~.adapter.constraints`)."""
+    width); the layer runs on the whole grid, so Ulysses and cp are refused (:func:`~.adapter.constraints`), and
+    Megatron-SP runs only through the family's own hook (``sequence_parallel``: Swin's gathers the grid)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 

@@ -114,8 +114,10 @@ class TableParallelizer:
         moe = self._experts(module, ctx)
         if ctx.tp_size == 1 and ctx.sp_size == 1 and ctx.cp_size == 1:
             return module
-        if self.tables.layer_shapes is not None and (ctx.seq_sharded or ctx.cp_size > 1):
-            # the constraints refuse this (:func:`.adapter.grid_refusal`); a layer given a slice would fail later
+        own_sp = self.tables.sequence_parallel
+        if self.tables.layer_shapes is not None and (
+            ctx.sp_size > 1 or ctx.cp_size > 1 or (ctx.seq_sharded and own_sp is None)
+        ):  # the constraints refuse this (:func:`.adapter.constraints`); a layer given a slice would fail later
             raise ValueError(f"{self.config.model_type}: {layer_type} layers run on the whole grid, not a slice")
         _once(module)
         tp_table = {p: st for p, st in self.tables.tp.items() if moe is None or not p.startswith(moe + ".")}
@@ -150,7 +152,9 @@ class TableParallelizer:
         here = {p: st for p, st in tp_table.items() if _find(module.layer, p) is not None}
         colwise = [p for p, st in here.items() if "colwise" in st and "." in p]
         entries = {p.rsplit(".", 1)[0] for p in colwise}
-        for path in sorted(entries):
+        # a family's own Megatron-SP (Swin's windows): the blocks it handles gather elsewhere and reduce later
+        handled = own_sp(module, region) if sequence_parallel and own_sp is not None else frozenset()
+        for path in sorted(entries - handled):
             block = _find(module.layer, path)
             if block is not None:
                 enter_region_at(block, region)
@@ -169,7 +173,11 @@ class TableParallelizer:
             keep = replicate_kv and is_kv and style == "colwise"
             replicated_kv |= keep
             blocks = self.tables.blocks.get(path, 2)
-            summed |= {prefix + n for n in shard_linear(sub, style, region, path, replicate=keep, blocks=blocks)}
+            partial = any(path.startswith(block + ".") for block in handled)
+            summed |= {
+                prefix + n
+                for n in shard_linear(sub, style, region, path, replicate=keep, blocks=blocks, partial=partial)
+            }
         for attribute in self.tables.per_rank:  # features counted per rank (a packed projection's split size)
             owner_path, _, name = attribute.rpartition(".")
             owner = _find(module.layer, owner_path) if owner_path else module.layer

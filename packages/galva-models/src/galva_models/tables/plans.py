@@ -115,7 +115,10 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
 - ``layer_shapes``: a hook, ``config -> one LayerShape per layer`` (:mod:`.hooks`), for a family whose layers differ
   by stage and are called with arguments the config fixes; ``tail``: a hook running the base model's forward after
   its layers, where the head reads more than the hidden state (Swin's pooler);
-- ``adapter``: galva-train's size facts where they are not the table adapter's (per-stage sizes).
+- ``adapter``: galva-train's size facts where they are not the table adapter's (per-stage sizes);
+- ``sequence_parallel``: a hook putting one layer in Megatron-SP where its tokens are rearranged outside the
+  attention function (Swin's window grid): where it gathers and reduce-scatters the sequence; it returns the blocks
+  it handles (they do not enter the tp region, their row-parallel outputs stay partial sums for it to reduce).
 
 A family with hooks keeps its entry and hooks in a module of its own (:mod:`.swin`). T5 keeps its adapter
 (:mod:`galva_models.adapters`) until it moves here."""
@@ -163,6 +166,9 @@ class ModelTables:
     """``(modules after the layers, hidden) -> base-model output fields``; None: the modules in turn."""
     adapter: tuple[tuple[str, Any], ...] = ()
     """galva-train's size facts (:class:`~galva_models.adapters.base.FamilyAdapter` fields) of this family."""
+    sequence_parallel: Callable[[nn.Module, Any], frozenset[str]] | None = None
+    """``(layer, tp region) -> blocks it handles``: Megatron-SP of a family whose layers arrange their tokens outside
+    the attention function (Swin's windows); None: the standard form, or none where ``layer_shapes`` is set."""
 
     @property
     def experts(self) -> bool:
@@ -213,6 +219,7 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         layer_shapes=extra.get("layer_shapes"),
         tail=extra.get("tail"),
         adapter=tuple(extra.get("adapter", {}).items()),
+        sequence_parallel=extra.get("sequence_parallel"),
     )
 
 

@@ -132,13 +132,20 @@ def _transposed(module: nn.Module) -> bool:
 
 
 def shard_linear(
-    linear: nn.Module, style: str, region: TpRegion, path: str, replicate: bool = False, blocks: int = 2
+    linear: nn.Module,
+    style: str,
+    region: TpRegion,
+    path: str,
+    replicate: bool = False,
+    blocks: int = 2,
+    partial: bool = False,
 ) -> list[str]:
     """Put ``linear`` (an ``nn.Linear``, or a ``Conv1D`` storing its weight transposed) into ``style`` in place for
     ``region``'s group. ``replicate``: keep the weights whole although the style is column-parallel (key/value heads
     fewer than tp ranks: each rank picks the heads it needs in attention). ``blocks``: packed blocks of a
-    ``packed_*`` style. Returns the names of its parameters that stay replicated and whose gradient the runtime
-    must sum over tp (a replicated column-parallel input's weights)."""
+    ``packed_*`` style. ``partial``: a row-parallel output stays this rank's partial sum, which the family's hook
+    sums later (Swin under Megatron-SP: after its window reverse). Returns the names of its parameters that stay
+    replicated and whose gradient the runtime must sum over tp (a replicated column-parallel input's weights)."""
     transposed = _transposed(linear)
     if not (isinstance(linear, nn.Linear) or transposed):
         raise ValueError(f"{path}: tensor-parallel style {style!r} needs an nn.Linear, found {type(linear).__name__}")
@@ -166,7 +173,7 @@ def shard_linear(
         _check_divisible(f"{path} input features", in_features, tp * blocks)
         _replace(linear, "weight", _part(weight, in_dim, group, blocks), Split(in_dim, group, in_features, blocks))
         split_input = style == "rowwise_split_input"
-        forward = _rowwise_forward(region, split_input, transposed)
+        forward = _rowwise_forward(region, split_input, transposed, partial)
         linear.forward = types.MethodType(forward, linear)
         return []
     raise ValueError(f"{path}: tensor-parallel style {style!r} is not one Galva runs")
@@ -183,13 +190,18 @@ def split_per_head(module: nn.Module, group: ProcessGroup, path: str) -> None:
         _replace(module, name, _part(param, dim, group, 1), Split(dim, group, param.shape[dim]))
 
 
-def _rowwise_forward(region: TpRegion, split_input: bool, transposed: bool) -> Any:
+def _rowwise_forward(region: TpRegion, split_input: bool, transposed: bool, partial: bool = False) -> Any:
+    first = float(group_rank(region.group) == 0)
+
     def forward(self: nn.Module, x: Tensor) -> Tensor:
         if split_input:
             x = differentiable_split(x, -1, region.group)
         weight: Tensor = self.weight  # type: ignore[assignment]
         bias: Tensor | None = self.bias  # type: ignore[assignment]
-        out = region.leave(x @ weight if transposed else F.linear(x, weight))
+        out = x @ weight if transposed else F.linear(x, weight)
+        if partial:  # summed later: the bias once, on the first rank (kept in every rank's graph: a gradient to sum)
+            return out if bias is None else out + bias * first
+        out = region.leave(out)
         return out if bias is None else out + bias  # the bias once, after the sum
 
     return forward

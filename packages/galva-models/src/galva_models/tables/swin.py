@@ -12,18 +12,23 @@ What the table format cannot say is in the hooks below:
   are read from the config;
 - the stage's patch merging (``downsample``) runs after its last block, on the same grid (``stage_end``);
 - :func:`tail`: the base model's forward after the blocks (final norm, then the pooler over the tokens), which the
-  classifier reads.
+  classifier reads;
+- :func:`sequence_parallel`: Megatron-SP around ``SwinLayer.forward`` (its windows need the whole grid).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
 
+from galva_hp.parallel.mappings import differentiable_gather_replicated, differentiable_split
+from galva_hp.parallel.rng import group_stream
 from galva_models.tables.hooks import LayerShape
+from galva_models.tables.sharding import SEQ_DIM, TpRegion
 
-__all__ = ["TABLE", "layer_shapes", "tail"]
+__all__ = ["TABLE", "layer_shapes", "sequence_parallel", "tail"]
 
 
 def _grid(config: Any) -> tuple[int, int]:
@@ -65,6 +70,56 @@ def tail(modules: dict[str, nn.Module], hidden: Tensor) -> dict[str, Tensor]:
     return {"last_hidden_state": hidden, "pooler_output": modules["pooler"](hidden.transpose(1, 2)).flatten(1)}
 
 
+def sequence_parallel(module: nn.Module, region: TpRegion) -> frozenset[str]:
+    """Megatron-SP of one Swin block, in place around Hugging Face's own ``SwinLayer.forward`` (``module``: the Galva
+    layer, holding ``layer`` and, where its stage ends, ``downsample``). Between layers the hidden states are
+    sequence slices of the grid, in grid order. The windows need the whole grid, so the sequence is gathered where
+    ``layernorm_before`` leaves it (before pad, shift and window partition; the gather that ends the attention's
+    tp region), and the attention's row-parallel ``o_proj`` stays a partial sum through the window reverse, the
+    unshift and the crop until ``drop_path`` (called once, on the attention branch, before the residual add; an
+    identity without drop), whose output is reduce-scattered along the sequence. The MLP is the standard form
+    (``mlp`` gathers, ``fc2`` reduce-scatters). Patch merging interleaves 2 x 2 cells of the whole grid: its input
+    is gathered (every rank then holds the same grid) and its norm and reduction run on this rank's slice of the
+    merged tokens, the next stage's own sequence. Returns the block whose region this hook handles.
+
+    Random masks: the layer runs in this rank's stream (its sequence slice); the dropout on the attention output
+    and the drop path, which meet the partial sums before the reduce-scatter, draw from the stream the group
+    shares (every rank masks its part alike: the sum masked once), each from its own (``group_stream``)."""
+    group = region.group
+    layer: Any = module.layer  # Hugging Face's SwinLayer
+    calls = [0]
+
+    def first_dropout() -> bool:  # SwinLayer.forward's dropout: the attention output first, then the MLP's (a slice)
+        calls[0] += 1
+        return calls[0] == 1
+
+    layer.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, 0))
+    _draw_alike(layer.dropout, 1, first_dropout)
+    _draw_alike(layer.drop_path, 2, lambda: True)
+    layer.layernorm_before.register_forward_hook(lambda m, args, out: region.enter(out))
+    layer.drop_path.register_forward_hook(lambda m, args, out: region.leave(out))
+    merging = getattr(module, TABLE["stage_end"], None)
+    if merging is not None:
+        merging.register_forward_pre_hook(
+            lambda m, args: (differentiable_gather_replicated(args[0], SEQ_DIM, group), *args[1:])
+        )
+        merging.norm.register_forward_pre_hook(lambda m, args: (differentiable_split(args[0], SEQ_DIM, group),))
+    return frozenset({"attention"})
+
+
+def _draw_alike(module: nn.Module, salt: int, when: Callable[[], bool]) -> None:
+    """``module`` (a dropout or drop path) draws from the tp group's shared stream on the calls ``when`` picks."""
+    forward = module.forward
+
+    def alike(hidden: Tensor) -> Tensor:
+        if not when():
+            return forward(hidden)
+        with group_stream(hidden.device, salt):
+            return forward(hidden)
+
+    module.forward = alike
+
+
 _BLOCK = "encoder.layers.*.blocks.*."
 
 TABLE: dict[str, Any] = {
@@ -86,6 +141,7 @@ TABLE: dict[str, Any] = {
     "head": {"classifier": "classifier"},
     "layer_shapes": layer_shapes,
     "tail": tail,
+    "sequence_parallel": sequence_parallel,
     # galva-train's size flags: the sizes and heads are per stage, the depths four numbers (edit a --model-config)
     "adapter": {"per_stage_sizes": True, "head_dim_from_hidden": False, "set_num_layers": None, "ffn_size_field": None},
 }
