@@ -103,11 +103,14 @@ CASES: dict[str, tuple[Any, dict[str, Any], int | None, list[str]]] = {
         None,
         ["layers[0].tp: tp 4 does not divide the 2 attention heads", "vocab.sp: the vocabulary cannot run"],
     ),
-    "swin merged grid": (
+    "swin grid": (  # its layers take the whole patch grid: no sequence form, whatever the degree
         _config("tiny-swin", image_size=24),
         _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2, "sp": True}),
         None,
-        ["does not divide the 9 tokens of its output", "vocab.sp: the vocabulary cannot run"],
+        [
+            "layers[1].ulysses: swin_stage1 layers cannot run Ulysses: swin's layers arrange their 36 tokens as a grid",
+            "vocab.sp: the vocabulary cannot run",
+        ],
     ),
     "fp16 and world": (
         _config("tiny-llama"),

@@ -6,8 +6,12 @@ replicated (ep1), and the all-to-all share of the step measured against galva-se
 Not part of the test suite. One forked gloo world of 4 ranks (tp 1, dp 4); every plan is built in the same
 processes and the plans are interleaved step by step. Model: tiny Mixtral (galva-models' ``tiny-mixtral``: hidden
 64, 4 layers, 4 experts of FFN 128, top-2), sequence 64, global batch 8, fp32. A step is ``forward_backward``
-(dispatch, experts, combine, gradient reductions); the all-to-all time is the wall time inside
-``torch.distributed.all_to_all_single`` on each rank (the largest rank per step), its share the median over steps.
+(dispatch, experts, combine, gradient reductions). All-to-all time, two ways, each share the median over steps:
+"inside": the wall time inside ``torch.distributed.all_to_all_single`` on the rank with the most (what the first
+README table reported: it includes waiting inside each call for the last rank to arrive, i.e. the other ranks'
+compute, routing imbalance and the outside load's descheduling); "own": per call, the time of the rank that spent
+the least in it (the last to arrive: the collective's own latency and transfer), summed over the step's calls.
+galva-search prices the second: the wait for the busiest rank is the compute term's imbalance.
 The prediction is ``galva-profile model`` on this model and ``galva-profile hardware`` on this machine (4 ranks),
 priced by ``galva_search.evaluation.evaluate_strategy`` and the layers' ``expert_comm_s``.
 
@@ -41,7 +45,7 @@ def strategy(ep: int) -> Any:
                     mixed_precision="fp32", layers=[LayerStrategy(tp=1, ep=ep)] * 4)
 
 
-def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, float]]]:
+def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, list[float]]]]:
     import torch
     import torch.distributed as dist
 
@@ -49,13 +53,13 @@ def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, flo
     from galva_models.adapters import adapter_for
     from galva_models.data import RandomTokenSource
 
-    spent = {"s": 0.0}
+    calls: list[float] = []
     plain = dist.all_to_all_single
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         out = plain(*args, **kwargs)
-        spent["s"] += time.perf_counter() - t0
+        calls.append(time.perf_counter() - t0)
         return out
 
     dist.all_to_all_single = timed  # type: ignore[assignment]
@@ -66,17 +70,17 @@ def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, flo
         hf = adapter.build_model(config, attn_implementation="sdpa")
         models[name] = build(adapter.decompose(hf), strategy(ep), BuildOptions(seq_len=SEQ))
     source = RandomTokenSource(int(config.vocab_size), SEQ, BATCH, 0)
-    out: dict[str, list[tuple[float, float]]] = {name: [] for name in PLANS}
+    out: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in PLANS}
     for step in range(WARMUP + STEPS):
         batch = source.batch(step)
         for name, model in models.items():
             dist.barrier()
-            spent["s"] = 0.0
+            calls.clear()
             t0 = time.perf_counter()
             model.forward_backward(batch.inputs, batch.labels)
             wall = time.perf_counter() - t0
             if step >= WARMUP:
-                out[name].append((wall, spent["s"]))
+                out[name].append((wall, list(calls)))
     return out
 
 
@@ -132,9 +136,13 @@ def measure() -> dict[str, dict[str, float]]:
     result = {}
     for name in PLANS:
         steps = [max(r[name][i][0] for r in ranks) for i in range(STEPS)]
-        a2a = [max(r[name][i][1] for r in ranks) for i in range(STEPS)]
-        result[name] = {"step_s": statistics.median(steps), "a2a_s": statistics.median(a2a),
-                        "a2a_share": statistics.median(a / s for a, s in zip(a2a, steps))}
+        inside = [max(sum(r[name][i][1]) for r in ranks) for i in range(STEPS)]
+        # the same calls in the same order on every rank (collectives): per call, the last rank in
+        own = [sum(map(min, zip(*(r[name][i][1] for r in ranks)))) for i in range(STEPS)]
+        result[name] = {"step_s": statistics.median(steps), "a2a_s": statistics.median(own),
+                        "a2a_share": statistics.median(a / s for a, s in zip(own, steps)),
+                        "a2a_inside_share": statistics.median(a / s for a, s in zip(inside, steps)),
+                        "a2a_calls": len(ranks[0][name][0][1])}
     return result
 
 
@@ -164,22 +172,28 @@ def predict(work: Path) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
+    parser.add_argument("--no-transformers", action="store_true", help="leave out transformers' own EP")
+    parser.add_argument("--profiles", metavar="DIR", help="keep the hardware and model profiles here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        predicted = predict(Path(tmp))
+        if args.profiles:
+            Path(args.profiles).mkdir(parents=True, exist_ok=True)
+        predicted = predict(Path(args.profiles or tmp))
         measured = measure()
-        theirs = measure_transformers(Path(tmp))
-    print("| plan | step ms measured | vs ep1 | step ms predicted | a2a share measured | a2a share predicted |")
-    print("|---|---|---|---|---|---|")
+        theirs = None if args.no_transformers else measure_transformers(Path(tmp))
+    print("| plan | step ms measured | vs ep1 | step ms predicted | a2a calls | a2a share inside (largest rank) | "
+          "a2a share own (measured) | a2a share predicted |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in PLANS:
         m, p = measured[name], predicted[name]
         print(f"| {name} | {m['step_s'] * 1e3:.1f} | {m['step_s'] / measured['ep1']['step_s']:.3f} | "
-              f"{p['step_s'] * 1e3:.1f} | {m['a2a_share']:.1%} | {p['a2a_share']:.1%} |")
+              f"{p['step_s'] * 1e3:.1f} | {m['a2a_calls']} | {m['a2a_inside_share']:.1%} | {m['a2a_share']:.1%} | "
+              f"{p['a2a_share']:.1%} |")
     if theirs is None:
         print("transformers ep 4: not run (needs accelerate)")
     else:
         print(f"| transformers ep4 (own EP, FSDP2 experts) | {theirs * 1e3:.1f} | "
-              f"{theirs / measured['ep1']['step_s']:.3f} | | | |")
+              f"{theirs / measured['ep1']['step_s']:.3f} | | | | | |")
     if args.output:
         Path(args.output).write_text(json.dumps({"measured": measured, "predicted": predicted,
                                                  "transformers_ep4_step_s": theirs}, indent=1))

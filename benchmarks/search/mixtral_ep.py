@@ -2,7 +2,7 @@
 the best uniform plan (one tp / pp / ep / etp / dp type / checkpointing for every layer, as a Megatron user writes
 it), both by galva-search on the same profiles.
 
-    .venv/bin/python benchmarks/search/mixtral_ep.py [--write-readme]
+    .venv/bin/python benchmarks/search/mixtral_ep.py [--memory-gb 80 40]
 
 Inputs (stated here, built in memory; see README.md "Mixtral-8x7B, 64 GPUs"):
 
@@ -140,11 +140,12 @@ def run(batch: int, memory_gb: float, micro_batches: int | None) -> dict:
         options = SearchOptions(memory_budget_mib=memory_gb * 1024.0, batch_sizes=(batch,), fine_grained=fine,
                                 space=SpaceOptions(default_dp_type=DataParallelType.ZERO2, max_ep=max_ep), threads=1,
                                 num_micro_batches=micro_batches)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = search(cost, options)
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         out[name] = {
             "search_s": seconds,
+            "search_cpu_s": cpu_seconds,
             "iteration_s": result.summary.iteration_time_s,
             "plan": describe(result),
         }
@@ -181,10 +182,12 @@ def describe(result) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--memory-gb", type=float, default=80.0)
+    parser.add_argument("--memory-gb", type=float, nargs="+", default=[80.0, 40.0],
+                        help="device memory budgets, one run each (default: A100 80 GB and 40 GB)")
     parser.add_argument("--micro-batches", type=int, default=8, help="fixed count (0: every count)")
     args = parser.parse_args()
-    print(json.dumps(run(args.batch, args.memory_gb, args.micro_batches or None), indent=1))
+    runs = {f"{gb:g} GB": run(args.batch, gb, args.micro_batches or None) for gb in args.memory_gb}
+    print(json.dumps(runs, indent=1))
 
 
 if __name__ == "__main__":

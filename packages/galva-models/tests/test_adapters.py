@@ -114,15 +114,14 @@ def test_layer_types_and_specs():
     assert not any("relative_attention_bias" in n for n, _ in layered.layers[1].named_parameters())
 
 
-def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
-    """A 24-pixel tiny Swin has grids 12x12, 6x6, 3x3, 2x2: Ulysses / Megatron-SP 2 cannot split the 9 tokens that
-    stage 1's patch merging outputs. Refused before any process group, naming the layer; tp alone is fine."""
+def test_swin_refuses_the_sequence_forms_before_building():
+    """Swin's layers arrange their tokens as a grid of windows (and merge patches) outside the attention function:
+    Ulysses and Megatron-SP are refused by galva-hp's check, before any process group, naming the layers and why;
+    tp alone is fine."""
     from galva_hp import check_plan
     from galva_schema import SchemaError, Strategy
 
-    config = preset_config("tiny-swin")
-    config.image_size = 24
-    _, layered = build_layered(config)
+    _, layered = build_layered(preset_config("tiny-swin"))
 
     def plan(**fields) -> Strategy:
         layer = fields.pop("layer")
@@ -130,11 +129,10 @@ def test_swin_refuses_sequence_shards_that_do_not_divide_a_grid():
         return Strategy.model_validate({**base, "layers": [layer] * layered.num_layers, **fields})
 
     check_plan(layered, plan(layer={"tp": 2}))
-    check_plan(build_layered(preset_config("tiny-swin"))[1], plan(layer={"tp": 2, "ulysses": True}))
-    message = "layers[1].tp: {} degree 2 does not divide the 9 tokens of its output"
-    with pytest.raises(SchemaError, match=re.escape(message.format("Ulysses"))):
+    message = "layers[0].{}: swin_stage0 layers cannot run {}: swin's layers arrange their 256 tokens as a grid"
+    with pytest.raises(SchemaError, match=re.escape(message.format("ulysses", "Ulysses"))):
         check_plan(layered, plan(layer={"tp": 2, "ulysses": True}))
-    with pytest.raises(SchemaError, match=re.escape(message.format("Megatron-SP"))):
+    with pytest.raises(SchemaError, match=re.escape(message.format("tp", "Megatron-SP"))):
         check_plan(layered, plan(layer={"tp": 2}, megatron_sp=True))
 
 

@@ -479,16 +479,33 @@ ENCODER_PLANS = {
     "bert": ["tp2", "tp2-megatron_sp", "ulysses2", "pp2-zero3", "pp2-mixed"],
     # one label per image: vocabulary sp is refused (below), so Ulysses runs with the classifier split over labels
     "vit": ["tp2", "tp2-megatron_sp", "ulysses2-vtp2", "pp2-zero3", "pp2-mixed"],
+    # window attention on a shifted, padded grid, patch merging between the stages; the sequence forms are refused
+    "swin": ["tp2", "pp2-zero3", "pp2-mixed-tp"],
 }
 PLANS["ulysses2-vtp2"] = _plan([{"tp": 2, "ulysses": True}] * 4, vocab={"tp": 2})
+PLANS["pp2-mixed-tp"] = _plan(  # a different form per layer where every layer takes tp only
+    [
+        {"tp": 2, "checkpoint": True},
+        {"dp_type": "zero3"},
+        {"tp": 2, "tp_consecutive": False, "checkpoint": True},
+        {"tp": 2, "dp_type": "zero2"},
+    ],
+    pp=2,
+    vocab={"tp": 2},
+)
 
 
 def encoder_config(family: str):
     """``tiny-bert``; ``tiny-vit`` on 12-pixel images (9 patches + CLS = 10 tokens: a 2-way sequence split divides
-    them; the preset's 17 tokens do not, which the constraints refuse)."""
+    them; the preset's 17 tokens do not, which the constraints refuse); ``tiny-swin`` as two stages of two blocks
+    (4 layers, the second of each stage's windows shifted) on a 12 x 12 grid of 4 x 4 windows, merged into a 6 x 6
+    grid the windows do not tile (Hugging Face pads it)."""
     config = preset_config(f"tiny-{family}")
     if family == "vit":
         config.image_size = 12
+    if family == "swin":
+        config.image_size, config.window_size, config.depths, config.num_heads = 24, 4, [2, 2], [2, 4]
+        config.num_layers = 2
     return config
 
 
@@ -518,8 +535,9 @@ def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_encoder_families_train_like_hugging_face():
-    """BERT (masked LM) and ViT (image classification) from Galva's tables, no adapter class: tp2, Megatron-SP,
-    Ulysses 2, pp2 x ZeRO-3 and a mixed per-layer plan, 4 steps within 1e-5 of Hugging Face + AdamW."""
+    """BERT (masked LM), ViT and Swin (image classification) from Galva's tables, no adapter class: tp2,
+    Megatron-SP, Ulysses 2 (not Swin: refused below), pp2 x ZeRO-3 and a mixed per-layer plan, 4 steps within 1e-5
+    of Hugging Face + AdamW."""
     cases = [(family, plan) for family, plans in ENCODER_PLANS.items() for plan in plans]
     results = run_distributed(check_encoders, 4, cases, timeout=900)
     assert sorted(results[0]) == sorted(f"{f}/{p}" for f, p in cases)
@@ -527,8 +545,8 @@ def test_encoder_families_train_like_hugging_face():
 
 
 def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
-    """Vocabulary sp for a per-image label, and a sequence split of ViT's 17 tokens: refused up front by the
-    constraints the search plans with."""
+    """Vocabulary sp for a per-image label, a sequence split of ViT's 17 tokens, and any sequence form for Swin:
+    refused up front by the constraints the search plans with."""
     from galva_models.adapters import adapter_for
 
     vit = preset_config("tiny-vit")
@@ -539,6 +557,13 @@ def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     problems = plan_problems(PLANS["tp2-megatron_sp"], constraints, world_size=4, seq_len=SEQ)
     assert problems and all("\n" not in p for p in problems)
     assert any("17" in p for p in problems), problems
+    swin = encoder_config("swin")  # Swin's layers read the whole grid: every sequence form, one line per stage
+    reason = "swin's layers arrange their {} tokens as a grid of windows outside the attention function"
+    for plan, form in (("tp2-megatron_sp", "Megatron-SP"), ("ulysses2-vtp2", "Ulysses"), ("cp2", "context")):
+        problems = plan_problems({**PLANS, **CP_PLANS}[plan], adapter_for(swin).constraints(swin), world_size=4)
+        assert len(problems) >= 2 and all("\n" not in p for p in problems), problems  # cp: the vocabulary too
+        assert form in problems[0] and reason.format(144) in problems[0], problems
+        assert problems[1].startswith("layers[2..3]") and reason.format(36) in problems[1], problems
 
 
 def test_galva_train_takes_context_parallelism_as_a_flag_and_refuses_what_does_not_fit():

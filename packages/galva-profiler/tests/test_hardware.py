@@ -52,6 +52,9 @@ def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None
     assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
     timed = {(s.collective, s.group_size) for s in steps if s.kind == "time"}
     assert timed == {(c, n) for c in Collective for n in (2, 4, 8)}
+    # the all-to-all's small end (expert dispatch's counts and weights): a 4 KiB point per group size
+    latency = [(s.collective, s.group_size, s.message_mib) for s in steps if s.kind == "latency"]
+    assert latency == [(Collective.ALL_TO_ALL, n, 4096 / 2**20) for n in (2, 4, 8)]
     assert [s.group_size for s in steps if s.kind == "p2p"] == [2, 4, 8]
     assert steps[-1].kind == "overlap"
     cut = plan_sweep(8, SweepOptions(message_mib=(1, 2), max_group_size=2, max_pp=2))

@@ -58,3 +58,29 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     # zb-h1's deferred work measured, not assumed: the weight-gradient share of the backward, in [0, 1) (a timing:
     # on a loaded machine the input-gradient pass can take as long as the whole backward, and the share clamps to 0)
     assert layer.weight_grad_share is not None and 0.0 <= layer.weight_grad_share < 1.0
+    # each parallel form's own cost per call beyond the plain layer, timed on the ranks that measured its bytes: the
+    # tp form runs a plain layer's work plus its splits and collectives' bookkeeping, never less in both passes
+    assert set(layer.parallel_overhead_ms) == {"tp", "megatron_sp", "ulysses"}
+    assert all(set(by_degree) == {2} for by_degree in layer.parallel_overhead_ms.values())
+    assert sum(layer.parallel_overhead_ms["tp"][2]) > 0.0
+
+
+def test_an_image_model_s_vocabulary_takes_images_and_the_last_layer_s_shape() -> None:
+    """ViT and Swin have no token vocabulary: the embedding reads images and the head a label per sample; Swin's
+    head reads the last stage's grid (4 tokens of 128 here), not the embedding's (256 of 16)."""
+    import torch
+
+    from galva_profiler.model_profile import _vocab_inputs
+    from galva_profiler.vocab import measure_vocab, tie
+
+    config, _ = load_config("tiny-swin", None)
+    model = MetaModel.build(config, "tiny-swin")
+    model.embedding(torch.float32).train()
+    model.head(torch.float32).train()
+    tie(model.layered)
+    inputs = _vocab_inputs(model, 256, torch.float32)
+    assert inputs.image == (3, 32) and inputs.head_input == (4, 128) and inputs.token_vocab is None
+    measured = measure_vocab(model.layered, inputs, 16, torch.float32, [1, 2], [1], False, Repeats(0, 1))
+    head_params = sum(p.numel() for p in model.layered.head.parameters())
+    assert measured.model_states_mib["pp_last"][1] == pytest.approx(head_params * 16 / 2**20)
+    assert measured.activation_mib_per_sample["pp_first"][1] > 0 and measured.times[2].forward_ms > 0

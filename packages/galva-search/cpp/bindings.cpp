@@ -8,9 +8,12 @@
 #include <vector>
 
 #include "stage_dp.hpp"
+#include "stage_levels.hpp"
 
 namespace py = pybind11;
+using galva::dp::LevelCounts;
 using galva::dp::Options;
+using galva::dp::StageLevels;
 using galva::dp::StageProblem;
 using galva::dp::StageSolution;
 using galva::dp::Stats;
@@ -118,4 +121,52 @@ PYBIND11_MODULE(_core, m) {
       py::arg("problems"), py::arg("threads") = 0, py::arg("memory_resolution") = 0.0,
       py::arg("prune_strategies") = true, py::arg("use_bounds") = true,
       "Solve independent stages on C++ threads (0 = one per hardware thread) with the GIL released.");
+
+  py::class_<StageLevels>(m, "StageLevels",
+                          "One stage's transient levels, reduced and bounded, with their solutions (stage_levels.hpp)")
+      .def(py::init([](int layers, int strategies, const py::buffer& intra, const py::buffer& memory,
+                       const py::buffer& inter, const py::buffer& transient) {
+             return new StageLevels(layers, strategies, copy_buffer(intra, "intra_time"),
+                                    copy_buffer(memory, "memory_mib"), copy_buffer(inter, "inter_time"),
+                                    copy_buffer(transient, "transient_mib"));
+           }),
+           py::arg("layers"), py::arg("strategies"), py::arg("intra"), py::arg("memory"), py::arg("inter"),
+           py::arg("transient"))
+      .def_property_readonly("levels",
+                             [](const StageLevels& s) {
+                               py::list out;
+                               for (const auto& lv : s.levels())
+                                 out.append(py::make_tuple(lv.tau, py::tuple(py::cast(lv.columns))));
+                               return out;
+                             },
+                             "[(tau, kept candidates)] per level, in order of tau")
+      .def_property_readonly("classes", [](const StageLevels& s) { return py::tuple(py::cast(s.classes())); },
+                             "transition class of every candidate")
+      .def("bound", &StageLevels::bound, py::arg("level"), py::arg("budget"),
+           "lower bound on the time of the level's plans under the stage budget");
+
+  m.def(
+      "solve_stages",
+      [](const py::list& stages, unsigned threads, bool cutoffs) {
+        std::vector<std::pair<StageLevels*, double>> items;
+        items.reserve(stages.size());
+        for (const py::handle& h : stages) {
+          const py::tuple t = h.cast<py::tuple>();
+          if (t.size() != 2) throw py::value_error("each stage is (StageLevels, budget)");
+          items.emplace_back(t[0].cast<StageLevels*>(), t[1].cast<double>());
+        }
+        LevelCounts counts;
+        std::vector<StageSolution> out;
+        {
+          py::gil_scoped_release release;
+          out = galva::dp::solve_stages(items, Options(), threads, counts, cutoffs);
+        }
+        py::list result;
+        for (const StageSolution& s : out) result.append(to_python(s));
+        return py::make_tuple(result, counts.solved, counts.reused);
+      },
+      py::arg("stages"), py::arg("threads") = 0, py::arg("cutoffs") = true,
+      "Best plan of each (StageLevels, stage budget) over its levels, solved in rounds on C++ threads with the GIL "
+      "released; cutoffs: tell each DP the best time its stages have. Returns (solutions or None, DPs solved, level "
+      "solutions reused).");
 }

@@ -78,6 +78,10 @@ struct Options {
   bool prune_strategies = true;    // step 1
   bool use_bounds = true;          // step 2 (and bound pruning in step 3)
   bool cross_prune = true;         // step 3: dominance across fronts with different last strategies
+  // A plan slower than this is of no use to the caller (stage_levels.hpp: another level already has one this fast):
+  // the solver may answer "above the cutoff" instead of solving (StageSolution::above_cutoff). Any plan it returns is
+  // still the optimum.
+  double cutoff = kInf;
 };
 
 struct Stats {
@@ -94,6 +98,7 @@ struct StageSolution {
   std::vector<int> choice;
   double time = 0.0;
   double memory = 0.0;
+  bool above_cutoff = false;  // not feasible: no plan within Options::cutoff (there may be slower ones)
 };
 
 inline std::string format_value(double v) {
@@ -145,14 +150,22 @@ inline void plan_cost(const StageProblem& p, const std::vector<int>& choice, dou
 
 class StageSolver {
  public:
-  StageSolver(const StageProblem& p, const Options& o) : p_(p), opt_(o), L_(p.layers), S_(p.strategies) {}
+  StageSolver(const StageProblem& p, const Options& o) : StageSolver(p, o, p.budget) {}
+  // ``budget`` in place of p.budget: one problem's arrays solved under several budgets without copies
+  StageSolver(const StageProblem& p, const Options& o, double budget)
+      : p_(p),
+        opt_(o),
+        L_(p.layers),
+        S_(p.strategies),
+        budget_(budget),
+        cut_(std::isfinite(o.cutoff) ? o.cutoff + 1e-9 * std::fabs(o.cutoff) : kInf) {}
 
   StageSolution solve(Stats* stats) {
     Stats local;
     Stats& st = stats ? *stats : local;
     StageSolution out;
     if (L_ == 0) {
-      out.feasible = p_.budget >= 0;
+      out.feasible = budget_ >= 0;
       st.method = out.feasible ? "empty" : "infeasible";
       return out;
     }
@@ -169,19 +182,26 @@ class StageSolver {
       suffix_min_mem_[l] = layer_min_[l] + suffix_min_mem_[l + 1];
     }
     // (the slack covers summing in another order than the plan does; the exact test is on whole plans)
-    if (!(suffix_min_mem_[0] <= p_.budget + 1e-12 * (std::fabs(p_.budget) + 1.0))) return infeasible(st);
+    if (!(suffix_min_mem_[0] <= budget_ + 1e-12 * (std::fabs(budget_) + 1.0))) return infeasible(st);
 
     std::vector<int> ub_plan;
     double ub = kInf;
+    bool cutting = false;  // ub is the cutoff
     if (opt_.use_bounds) {
       if (dual_search(st, ub_plan, ub)) return finish(ub_plan, st, "dual");
       if (st.method == "unconstrained") return finish(ub_plan, st, "unconstrained");
       if (st.method == "infeasible") return infeasible(st);
+      if (cut_ < ub) {  // only a plan within the cutoff matters: none when the dual bound is above it
+        if (lb_ > cut_) return above(st);
+        ub = cut_;
+        ub_plan.clear();
+        cutting = true;
+      }
     }
     std::vector<int> plan;
     if (pareto(st, ub, plan)) return finish(plan, st, "pareto");
     if (!ub_plan.empty()) return finish(ub_plan, st, "dual");
-    return infeasible(st);
+    return cutting ? above(st) : infeasible(st);
   }
 
  private:
@@ -347,18 +367,18 @@ class StageSolver {
       st.method = "infeasible";
       return false;
     }
-    if (a.memory <= p_.budget) {
+    if (a.memory <= budget_) {
       ub_plan = a.plan;
       ub = a.time;
       st.method = "unconstrained";
       return false;
     }
     bound0_ = a.w;
-    double lb = a.value - 0.0;
+    lb_ = a.value - 0.0;
     Pass b;  // smallest-memory plan: fits whenever any plan fits (memory has no transitions)
     viterbi(0.0, true, b);
     ++st.dual_passes;
-    if (b.plan.empty() || !(b.memory <= p_.budget)) return false;  // no UB; the Pareto DP decides
+    if (b.plan.empty() || !(b.memory <= budget_)) return false;  // no UB; the Pareto DP decides
     ub_plan = b.plan;
     ub = b.time;
     std::vector<std::vector<int>> seen = {a.plan, b.plan};  // plans met, for splicing below
@@ -372,19 +392,20 @@ class StageSolver {
       ++st.dual_passes;
       if (c.plan.empty()) break;
       seen.push_back(c.plan);
-      const double dual = c.value - lam * p_.budget;
-      if (dual > lb || best_dual.w.empty()) {
-        if (dual > lb) lb = dual;
+      const double dual = c.value - lam * budget_;
+      if (dual > lb_ || best_dual.w.empty()) {
+        if (dual > lb_) lb_ = dual;
         best_dual = c;
       }
-      if (c.memory <= p_.budget && c.time < ub) {
+      if (lb_ > cut_) return false;  // no plan within the cutoff: solve() says so
+      if (c.memory <= budget_ && c.time < ub) {
         ub = c.time;
         ub_plan = c.plan;
       }
-      if (ub <= lb + 1e-13 * std::fabs(ub)) return true;
+      if (ub <= lb_ + 1e-13 * std::fabs(ub)) return true;
       const double line = a.time + lam * a.memory;
       if (!(c.value < line - 1e-12 * std::fabs(line))) break;  // lam is the dual optimum
-      if (c.memory > p_.budget)
+      if (c.memory > budget_)
         a = std::move(c);
       else
         b = std::move(c);
@@ -394,7 +415,7 @@ class StageSolver {
       bound_lam_ = std::move(best_dual.w);
     }
     splice(seen, ub, ub_plan);
-    return ub <= lb + 1e-13 * std::fabs(ub);
+    return ub <= lb_ + 1e-13 * std::fabs(ub);
   }
 
   // A better upper bound from the plans the dual search met: the optimum is often the head of one and the tail of
@@ -422,7 +443,7 @@ class StageSolver {
         sm[l] = sm[l + 1] + mem_[idx(l, c[l])];
       }
     }
-    const double slack = 1e-9 * (std::fabs(p_.budget) + 1.0);
+    const double slack = 1e-9 * (std::fabs(budget_) + 1.0);
     double best = ub;
     size_t bp = 0, bq = 0;
     int bk = -1;
@@ -431,7 +452,7 @@ class StageSolver {
         if (p == q) continue;
         for (int k = 1; k < L_; ++k) {
           const double m = pre_m[p * stride + k] + suf_m[q * stride + k];
-          if (m > p_.budget + slack) continue;
+          if (m > budget_ + slack) continue;
           const double t =
               pre_t[p * stride + k] + p_.inter_at(k, plans[p][k - 1], plans[q][k]) + suf_t[q * stride + k];
           if (t < best) {
@@ -447,7 +468,7 @@ class StageSolver {
     plan.insert(plan.end(), plans[bq].begin() + bk, plans[bq].end());
     double t, m;
     dp_cost(plan, t, m);
-    if (m <= p_.budget && t < ub) {
+    if (m <= budget_ && t < ub) {
       ub = t;
       ub_plan = std::move(plan);
     }
@@ -457,7 +478,7 @@ class StageSolver {
   double bound(int l, int j, double m) const {
     if (bound0_.empty()) return 0.0;
     double b = bound0_[idx(l, j)];
-    if (!bound_lam_.empty()) b = std::max(b, bound_lam_[idx(l, j)] - lam_ * (p_.budget - m));
+    if (!bound_lam_.empty()) b = std::max(b, bound_lam_[idx(l, j)] - lam_ * (budget_ - m));
     return b;
   }
 
@@ -533,7 +554,7 @@ class StageSolver {
 
   // Step 3. Returns true with the plan when a plan strictly faster than ub exists.
   bool pareto(Stats& st, double ub, std::vector<int>& plan) {
-    const double slack = 1e-12 * (std::fabs(p_.budget) + 1.0);
+    const double slack = 1e-12 * (std::fabs(budget_) + 1.0);
     const bool bounded = std::isfinite(ub) && !bound0_.empty();
     std::vector<std::vector<Point>> pts(L_);
     std::vector<std::vector<int32_t>> off(L_, std::vector<int32_t>(S_ + 1, 0));
@@ -545,7 +566,7 @@ class StageSolver {
       off[0][j] = static_cast<int32_t>(pts[0].size());
       if (!live_[idx(0, j)]) continue;
       const double m = mem_[idx(0, j)], t = p_.intra_at(0, j);
-      if (m + suffix_min_mem_[1] > p_.budget + slack) continue;
+      if (m + suffix_min_mem_[1] > budget_ + slack) continue;
       if (bounded && t + bound(0, j, m) >= ub) continue;
       pts[0].push_back({m, t, -1, -1});
     }
@@ -561,7 +582,7 @@ class StageSolver {
       std::sort(merged.begin(), merged.end(),
                 [](const Cand& x, const Cand& y) { return x.m < y.m || (x.m == y.m && x.t < y.t); });
       std::vector<Point>& out = pts[l];
-      const double limit = p_.budget + (l == L_ - 1 ? 0.0 : slack) - suffix_min_mem_[l + 1];
+      const double limit = budget_ + (l == L_ - 1 ? 0.0 : slack) - suffix_min_mem_[l + 1];
       for (int j = 0; j < S_; ++j) {
         off[l][j] = static_cast<int32_t>(out.size());
         if (!live_[idx(l, j)]) continue;
@@ -593,7 +614,7 @@ class StageSolver {
     int arg_s = -1;
     for (int j = 0; j < S_; ++j)
       for (int32_t q = off[L_ - 1][j]; q < off[L_ - 1][j + 1]; ++q)
-        if (last[q].t < best && last[q].m <= p_.budget) {
+        if (last[q].t < best && last[q].m <= budget_) {
           best = last[q].t;
           arg = q;
           arg_s = j;
@@ -623,10 +644,19 @@ class StageSolver {
     st.method = "infeasible";
     return StageSolution();
   }
+  StageSolution above(Stats& st) const {
+    st.method = "above_cutoff";
+    StageSolution out;
+    out.above_cutoff = true;
+    return out;
+  }
 
   const StageProblem& p_;
   const Options opt_;
   const int L_, S_;
+  const double budget_;
+  const double cut_;    // Options::cutoff with a relative slack of 1e-9 (sums in another order)
+  double lb_ = -kInf;  // the dual bound of step 2
   std::vector<double> mem_;
   std::vector<char> live_;
   std::vector<double> layer_min_, suffix_min_mem_;
@@ -642,6 +672,25 @@ inline StageSolution solve(const StageProblem& p, const Options& o = Options(), 
   return solver.solve(stats);
 }
 
+// Runs work(0) .. work(n - 1) on `threads` std::threads (0: one per hardware thread), this one included.
+template <class Work>
+inline void run_parallel(size_t n, unsigned threads, Work work) {
+  std::atomic<size_t> next{0};
+  auto loop = [&]() {
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= n) return;
+      work(i);
+    }
+  };
+  unsigned count = threads ? threads : std::max(1u, std::thread::hardware_concurrency());
+  count = static_cast<unsigned>(std::min<size_t>(count, std::max<size_t>(n, 1)));
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < count; ++k) pool.emplace_back(loop);
+  loop();
+  for (std::thread& t : pool) t.join();
+}
+
 // Solves independent problems on `threads` std::threads (0: one per hardware thread). A problem that fails
 // validation makes the call throw std::invalid_argument with "problems[i]: " before the message.
 inline std::vector<StageSolution> solve_many(const std::vector<StageProblem>& problems, const Options& o,
@@ -650,25 +699,14 @@ inline std::vector<StageSolution> solve_many(const std::vector<StageProblem>& pr
   std::vector<StageSolution> out(n);
   std::vector<std::string> errors(n);
   std::vector<char> failed(n, 0);
-  std::atomic<size_t> next{0};
-  auto work = [&]() {
-    for (;;) {
-      const size_t i = next.fetch_add(1);
-      if (i >= n) return;
-      try {
-        out[i] = solve(problems[i], o);
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-        failed[i] = 1;
-      }
+  run_parallel(n, threads, [&](size_t i) {
+    try {
+      out[i] = solve(problems[i], o);
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+      failed[i] = 1;
     }
-  };
-  unsigned count = threads ? threads : std::max(1u, std::thread::hardware_concurrency());
-  count = static_cast<unsigned>(std::min<size_t>(count, std::max<size_t>(n, 1)));
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < count; ++k) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  });
   for (size_t i = 0; i < n; ++i)
     if (failed[i]) throw std::invalid_argument("problems[" + std::to_string(i) + "]: " + errors[i]);
   return out;

@@ -7,6 +7,8 @@ p2p 25 GB/s, overlap slowdown 1.25. The tiny layer: H 1024, S 512, 64 MiB fp32 p
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,10 @@ def test_measured_curves_interpolate_inside_and_fit_outside(tiny_hw):
     assert float(comm.all_to_all(4, True, 1.5 * mib)) == pytest.approx(1.25e-3, **EXACT)
     slope, intercept = curve.linear_fit()
     assert float(comm.allreduce(4, True, 8 * mib)) == pytest.approx((slope * 8 + intercept) * 1e-3, **EXACT)
+    # below the smallest size an all-to-all is latency-bound: that size's time, where the line falls below it
+    line = max(0.0, slope * 0.25 + intercept) * 1e-3
+    assert line < 1e-3 and float(comm.allreduce(4, True, 0.25 * mib)) == pytest.approx(line, **EXACT)
+    assert float(comm.all_to_all(4, True, 0.25 * mib)) == pytest.approx(1e-3, **EXACT)
     # strided groups have no curve: bus bandwidth
     assert float(comm.allreduce(2, False, mib)) == pytest.approx(mib / 50e9, **EXACT)
 
@@ -193,6 +199,25 @@ def test_activation_by_tp_checkpoint_sp_and_ulysses(make_model, tiny_hw):
     sp = make_model(megatron_sp=True)
     got = terms(sp, tiny_hw, Candidate(1, 2, 2, checkpoint=True), megatron_sp=True)[0].activation_mib[0]
     assert got == pytest.approx(4 * 1.0 / 2)  # the checkpointed input is sequence-sharded
+
+
+def test_a_parallel_forms_measured_overhead_is_compute(make_model, tiny_hw):
+    """parallel_overhead_ms[form][degree] adds (forward, backward) ms per call to a layer under that form, scaled as
+    compute; recomputation repeats the forward's; tp 1, other degrees and zb-h1's deferred share are unchanged."""
+    plain = make_model()
+    layer = plain.layer_types[0].model_copy(
+        update={"parallel_overhead_ms": {"tp": {2: (1.0, 3.0)}, "ulysses": {2: (0.5, 0.25)}}})
+    measured = plain.model_copy(update={"layer_types": (layer,)})
+    cands = [Candidate(1, 1, 4), Candidate(1, 2, 2), Candidate(1, 2, 2, checkpoint=True),
+             Candidate(1, 2, 2, ulysses=True), Candidate(1, 4, 1)]
+    base = CostModel(tiny_hw, plain, CostSettings()).layer_terms(0, cands, 8, 1)
+    got = CostModel(tiny_hw, measured, CostSettings()).layer_terms(0, cands, 8, 1)
+    k = 1e-3 * CostSettings().factors.compute * tiny_hw.compute_slowdown
+    extra_f, extra_b = np.array([0, 1.0, 1.0, 0.5, 0]) * k, np.array([0, 3.0, 4.0, 0.25, 0]) * k
+    assert got.forward_s - base.forward_s == pytest.approx(extra_f, **EXACT)
+    assert got.backward_s - base.backward_s == pytest.approx(extra_b, **EXACT)
+    assert got.micro_batch_s - base.micro_batch_s == pytest.approx(extra_f + extra_b, **EXACT)
+    assert got.weight_grad_s == pytest.approx(base.weight_grad_s, **EXACT)
 
 
 def test_in_flight_micro_batches(tiny, tiny_hw):
@@ -463,6 +488,27 @@ def test_expert_layout_terms(make_model, tiny_hw):
     # activations: 1024 rows per sample, 25% more kept by the busiest rank, plus dispatch's bytes per row
     extra = 1024 * (0.25 * 0.001 + 1.25 * 0.0001) * 2 * CostSettings().factors.activations
     assert t.activation_mib[1] - t.activation_mib[0] == pytest.approx(extra, **EXACT)
+
+
+def test_expert_activations_from_the_summed_routing(make_model, tiny_hw):
+    """With per-forward figures of the rows summed over the layers, the busiest rank keeps the expected largest of
+    its stage's expert-dp groups' figures, the excess scaled to the tokens its ep group routes (docs §3.5)."""
+    model = _moe(make_model)
+    experts = model.layer_types[0].experts.model_copy(
+        update={"memory_imbalance": {2: [1.0, 1.04, 1.08, 1.12], 4: [1.1, 1.2, 1.2, 1.3]}, "routed_tokens": 1024}
+    )
+    layer = model.layer_types[0].model_copy(update={"experts": experts})
+    cost = CostModel(tiny_hw, model.model_copy(update={"layer_types": (layer,)}), CostSettings())
+    plain, ep4, ep2 = Candidate(1, 1, 4), Candidate(1, 1, 4, ep=4), Candidate(1, 1, 4, ep=2)
+    t = cost.layer_terms(0, [plain, ep4, ep2], 8, 1)
+    f = CostSettings().factors.activations
+    # ep 4, one group (expert dp 1): mean excess 0.2 over 4 x 2 x 512 tokens routed (1024 profiled): x sqrt(1/4)
+    extra4 = 1024 * 2 * (0.1 * 0.0011 + 0.0001)
+    assert t.activation_mib[1] - t.activation_mib[0] == pytest.approx(extra4 * f, **EXACT)
+    # ep 2, two groups (expert dp 2): the larger of 2 of the 4 figures is on average 1.08; 2048 tokens: x sqrt(1/2)
+    largest = (1.04 * 1 + 1.08 * 2 + 1.12 * 3) / 6
+    extra2 = 1024 * 2 * ((largest - 1) * math.sqrt(0.5) * 0.0011 + 0.0001)
+    assert t.activation_mib[2] - t.activation_mib[0] == pytest.approx(extra2 * f, **EXACT)
 
 
 def test_expert_zero3_replicas_gather_and_shard(make_model, tiny_hw):

@@ -352,3 +352,51 @@ def test_stage_level_reduction_is_exact() -> None:
                 assert level_bound(level) <= whole.time * (1 + 1e-9)
                 checked += 1
     assert checked > 20
+
+
+@needs_cpp
+@pytest.mark.parametrize("cutoffs", [True, False])
+def test_stage_levels_in_the_core_give_each_stage_its_optimum(cutoffs: bool) -> None:
+    """The C++ core's transient levels (dp.StageLevels / dp.solve_stages: reduction, bounds, rounds, the solution
+    cache across budgets, cutoffs) give every stage the optimum of its definition: the least time over the levels
+    tau of the unreduced stage DP with candidates above tau forbidden and the budget lowered by tau. Random stages
+    with expert-like groups, transients the same at every layer or not, repeated layers, several budgets per stage."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for trial in range(30):
+        L, groups, per = int(rng.integers(2, 6)), int(rng.integers(2, 4)), int(rng.integers(1, 4))
+        S = groups * per
+        base = rng.uniform(0.0, 2.0, (L, groups, groups))
+        # few distinct values: candidates often match or beat others, inside their group and across groups
+        intra = rng.choice([1.0, 1.1, 1.2], (L, S))
+        intra[rng.uniform(size=(L, S)) < 0.1] = np.inf
+        memory = rng.choice([1.0, 2.0, 3.0, 4.0], (L, S))
+        if trial % 3 == 0:  # layers of one type: the same costs and transition block
+            base[1:], intra[1:], memory[1:] = base[1], intra[1], memory[1]
+        inter = np.repeat(np.repeat(base, per, axis=1), per, axis=2)  # same transitions inside a group
+        if trial % 2:
+            transient = np.tile(rng.choice([0.0, 0.5, 1.0], S), (L, 1))
+        else:
+            transient = rng.choice([0.0, 0.5, 1.0], (L, S))
+        levels = dp.StageLevels(intra, memory, inter, transient)
+        budgets = [float(rng.uniform(1.5, 3.5) * L) for _ in range(3)]
+        # several stages share one StageLevels (the search's cache); the last asks again under the first budget
+        got, _, _ = dp.solve_stages([(levels, b) for b in [*budgets, budgets[0]]], threads=1, cutoffs=cutoffs)
+        assert got[0] == got[-1]
+        for budget, sol in zip(budgets, got):
+            best = None
+            for tau in np.unique(transient[np.isfinite(intra)]):
+                masked = np.where(transient <= tau, intra, np.inf)
+                whole = dp.solve_stage(masked, memory, inter, budget - tau)
+                if whole is not None and (best is None or whole.time < best.time):
+                    best = whole
+            assert (sol is None) == (best is None)
+            if sol is not None and best is not None:
+                assert sol.time == pytest.approx(best.time, rel=1e-12)
+                t, m = dp.plan_cost(intra, memory, inter, sol.choice)
+                assert t == pytest.approx(sol.time, rel=1e-12)
+                assert m + max(transient[i, s] for i, s in enumerate(sol.choice)) <= budget * (1 + 1e-12)
+                checked += 1
+    assert checked > 40

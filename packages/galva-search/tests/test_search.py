@@ -326,3 +326,32 @@ def test_when_nothing_fits_the_message_says_the_batch_and_the_budget_that_would(
     search(cost, SearchOptions(memory_budget_mib=budget, batch_sizes=(64,), **fixed))
     with pytest.raises(NoFeasibleStrategy):
         search(cost, SearchOptions(memory_budget_mib=0.95 * budget, batch_sizes=(64,), **fixed))
+
+
+@pytest.mark.parametrize("budget", [16384.0, 1500.0])
+def test_stage_levels_in_the_core_choose_what_the_python_rules_choose(make_hw, make_model, budget, monkeypatch):
+    """The searched plan and its predicted time are bit for bit the same whether the stages' transient levels are
+    reduced, bounded, cached and solved by the C++ core (StageSolver.solve) or by the Python statement of their rules
+    (StageSolver.solve_python): a tiny layer with routed experts (expert layouts, ZeRO-3 and checkpointing: several
+    levels per stage), from a roomy budget to a tight one."""
+    from galva_schema import BatchTime, ExpertProfile
+    from galva_search import dp
+
+    if not dp.has_cpp():
+        pytest.skip("C++ extension galva_search._core not built")
+    model = make_model(6)
+    experts = ExpertProfile(
+        num_experts=4, top_k=2, expert_ffn=256, expert_parameter_mib=48.0, block_parameter_mib=1.0,
+        expert_time=BatchTime(slope_ms_per_sample=0.001, intercept_ms=0.01), router_ms_per_token=0.0,
+        imbalance={1: 1.0, 2: 1.1, 4: 1.25}, activation_mib_per_row=0.001, dispatch_activation_mib_per_row=0.0001,
+    )
+    model = model.model_copy(update={"layer_types": (model.layer_types[0].model_copy(update={"experts": experts}),)})
+    cost = CostModel(make_hw(8), model, CostSettings())
+    options = SearchOptions(memory_budget_mib=budget, batch_sizes=(16,), space=SpaceOptions(max_ep=4, max_tp=4),
+                            memory_reserve_mib=0.0)
+    core = search(cost, options)
+    monkeypatch.setattr(dp, "has_cpp", lambda: False)
+    rules = search(cost, options)
+    assert core.strategy == rules.strategy
+    assert core.summary.iteration_time_s == rules.summary.iteration_time_s
+    assert core.summary.counts.dp_problems == rules.summary.counts.dp_problems  # the same levels solved

@@ -12,12 +12,20 @@ group of ``t`` forked ranks (:func:`galva_comm.testing.run_distributed`) and mea
 (input ``[b, s, h]``), Megatron-SP and Ulysses (input ``[b, s/t, h]``), and each of them checkpointed (galva-hp's
 ``Checkpointed``: only the input is kept). The largest rank's bytes are kept. Forking shares the materialised layer
 with the children, so nothing is built twice.
+
+The same ranks also time what a parallel form costs beyond the plain layer at its share of the work
+(:func:`overhead_ms`): the parallel form on ``[2t, s, h]`` (Megatron tp) or ``[2t, s/t, h]`` (Megatron-SP, Ulysses)
+against the plain layer on ``[2, s, h]``, the same work per rank, in the main thread's CPU time, so that waiting for
+the other ranks and their collectives (priced apart, from the hardware profile's curves) is left out and outside
+load moves it little. The cost model adds it to the layer's compute: tp's extra Python, copies and splits per call,
+which the plain layer's ``F(b/t)`` does not have (+28% of a tp-2 layer's compute for galva run's default model).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +59,7 @@ class LayerActivations:
     bytes_per_sample: dict[str, dict[int, int]] = field(default_factory=dict)  # mode -> degree -> bytes
     checkpoint_bytes_per_sample: dict[str, dict[int, int]] = field(default_factory=dict)
     constant_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
+    overhead_ms: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)  # (forward, backward)
 
     def add(self, mode: str, degree: int, kept: tuple[int, int], checkpointed: tuple[int, int]) -> None:
         self.bytes_per_sample.setdefault(mode, {})[degree] = kept[0]
@@ -62,6 +71,7 @@ class LayerActivations:
             "bytes_per_sample": self.bytes_per_sample,
             "checkpoint_bytes_per_sample": self.checkpoint_bytes_per_sample,
             "constant_bytes": self.constant_bytes,
+            "overhead_ms": self.overhead_ms,
         }
 
 
@@ -75,11 +85,50 @@ def _measure(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tu
     return per_sample(call(module)), per_sample(call(Checkpointed(module)))
 
 
+OVERHEAD_SAMPLES = 2  # the plain layer's batch when timing a form's overhead (the form's: 2 x degree, Megatron tp)
+OVERHEAD_REPEATS = (1, 4)  # warm-up, timed repetitions (each form alternately, the fastest kept)
+
+
+def _cpu_passes(module: nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
+    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input."""
+    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    start = time.thread_time()
+    out = module(x)
+    out = out[0] if isinstance(out, tuple) else out
+    middle = time.thread_time()
+    out.backward(torch.ones_like(out))
+    return middle - start, time.thread_time() - middle
+
+
+def overhead_ms(
+    plain: nn.Module, parallel: nn.Module, mode: str, degree: int, seq: int, hidden: int, dtype: torch.dtype
+) -> tuple[float, float]:
+    """(forward, backward) ms one call of ``parallel`` (this rank's form at ``degree``) costs beyond ``plain`` on
+    this rank's share of the same work, at least 0.
+
+    The two alternate repetition by repetition and each keeps its fastest (outside load only adds time), in the main
+    thread's CPU time (a rank waiting for its group's collective spends none)."""
+    samples = OVERHEAD_SAMPLES * degree
+    if mode == "tp":  # the form sees the whole sequence of all its samples, the plain layer 1/degree of them
+        plain_shape, parallel_shape = (OVERHEAD_SAMPLES, seq), (samples, seq)
+    else:  # a sequence split: [b, s/t, h] per rank against the plain layer's b/t of [b, s, h]
+        plain_shape, parallel_shape = (OVERHEAD_SAMPLES, seq), (samples, seq // degree)
+    warmup, repeats = OVERHEAD_REPEATS
+    best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, parallel] x [forward, backward]
+    for index in range(warmup + repeats):
+        for k, (module, (b, s)) in enumerate(((plain, plain_shape), (parallel, parallel_shape))):
+            module.zero_grad(set_to_none=True)
+            times = _cpu_passes(module, b, s, hidden, dtype)
+            if index >= warmup:
+                best[k] = [min(a, t) for a, t in zip(best[k], times)]
+    return max(0.0, (best[1][0] - best[0][0]) * 1e3), max(0.0, (best[1][1] - best[0][1]) * 1e3)
+
+
 def _rank_worker(
     rank: int, world_size: int, module: nn.Module, layer_type: str, parallelizer: Any, modes: list[str], seq: int,
     hidden: int, dtype: torch.dtype,
-) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:  # fmt: skip
-    """Every mode at this degree, on one rank of a ``world_size``-rank gloo group."""
+) -> dict[str, tuple[tuple[int, int], tuple[int, int], tuple[float, float]]]:  # fmt: skip
+    """Every mode at this degree, on one rank of a ``world_size``-rank gloo group: activations and overhead."""
     import torch.distributed as dist
 
     from galva_hp.model import ParallelContext
@@ -93,7 +142,8 @@ def _rank_worker(
             ctx = ParallelContext(tp_group=group, megatron_sp=mode == "megatron_sp")
         local_seq = seq if mode == "tp" else seq // world_size
         parallel = parallelizer.layer(copy.deepcopy(module), layer_type, ctx)  # forms may be applied in place, once
-        out[mode] = _measure(parallel, local_seq, hidden, dtype)
+        kept, checkpointed = _measure(parallel, local_seq, hidden, dtype)
+        out[mode] = (kept, checkpointed, overhead_ms(module, parallel, mode, world_size, seq, hidden, dtype))
     return out
 
 
@@ -132,4 +182,9 @@ def measure_layer(
         for mode in modes:
             worst = max((r[mode] for r in ranks), key=lambda m: m[0][0])  # ranks may differ: keep the largest
             result.add(mode, degree, worst[0], worst[1])
+            # the group moves at its slowest rank's pace: the largest overhead of each pass
+            result.overhead_ms.setdefault(mode, {})[degree] = (
+                max(r[mode][2][0] for r in ranks),
+                max(r[mode][2][1] for r in ranks),
+            )
     return result

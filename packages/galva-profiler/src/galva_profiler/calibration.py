@@ -21,8 +21,14 @@ from galva_schema import Calibration, CalibrationPoint, HardwareProfile, MemoryF
 TIME_TERMS = ("compute", "tp_comm", "dp_comm", "p2p", "redistribution")
 
 
-def fit_calibration(checks: list[StrategyCheck], hardware: HardwareProfile, model: ModelProfile,
-                    options: CheckOptions, ridge: float = 0.05, rounds: int = 3) -> Calibration:
+def fit_calibration(
+    checks: list[StrategyCheck],
+    hardware: HardwareProfile,
+    model: ModelProfile,
+    options: CheckOptions,
+    ridge: float = 0.05,
+    rounds: int = 3,
+) -> Calibration:
     from galva_search.cost_model import TermFactors
 
     factors = TermFactors()

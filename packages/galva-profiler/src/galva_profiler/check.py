@@ -232,14 +232,19 @@ def measure(config: Any, strategy: Strategy, options: CheckOptions) -> list[Rank
 
 
 # ------------------------------------------------------------------------------------------------------ comparing
-def predict(hardware: HardwareProfile, model: ModelProfile, strategy: Strategy, options: CheckOptions,
-            factors: Any = None) -> Any:
+def predict(
+    hardware: HardwareProfile, model: ModelProfile, strategy: Strategy, options: CheckOptions, factors: Any = None
+) -> Any:
     """galva-search's evaluation of ``strategy`` (no framework context: the check compares tensors)."""
     from galva_search.cost_model import CostModel, CostSettings, TermFactors
     from galva_search.evaluation import evaluate_strategy
 
-    settings = CostSettings(context_mib=0.0, backward_coefficient=options.backward_coefficient,
-                            factors=factors or TermFactors(), state_accounting="galva-hp")
+    settings = CostSettings(
+        context_mib=0.0,
+        backward_coefficient=options.backward_coefficient,
+        factors=factors or TermFactors(),
+        state_accounting="galva-hp",
+    )
     return evaluate_strategy(CostModel(hardware, model, settings), strategy)
 
 
@@ -265,8 +270,10 @@ def compare(check: StrategyCheck, hardware: HardwareProfile, model: ModelProfile
                 predicted_peak_mib=detail.stage_memory_mib[stage],
                 measured_rss_growth_mib=max(r.rss_growth_mib for r in ranks),
                 in_flight=detail.stage_in_flight[stage],
-                optimizer_s=statistics.median(max(r.optimizer_ms[i] for r in ranks)
-                                              for i in range(len(ranks[0].optimizer_ms))) * 1e-3,
+                optimizer_s=statistics.median(
+                    max(r.optimizer_ms[i] for r in ranks) for i in range(len(ranks[0].optimizer_ms))
+                )
+                * 1e-3,
                 predicted_base_mib=hardware.base_memory_mib or 0.0,
                 measured_peak_rss_mib=max(r.peak_rss_mib for r in ranks),
             )
@@ -275,9 +282,11 @@ def compare(check: StrategyCheck, hardware: HardwareProfile, model: ModelProfile
 
 def table(rows: list[StageRow]) -> str:
     """Markdown table: predicted vs measured per strategy and stage, with relative errors."""
-    head = ("| strategy | ranks | stage | time pred / meas (ms) | err | states pred / meas (MiB) | err "
-            "| act/mb pred / meas (MiB) | err | peak pred / meas (MiB) | err | model terms (MiB) / RSS growth |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| strategy | ranks | stage | time pred / meas (ms) | err | states pred / meas (MiB) | err "
+        "| act/mb pred / meas (MiB) | err | peak pred / meas (MiB) | err | model terms (MiB) / RSS growth |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     lines = []
     for r in rows:
         e = r.errors

@@ -19,11 +19,21 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-profile", required=True, metavar="PATH", help="galva ModelProfile JSON")
     p.add_argument("--model", "--preset", dest="preset", metavar="PRESET", help="galva-models preset of the model")
     p.add_argument("--model-config", metavar="DIR", help="Hugging Face config or checkpoint directory instead")
-    p.add_argument("--strategy", action="append", default=[], metavar="PATH",
-                   help="a Strategy JSON file or a directory of them (repeatable)")
+    p.add_argument(
+        "--strategy",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Strategy JSON file or a directory of them (repeatable)",
+    )
     p.add_argument("--search", action="store_true", help="also check the plan galva-search picks on these profiles")
-    p.add_argument("--top", type=int, default=0, metavar="N",
-                   help="also check the N fastest distinct plans galva-search ranks on these profiles")
+    p.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also check the N fastest distinct plans galva-search ranks on these profiles",
+    )
     p.add_argument("--memory", default="4GiB", help="--search/--top: memory budget per device (default 4GiB)")
     p.add_argument("--global-batch-size", type=int, default=4, help="--search/--top: global batch size (default 4)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (default 3)")
@@ -77,8 +87,9 @@ def run_check(args: argparse.Namespace) -> int:
         raise ProfileError(str(err)) from None
     seq = model.layer_types[0].seq_length
     _check_same_model(config, args, model)
-    options = CheckOptions(args.steps, args.warmup, seq, timeout_s=args.timeout,
-                           backward_coefficient=args.backward_coefficient)
+    options = CheckOptions(
+        args.steps, args.warmup, seq, timeout_s=args.timeout, backward_coefficient=args.backward_coefficient
+    )
     if args.top:
         top = _top(hardware, model, args)
         named += [(f"galva-search-top{i + 1}", strategy) for i, strategy in enumerate(top)]
@@ -89,8 +100,10 @@ def run_check(args: argparse.Namespace) -> int:
     constraints = model.constraints
     for name, strategy in named:
         if strategy.world_size != hardware.cluster.world_size:
-            raise ProfileError(f"{name}: world_size {strategy.world_size}, the hardware profile has "
-                               f"{hardware.cluster.world_size} ranks")
+            raise ProfileError(
+                f"{name}: world_size {strategy.world_size}, the hardware profile has "
+                f"{hardware.cluster.world_size} ranks"
+            )
         if strategy.num_layers != model.num_layers:
             raise ProfileError(f"{name}: {strategy.num_layers} layers, the model has {model.num_layers}")
         problems = plan_problems(strategy, constraints, seq_len=seq) if constraints else []

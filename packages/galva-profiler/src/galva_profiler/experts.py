@@ -5,9 +5,11 @@
   least-squares line over rows is one expert's FFN time (its intercept is what each expert call costs, however
   few rows it gets).
 * **router time**: the router module on ``[tokens, hidden]`` rows, per token.
-* **imbalance**: the routing the layer really does on its profiled inputs (the experts module's ``top_k_index``,
-  recorded by a hook while the whole layer runs), per ep degree: the experts in contiguous runs of ``E / ep`` (as
-  galva-models splits them), the largest run's rows over the mean.
+* **imbalance**: the routing every layer of the type really does with random tokens run through the model's depth
+  (:mod:`galva_profiler.routing`), per ep degree, the experts in contiguous runs of ``E / ep`` (as galva-models
+  splits them): ``imbalance``, the largest run's rows over the mean in one layer (what a layer's compute and
+  dispatch wait for), the mean over the type's layers; ``memory_imbalance``, the same of the rows summed over the
+  type's layers (a rank keeps every layer's activations, and its busiest layers differ).
 * **activations per routed row**: bytes the experts module saves, by saved-tensor hooks, at two row counts; and what
   dispatch and combine keep beyond that, in a forked 2-rank gloo group with the experts split over it by
   galva-models and a routing that sends each rank exactly as many rows as it receives.
@@ -62,27 +64,10 @@ def _time_one_expert(experts: nn.Module, rows: int, hidden: int, dtype: torch.dt
     return median_ms(lambda: _call(experts, rows, hidden, dtype, to_first), repeats, torch.device("cpu"))
 
 
-def _routing_counts(layer: nn.Module, experts: nn.Module, num_experts: int, inputs: list[Tensor]) -> list[Tensor]:
-    """Rows each expert receives in each forward of ``layer`` on ``inputs`` (its own router's choice)."""
-    counts: list[Tensor] = []
-
-    def record(module: nn.Module, args: tuple[Any, ...]) -> None:
-        counts.append(torch.bincount(args[1].reshape(-1), minlength=num_experts).double())
-
-    handle = experts.register_forward_pre_hook(record)
-    try:
-        with torch.no_grad():
-            for x in inputs:
-                layer(x)
-    finally:
-        handle.remove()
-    return counts
-
-
-def imbalance_by_ep(counts: list[Tensor]) -> dict[int, float]:
+def figures_by_ep(counts: list[Tensor]) -> dict[int, list[float]]:
     """Largest over mean rows of the ep ranks, the experts split in contiguous runs, for each power-of-two ep
-    dividing the expert count: the mean over forwards (``counts``: rows per expert of each forward) of each
-    forward's figure, since a rank holds the activations of the forward it ran, not of a pooled one."""
+    dividing the expert count, in each forward (``counts``: rows per expert of each forward): a rank holds the
+    activations of the forward it ran, not of a pooled one."""
     total = counts[0].numel()
     out = {}
     ep = 1
@@ -92,10 +77,24 @@ def imbalance_by_ep(counts: list[Tensor]) -> dict[int, float]:
             for forward in counts:
                 per_rank = forward.view(ep, total // ep).sum(dim=1)
                 mean = float(per_rank.mean())
-                ratios.append(float(per_rank.max()) / mean if mean > 0 else 1.0)
-            out[ep] = max(1.0, sum(ratios) / len(ratios))
+                ratios.append(max(1.0, float(per_rank.max()) / mean) if mean > 0 else 1.0)
+            out[ep] = ratios
         ep *= 2
     return out
+
+
+def imbalance_by_ep(counts: list[Tensor]) -> dict[int, float]:
+    """:func:`figures_by_ep`, the mean over forwards."""
+    return {ep: sum(f) / len(f) for ep, f in figures_by_ep(counts).items()}
+
+
+def by_layer_and_summed(counts: dict[int, list[Tensor]]) -> tuple[dict[int, float], dict[int, list[float]]]:
+    """``(imbalance, memory_imbalance)`` by ep from each layer's rows per expert in each forward: the mean over the
+    layers of each one's figure, and each forward's figure of the rows summed over the layers."""
+    layers = list(counts.values())
+    each = [imbalance_by_ep(c) for c in layers]
+    mean = {ep: sum(figures[ep] for figures in each) / len(each) for ep in each[0]}
+    return mean, figures_by_ep([sum(forward) for forward in zip(*layers, strict=True)])
 
 
 def _router_ms_per_token(block: nn.Module, router: type[nn.Module] | None, hidden: int, dtype: torch.dtype,
@@ -129,19 +128,19 @@ def _dispatch_worker(rank: int, world: int, experts: nn.Module, path: str, hidde
 
 
 def measure_experts(
-    layer: nn.Module,
     found: tuple[str, nn.Module],
     block: nn.Module,
     router: type[nn.Module] | None,
     config: Any,
     expert_ffn: int,
-    inputs: list[Tensor],
+    routing: dict[int, list[Tensor]],
     dtype: torch.dtype,
     repeats: Repeats,
     timeout_s: float,
 ) -> ExpertProfile:
     """Everything :class:`ExpertProfile` holds for one layer type (``expert_ffn``: from the model's constraints);
-    ``inputs``: the layer's profiled inputs, routed by its own router."""
+    ``routing``: rows per expert in each profiled forward of each of the type's layers
+    (:func:`galva_profiler.routing.routing_by_layer`)."""
     from galva_comm.testing import run_distributed
 
     path, experts = found
@@ -161,7 +160,7 @@ def measure_experts(
     if total % 2 == 0:
         ranks = run_distributed(_dispatch_worker, 2, experts, path, hidden, top_k, total, dtype, timeout=timeout_s)
         dispatch = max(0, max(ranks)) / 1.0
-    counts = _routing_counts(layer, experts, total, inputs)
+    imbalance, memory_imbalance = by_layer_and_summed(routing)
     return ExpertProfile(
         num_experts=total,
         top_k=top_k,
@@ -170,7 +169,9 @@ def measure_experts(
         block_parameter_mib=max(0, block_bytes) / MIB,
         expert_time=BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept),
         router_ms_per_token=_router_ms_per_token(block, router, hidden, dtype, repeats),
-        imbalance=imbalance_by_ep(counts),
+        imbalance=imbalance,
         activation_mib_per_row=per_row / MIB,
         dispatch_activation_mib_per_row=dispatch / MIB,
+        memory_imbalance=memory_imbalance,
+        routed_tokens=int(next(iter(routing.values()))[0].sum()) // top_k,
     )

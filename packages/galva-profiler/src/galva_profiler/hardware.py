@@ -39,6 +39,9 @@ from galva_profiler.timing import Repeats
 from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, HardwareProfile, P2PBandwidth
 
 P2P_LATENCY_BYTES = 4096  # a send this small is latency-bound on every interconnect
+LATENCY_REPETITIONS = 15
+"""Repetitions of the all-to-all latency point (a small message is cheap to repeat, and its median under outside
+load needs them: 3 gave 0.67 ms at 0.25 MiB over 2 gloo ranks where the same run's other sizes took 1-9 ms)."""
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
 
@@ -83,7 +86,7 @@ QUICK = SweepOptions(
 class Step:
     """One measurement: a bandwidth, a timed collective at one size, a p2p degree, or the overlap test."""
 
-    kind: str  # "bandwidth" | "time" | "p2p" | "overlap"
+    kind: str  # "bandwidth" | "time" | "latency" (an all-to-all of P2P_LATENCY_BYTES) | "p2p" | "overlap"
     group_size: int = 0
     consecutive: bool = True
     collective: Collective = Collective.ALL_REDUCE
@@ -93,7 +96,7 @@ class Step:
         if self.kind == "bandwidth":
             layout = "consecutive" if self.consecutive else "strided"
             return f"all_reduce bandwidth n={self.group_size} {layout}"
-        if self.kind == "time":
+        if self.kind in ("time", "latency"):
             return f"{self.collective.value} n={self.group_size} {self.message_mib:g} MiB"
         if self.kind == "p2p":
             return f"p2p pp={self.group_size}"
@@ -130,6 +133,9 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
         for n in sizes
         for mib in options.message_mib
     ]
+    if Collective.ALL_TO_ALL in options.timed:
+        # the small end of the all-to-all curve, where expert dispatch's row counts and routing weights fall
+        steps += [Step("latency", n, True, Collective.ALL_TO_ALL, P2P_LATENCY_BYTES / MIB) for n in sizes]
     steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
     if world_size > 1:  # one rank communicates with nobody and computes alone
         steps.append(Step("overlap"))
@@ -140,7 +146,7 @@ def sweep_groups(world_size: int, steps: list[Step]) -> list[Group]:
     """Every process group the sweep uses, in a fixed order (they are created up front, collectively)."""
     groups: list[Group] = []
     for step in steps:
-        if step.kind in ("bandwidth", "time"):
+        if step.kind in ("bandwidth", "time", "latency"):
             groups += layout_groups(world_size, step.group_size, step.consecutive)
     return groups
 
@@ -202,9 +208,12 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.bandwidth_mib * MIB)
             ms = time_collective(Collective.ALL_REDUCE, groups, message, world, cache, options.repeats)
             result.bandwidth[(step.group_size, step.consecutive)] = bus_bandwidth_gb_per_s(message, step.group_size, ms)
-        elif step.kind == "time":
+        elif step.kind in ("time", "latency"):
             groups = layout_groups(world.size, step.group_size, True)
-            ms = time_collective(step.collective, groups, int(step.message_mib * MIB), world, cache, options.repeats)
+            repeats = options.repeats
+            if step.kind == "latency":
+                repeats = Repeats(repeats.warmup, max(repeats.repetitions, LATENCY_REPETITIONS))
+            ms = time_collective(step.collective, groups, int(step.message_mib * MIB), world, cache, repeats)
             result.times.setdefault((step.collective, step.group_size), {})[step.message_mib] = ms
         elif step.kind == "p2p":
             message = int(options.p2p_mib * MIB)

@@ -59,14 +59,21 @@ def layer_forward(
 
 
 def weight_grad_share(
-    module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype, repeats: Repeats,
+    module: torch.nn.Module,
+    batch: int,
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    repeats: Repeats,
     device: torch.device | None = None,
 ) -> float:
     """The share of a layer's backward that is weight gradients: what zb-h1 defers into the bubble.
 
     Each repetition times the whole backward and, on a fresh forward, the input-gradient backward alone
-    (``torch.autograd.grad`` with respect to the input); the share is ``1 - median(input) / median(whole)``, in
-    [0, 1]. The two are paired so that a burst of outside load moves both.
+    (``torch.autograd.grad`` with respect to the input); the share is ``1 - min(input) / min(whole)``, in [0, 1].
+    The two alternate, and each side keeps its fastest repetition: outside load only ever adds time, so the
+    minimum is the least disturbed run of each (medians of a loaded machine compared one burst against another and
+    could invert the two, clamping the share to 0).
     """
     device = device or torch.device("cpu")
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
@@ -87,4 +94,4 @@ def weight_grad_share(
             synchronize(device)
             if index >= repeats.warmup:
                 (inputs if only_input else whole).append(time.perf_counter() - start)
-    return min(1.0, max(0.0, 1.0 - statistics.median(inputs) / statistics.median(whole)))
+    return min(1.0, max(0.0, 1.0 - min(inputs) / min(whole)))

@@ -4,11 +4,15 @@ The Hugging Face model is constructed under ``torch.device("meta")`` (no storage
 and decomposed by its galva-models adapter into embedding, layers and head. :meth:`MetaModel.layer` then
 materialises one layer (galva-hp's ``materialize`` with Hugging Face's own initialiser): the profile needs the first
 layer of each layer type, never the whole model. :attr:`MetaModel.built` records what was materialised, so a test
-can hold the profiler to that.
+can hold the profiler to that. A mixture of experts' routing is measured through the model's depth
+(:mod:`galva_profiler.routing`): there :meth:`MetaModel.borrowed_layer` makes one more layer real for a forward and
+returns it to the meta device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +101,24 @@ class MetaModel:
     def layer(self, index: int, dtype: torch.dtype) -> nn.Module:
         """Layer ``index``, materialised (the other layers stay on the meta device)."""
         return self._materialize(layer_module(index), self.layered.layers[index], dtype)
+
+    @contextmanager
+    def borrowed_layer(self, index: int, dtype: torch.dtype) -> Iterator[nn.Module]:
+        """Layer ``index`` real inside the block (the values :meth:`layer` gives it), back on the meta device after
+        unless the sweep had made it real; not recorded in :attr:`built`."""
+        from galva_hp.deferred_init import is_meta
+
+        module = self.layered.layers[index]
+        if not is_meta(module):
+            yield module
+            return
+        name = layer_module(index)
+        try:
+            yield self._materialize(name, module, dtype)
+        finally:
+            module.to_empty(device="meta")
+            if name in self.built:
+                self.built.remove(name)
 
     def embedding(self, dtype: torch.dtype) -> nn.Module:
         return self._materialize("embedding", self.layered.embedding, dtype)

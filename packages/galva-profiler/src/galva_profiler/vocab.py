@@ -68,8 +68,48 @@ class VocabMeasurement:
         }
 
 
-def _inputs(batch: int, seq: int, vocab: int) -> tuple[Tensor, Tensor]:
-    return torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
+@dataclass(frozen=True)
+class VocabInputs:
+    """What the embedding reads and what the head's loss takes, for the model's task: token ids and a label per
+    token (language models), or images and a label per sample (image classifiers: ``image`` is ``(channels, size)``).
+    """
+
+    seq: int
+    vocab: int  # token ids in [0, vocab), or the classes of an image label
+    image: tuple[int, int] | None = None
+    dtype: torch.dtype = torch.float32
+    head_input: tuple[int, int] | None = None
+    """``(sequence, hidden)`` the head reads where the layers change them (Swin's patch merging); None: the
+    embedding's output."""
+
+    @classmethod
+    def of(cls, config: Any, seq: int, dtype: torch.dtype, head_input: tuple[int, int] | None = None) -> VocabInputs:
+        """The inputs of ``config``'s model: images where the config describes them, else tokens."""
+        if getattr(config, "image_size", None) is not None and getattr(config, "vocab_size", None) is None:
+            image = (int(config.num_channels), int(config.image_size))
+            return cls(seq, int(config.num_labels), image, dtype, head_input)
+        return cls(seq, int(config.vocab_size), None, dtype, head_input)
+
+    @property
+    def head_seq(self) -> int:
+        """The sequence the head reads."""
+        return self.seq if self.head_input is None else self.head_input[0]
+
+    @property
+    def token_vocab(self) -> int | None:
+        """The vocabulary of token inputs (None for images)."""
+        return None if self.image is not None else self.vocab
+
+    def make(self, batch: int) -> tuple[Tensor, Tensor]:
+        if self.image is not None:
+            channels, size = self.image
+            pixels = torch.randn(batch, channels, size, size, dtype=self.dtype)
+            return pixels, torch.randint(0, self.vocab, (batch,))
+        return torch.randint(0, self.vocab, (batch, self.seq)), torch.randint(0, self.vocab, (batch, self.seq))
+
+    def labels_of(self, labels: Tensor, offset: int, local_seq: int) -> Tensor:
+        """A rank's labels when its head sees ``local_seq`` positions from ``offset`` (a label per sample: all)."""
+        return labels if self.image is not None else labels[:, offset : offset + local_seq]
 
 
 def _unique_elements(*modules: nn.Module) -> int:
@@ -81,7 +121,7 @@ def _unique_elements(*modules: nn.Module) -> int:
 
 
 def _position_bytes(
-    embedding: nn.Module, head: nn.Module, seq: int, local_seq: int, hidden: int, vocab: int, dtype: torch.dtype,
+    embedding: nn.Module, head: nn.Module, inputs: VocabInputs, local_seq: int, hidden: int, dtype: torch.dtype,
     rank_offset: int, tied: tuple[str, ...] = (),
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
     """``{position: (model-state bytes, activation bytes per sample)}`` for one rank's modules; ``tied``: the head's
@@ -89,17 +129,21 @@ def _position_bytes(
     copy keeps no AdamW moments)."""
 
     def embed_at(b: int) -> Tensor:
-        ids, _ = _inputs(b, seq, vocab)
+        ids, _ = inputs.make(b)
         return embedding(ids)
 
+    head_hidden = hidden if inputs.head_input is None else inputs.head_input[1]
+
     def head_at(b: int) -> Any:
-        hidden_in = torch.randn(b, local_seq, hidden, dtype=dtype, requires_grad=True)
-        _, labels = _inputs(b, seq, vocab)
-        return head(hidden_in, labels[:, rank_offset : rank_offset + local_seq])
+        hidden_in = torch.randn(b, local_seq, head_hidden, dtype=dtype, requires_grad=True)
+        _, labels = inputs.make(b)
+        return head(hidden_in, inputs.labels_of(labels, rank_offset, local_seq))
 
     def both_at(b: int) -> Any:
-        ids, labels = _inputs(b, seq, vocab)
-        return head(embedding(ids), labels[:, rank_offset : rank_offset + local_seq])
+        if inputs.head_input is not None:  # the layers reshape what the embedding gives: the two apart
+            return embed_at(b), head_at(b)
+        ids, labels = inputs.make(b)
+        return head(embedding(ids), inputs.labels_of(labels, rank_offset, local_seq))
 
     def slope(run: Any) -> int:
         return saved_bytes(lambda: run(2)) - saved_bytes(lambda: run(1))
@@ -118,7 +162,7 @@ def _position_bytes(
 
 
 def _rank_worker(
-    rank: int, world_size: int, layered: Any, seq: int, hidden: int, vocab: int, dtype: torch.dtype, megatron_sp: bool
+    rank: int, world_size: int, layered: Any, inputs: VocabInputs, hidden: int, dtype: torch.dtype, megatron_sp: bool
 ) -> dict[str, tuple[int, int]]:
     import torch.distributed as dist
 
@@ -127,16 +171,15 @@ def _rank_worker(
     ctx = ParallelContext(tp_group=dist.group.WORLD, megatron_sp=megatron_sp)
     embedding = layered.parallelizer.embedding(layered.embedding, ctx)
     head = layered.parallelizer.head(layered.head, ctx)
-    local_seq = seq // world_size if megatron_sp else seq
+    local_seq = inputs.head_seq // world_size if megatron_sp else inputs.head_seq
     offset = rank * local_seq if megatron_sp else 0
-    return _position_bytes(embedding, head, seq, local_seq, hidden, vocab, dtype, offset, _tied(layered))
+    return _position_bytes(embedding, head, inputs, local_seq, hidden, dtype, offset, _tied(layered))
 
 
 def measure_vocab(
     layered: Any,
-    seq: int,
+    inputs: VocabInputs,
     hidden: int,
-    vocab: int,
     dtype: torch.dtype,
     batches: list[int],
     degrees: list[int],
@@ -149,19 +192,23 @@ def measure_vocab(
 
     result = VocabMeasurement()
     for batch in batches:
-        ids, labels = _inputs(batch, seq, vocab)
+        ids, labels = inputs.make(batch)
+        between = None if inputs.head_input is None else torch.randn(batch, *inputs.head_input, dtype=dtype)
 
-        def forward(ids: Tensor = ids, labels: Tensor = labels) -> Tensor:
-            loss_sum, _ = layered.head(layered.embedding(ids), labels)
+        def forward(ids: Tensor = ids, labels: Tensor = labels, between: Tensor | None = between) -> Tensor:
+            embedded = layered.embedding(ids)
+            if between is not None:  # the head reads the last layer's shape: its input stands in, tied to the graph
+                embedded = between + 0.0 * embedded.sum()
+            loss_sum, _ = layered.head(embedded, labels)
             return loss_sum
 
         result.times[batch] = time_passes(forward, repeats)
     tied = _tied(layered)
-    per_degree = {1: _position_bytes(layered.embedding, layered.head, seq, seq, hidden, vocab, dtype, 0, tied)}
+    per_degree = {1: _position_bytes(layered.embedding, layered.head, inputs, inputs.head_seq, hidden, dtype, 0, tied)}
     for degree in degrees:
         if degree > 1:
             ranks = run_distributed(
-                _rank_worker, degree, layered, seq, hidden, vocab, dtype, megatron_sp, timeout=timeout_s
+                _rank_worker, degree, layered, inputs, hidden, dtype, megatron_sp, timeout=timeout_s
             )
             per_degree[degree] = {
                 position: (max(r[position][0] for r in ranks), max(r[position][1] for r in ranks))

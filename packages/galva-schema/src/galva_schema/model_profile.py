@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
 from galva_schema.constraints import ModelConstraints
@@ -76,8 +76,10 @@ class ExpertProfile(GalvaModel):
     )
     router_ms_per_token: NonNegativeFloat = Field(description="Forward ms of the router per token.")
     imbalance: dict[PositiveInt, float] = Field(
-        description="Measured load imbalance by ep degree: the largest rank's routed rows over the mean, with the "
-        "experts split in contiguous runs over ep ranks, from real routing of the profiled model (ep 1: 1.0)."
+        description="Measured load imbalance by ep degree: the largest rank's routed rows in one layer over the "
+        "mean, with the experts split in contiguous runs over ep ranks, from real routing of random tokens through "
+        "the profiled model, the mean over the type's layers (ep 1: 1.0): what a layer's compute and dispatch "
+        "wait for."
     )
     activation_mib_per_row: NonNegativeFloat = Field(
         description="Activation memory the experts keep per routed row (one token sent to one expert), MiB; part "
@@ -88,13 +90,23 @@ class ExpertProfile(GalvaModel):
         description="What dispatch and combine keep beyond that per routed row under ep > 1 (received rows and "
         "their weights), MiB.",
     )
+    memory_imbalance: dict[PositiveInt, list[float]] = Field(
+        default_factory=dict,
+        description="By ep degree, per profiled forward: the largest rank's routed rows summed over ALL the type's "
+        "layers over the mean (what a rank keeps for backward: its busiest layers differ, so below imbalance); "
+        "empty: imbalance.",
+    )
+    routed_tokens: NonNegativeInt = Field(
+        0, description="Tokens routed in each profiled forward (the pool memory_imbalance was measured on)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ExpertProfile:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
-        if any(v < 1.0 for v in self.imbalance.values()):
-            raise ValueError("imbalance: every value is max/mean, so at least 1.0")
+        summed = (x for figures in self.memory_imbalance.values() for x in figures)
+        if any(v < 1.0 for v in (*self.imbalance.values(), *summed)):
+            raise ValueError("imbalance, memory_imbalance: every value is max/mean, so at least 1.0")
         return self
 
 
@@ -112,6 +124,9 @@ class AttentionCoreProfile(GalvaModel):
     )
     causal: bool = Field(True, description="Causal (a rank skips the blocks above the diagonal) or bidirectional.")
     seq_lengths: tuple[PositiveInt, ...] = Field((), description="Sequence lengths the fit was measured at.")
+
+
+OverheadForm = Literal["tp", "megatron_sp", "ulysses"]  # the parallel forms whose overhead a profile times
 
 
 class LayerTypeProfile(GalvaModel):
@@ -159,6 +174,14 @@ class LayerTypeProfile(GalvaModel):
         description="The attention core apart from the linear parts (context parallelism's ring steps). None: "
         "the search takes the quadratic term of a sequence forward_time as the core (none otherwise) and "
         "2 x hidden_size x element bytes per token.",
+    )
+
+    parallel_overhead_ms: dict[OverheadForm, dict[PositiveInt, tuple[NonNegativeFloat, NonNegativeFloat]]] = Field(
+        default_factory=dict,
+        description="(forward, backward) ms one call of the layer's parallel form costs beyond the plain layer on "
+        "the same work per rank (F(b/degree)), by form ('tp' Megatron, 'megatron_sp', 'ulysses') and degree: the "
+        "parallel linears' extra Python, copies and splits, measured in the main thread's CPU time on forked gloo "
+        "ranks, collectives left out (they are priced from the hardware profile). Empty: not profiled (0).",
     )
 
     @model_validator(mode="after")

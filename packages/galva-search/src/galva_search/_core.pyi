@@ -28,3 +28,19 @@ def solve_many(
     prune_strategies: bool = True,
     use_bounds: bool = True,
 ) -> list[_Solution]: ...
+
+class StageLevels:
+    """One stage's transient levels, reduced and bounded, with their solutions (cpp/stage_levels.hpp)."""
+
+    def __init__(
+        self, layers: int, strategies: int, intra: Buffer, memory: Buffer, inter: Buffer, transient: Buffer
+    ) -> None: ...
+    @property
+    def levels(self) -> list[tuple[float, tuple[int, ...]]]: ...
+    @property
+    def classes(self) -> tuple[int, ...]: ...
+    def bound(self, level: int, budget: float) -> float: ...
+
+def solve_stages(
+    stages: Sequence[tuple[StageLevels, float]], threads: int = 0, cutoffs: bool = True
+) -> tuple[list[_Solution], int, int]: ...

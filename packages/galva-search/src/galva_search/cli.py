@@ -27,7 +27,6 @@ from galva_schema.argparsing import OneLineParser, positive_ints
 from galva_schema.reference import PIPELINE_TYPES
 from galva_search.cost_model import CostModel, CostSettings, TermFactors
 from galva_search.profiles import load_hardware, load_model, parse_memory
-from galva_search.report import write_html_report
 from galva_search.search import NoFeasibleStrategy, SearchOptions, SearchResult, batch_size_range, search
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
 from galva_search.summary import text_summary
@@ -332,6 +331,8 @@ def _write_outputs(args: argparse.Namespace, result: SearchResult) -> None:
     if args.summary_json:
         result.summary.save(args.summary_json)
     if args.report_html:
+        from galva_search.report import write_html_report  # only here: the page's modules are a tenth of start-up
+
         write_html_report(args.report_html, result)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from galva_search.cost_model import CostModel, LayerTerms
+from galva_search.cost_model import CostModel, LayerTerms, VocabOption
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate
 
@@ -29,6 +29,18 @@ class CostTables:
     allowed: list[np.ndarray]  # per layer type: candidates the model can run (ModelRules.allowed)
     allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
     dual_cache: dict[tuple[int, float], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
+    boundary_cache: dict[tuple[VocabOption, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def vocab_boundaries(
+        self, cost: CostModel, option: VocabOption, micro_batch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``cost.vocab_boundaries`` over these candidates, kept per (vocabulary plan, micro-batch): the search asks
+        it for every plan it scores (read-only arrays)."""
+        key = (option, micro_batch)
+        hit = self.boundary_cache.get(key)
+        if hit is None:
+            hit = self.boundary_cache[key] = cost.vocab_boundaries(option, self.candidates, micro_batch)
+        return hit
 
     def min_p2p(self, t: int) -> float:
         """The cheapest p2p send of a layer of type ``t`` over every candidate (a lower bound on any plan's)."""

@@ -132,6 +132,36 @@ def solve_many(
     return [_to_solution(r) for r in raw]
 
 
+class StageLevels:
+    """One stage's transient levels in the C++ core (``cpp/stage_levels.hpp``): reduced to the candidates that can
+    matter, bounded, solved on demand and their solutions kept for the next task that asks. ``transient_mib``
+    ``[L][S]``: what each candidate holds while its layer runs (the level rules are in :mod:`galva_search.stages`)."""
+
+    def __init__(self, intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, transient_mib: Matrix) -> None:
+        flat = _flatten(intra_time, memory_mib, inter_time, 0.0)
+        transient = _flatten_one(transient_mib, "transient_mib", (flat.layers, flat.strategies))
+        self.core = _extension().StageLevels(flat.layers, flat.strategies, flat.intra, flat.memory, flat.inter,
+                                             transient)
+
+    @property
+    def levels(self) -> list[tuple[float, tuple[int, ...]]]:
+        """``(tau, kept candidates)`` of every level, in order of tau."""
+        return list(self.core.levels)
+
+
+def solve_stages(
+    stages: Sequence[tuple[StageLevels, float]], *, threads: int = 0, cutoffs: bool = True
+) -> tuple[list[StageSolution | None], int, int]:
+    """The best plan of each ``(stage levels, stage budget)`` over its levels (the fastest, the lowest level of equal
+    ones; None: nothing fits), the levels of all stages solved in rounds on ``threads`` C++ threads (0 = all), and
+    the number of DPs run and of level solutions reused. ``cutoffs``: each level's DP is told the best time its stages
+    already have and may stop once it cannot reach it (the same optimum, less work; off only to test that)."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    raw, solved, reused = _extension().solve_stages([(s.core, float(b)) for s, b in stages], threads, cutoffs)
+    return [_to_solution(r) for r in raw], int(solved), int(reused)
+
+
 def plan_cost(
     intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, choice: Sequence[int]
 ) -> tuple[float, float]:

@@ -81,7 +81,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         if task.schedule is PipelineSchedule.INTERLEAVED_1F1B and task.virtual_stages > 1 and pp > 1
         else [round(n) for n in in_flight]
     )
-    from_embedding, to_head = cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
+    from_embedding, to_head = tables.vocab_boundaries(cost, task.vocab, task.micro_batch)
     kinds = ("compute", "tp", "dp", "p2p", "redistribution")
     u_list = [vt.micro_batch_s for vt in task.vocab_terms]
     e_list = [vt.exposed_sync_s for vt in task.vocab_terms]
@@ -109,7 +109,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             e_list[stage] += float(terms.exposed_sync_s[s])
             if len(terms.weight_grad_s):
                 w_list[stage] += float(terms.weight_grad_s[s])
-            mem_list[stage] += float(terms.memory_mib(in_flight[stage])[s])
+            mem_list[stage] += float(terms.states_mib[s] + in_flight[stage] * terms.activation_mib[s])  # memory_mib
             states_list[stage] += float(terms.states_mib[s])
             act_list[stage] += float(terms.activation_mib[s])
             transient_list[stage] = max(transient_list[stage], float(terms.transient_mib[s]))

@@ -13,12 +13,17 @@ The layer's own profile is the whole layer at ep 1 (every expert on the rank, th
   rank's ``rows x hidden`` buffer, and 3 small ones (row counts; routing weights forward and backward; 2 more when
   recomputing); under etp the rows are gathered over the etp group and the partial outputs
   summed back (an all-gather and a reduce-scatter per pass).
-* **activations**: the routed rows the experts keep grow with the imbalance; dispatch and combine keep their
-  measured bytes per row more under ep > 1.
+* **activations**: dispatch and combine keep their measured bytes per row more under ep > 1; the routed rows a rank
+  keeps exceed the mean by the imbalance of its rows summed over the stage's layers (a rank's busiest layers
+  differ): from the profile's per-forward figures over all the type's layers (``memory_imbalance``), the expected
+  largest of the stage's expert-dp groups (each routes its own tokens), its excess over 1 scaled by
+  ``sqrt(routed_tokens / tokens the ep group routes)`` (routing noise shrinks as ``1/sqrt(tokens)``) and by
+  ``sqrt(pp)`` (a stage holds ``1/pp`` of the layers, whose routers choose independently), at most one layer's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +38,30 @@ def imbalance(experts: ExpertProfile, ep: int) -> float:
         return experts.imbalance[ep]
     below = [d for d in experts.imbalance if d <= ep]
     return experts.imbalance[max(below)] if below else 1.0
+
+
+def expected_largest(figures: Sequence[float], draws: int) -> float:
+    """The expected largest of ``draws`` values drawn without replacement from ``figures``."""
+    ordered = sorted(figures)
+    n = len(ordered)
+    draws = max(1, min(draws, n))
+    total = math.comb(n, draws)
+    return sum(x * math.comb(i, draws - 1) for i, x in enumerate(ordered)) / total
+
+
+def memory_imbalance(layer: LayerTypeProfile, candidate: Candidate, local: float) -> float:
+    """Max/mean routed rows a rank keeps over its stage's layers of this type, with ``local`` samples per rank
+    (module docstring)."""
+    experts = layer.experts
+    assert experts is not None
+    one = imbalance(experts, candidate.ep)
+    figures = experts.memory_imbalance.get(candidate.ep)
+    if not figures or not experts.routed_tokens:
+        return one
+    excess = expected_largest(figures, candidate.expert_dp) - 1.0
+    excess = min(one - 1.0, excess * math.sqrt(min(candidate.pp, layer.num_layers)))
+    pool = candidate.ep * local * layer.seq_length / (candidate.tp * candidate.cp)  # tokens the ep group routes
+    return 1.0 + excess * math.sqrt(experts.routed_tokens / pool)
 
 
 def expert_dp_type(candidate: Candidate) -> DataParallelType:
@@ -97,13 +126,24 @@ def comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate]) -> lis
 
 
 def extra_activation_per_sample(layer: LayerTypeProfile, candidate: Candidate) -> float:
-    """Activation MiB per local sample the expert layout adds to the layer's measured (ep 1) figure."""
+    """Activation MiB per local sample the expert layout adds to the layer's measured (ep 1) figure at an even
+    routing: what dispatch and combine keep."""
     experts = layer.experts
-    if experts is None or candidate.checkpoint:
+    if experts is None or candidate.checkpoint or candidate.ep == 1:
         return 0.0
-    rows = rows_per_sample(layer, candidate)
-    load = imbalance(experts, candidate.ep)
-    extra = rows * (load - 1.0) * experts.activation_mib_per_row
-    if candidate.ep > 1:
-        extra += rows * load * experts.dispatch_activation_mib_per_row
-    return extra
+    return rows_per_sample(layer, candidate) * experts.dispatch_activation_mib_per_row
+
+
+def imbalance_activation(layer: LayerTypeProfile, candidates: Sequence[Candidate], local: np.ndarray) -> np.ndarray:
+    """Activation MiB the busiest rank keeps beyond an even routing, with ``local`` samples per rank, per
+    candidate (ep 1 and checkpointed: none)."""
+    experts = layer.experts
+    out = np.zeros(len(candidates))
+    if experts is None:
+        return out
+    per_row = experts.activation_mib_per_row + experts.dispatch_activation_mib_per_row
+    for i, c in enumerate(candidates):
+        if c.ep > 1 and not c.checkpoint and local[i] > 0:
+            rows = local[i] * rows_per_sample(layer, c)
+            out[i] = rows * (memory_imbalance(layer, c, local[i]) - 1.0) * per_row / c.cp
+    return out

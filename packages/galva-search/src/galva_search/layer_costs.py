@@ -26,6 +26,7 @@ from galva_schema import (
     StaticTime,
 )
 from galva_schema.constraints import head_problem
+from galva_schema.model_profile import OverheadForm
 from galva_schema.sharding import sequence_shards
 from galva_search import expert_costs
 from galva_search.collectives import MIB, Collectives
@@ -86,6 +87,7 @@ class _LayerStatic:
     gather_mib: np.ndarray  # ZeRO-3: one full compute-precision copy of the layer's parameters on this rank
     redistribution_per_sample: np.ndarray
     penalty: np.ndarray
+    overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
 
 
 class LayerCosts:
@@ -273,6 +275,9 @@ class LayerCosts:
                 comm, candidates, stage_size, s.megatron_sp, layer.seq_length * layer.hidden_size * e
             ),
             penalty=switch_penalty(candidates, s.switch_penalty_s),
+            overhead_ms=np.array([_overhead_ms(layer, c, s.megatron_sp) for c in candidates], dtype=float).reshape(
+                n, 2
+            ),
         )
         self._static_cache[key] = static
         return static
@@ -295,8 +300,12 @@ class LayerCosts:
             layer, candidates, local / st.cp
         )
         forward = np.maximum(0.0, forward) * compute_factor
+        # a parallel form's own cost per call beyond the plain layer's F(b/tp) (the profile's measured overhead)
+        extra_forward, extra_backward = (st.overhead_ms * 1e-3 * compute_factor).T
+        weight_grad = s.backward_coefficient * forward  # the matmuls' share: the overhead is not deferrable work
+        forward = forward + extra_forward
         recompute = np.where(st.checkpoint, forward, 0.0)
-        backward = s.backward_coefficient * forward + recompute
+        backward = weight_grad + extra_backward + recompute
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes / st.cp
         tp_comm = np.zeros(len(candidates))
         expert_comm = np.zeros(len(candidates))
@@ -321,7 +330,8 @@ class LayerCosts:
             st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
         )
         per_call = np.where(st.checkpoint, 0.0, layer.activation_mib_per_call / st.cp)  # per-position tables, cut
-        act = (local * st.activation_per_sample + per_call) * f.activations
+        expert_rows = expert_costs.imbalance_activation(layer, candidates, local)  # the busiest rank's extra rows
+        act = (local * st.activation_per_sample + per_call + expert_rows) * f.activations
         transient = (local * st.recompute_per_sample + kv_buffer) * f.activations + 2.0 * st.gather_mib * f.states
         share = 0.5 if layer.weight_grad_share is None else layer.weight_grad_share  # the profile's measured W share
         return LayerTerms(
@@ -336,7 +346,7 @@ class LayerCosts:
             states_mib=st.states[1 if num_micro_batches > 1 else 0] * f.states,
             activation_mib=act,
             transient_mib=transient,
-            weight_grad_s=share * s.backward_coefficient * forward,
+            weight_grad_s=share * weight_grad,
             expert_comm_s=expert_comm,
             ring_s=ring,
         )
@@ -351,6 +361,15 @@ class LayerCosts:
     def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
         """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""
         return self._static(type_index, tuple(candidates)).penalty
+
+
+def _overhead_ms(layer: LayerTypeProfile, c: Candidate, megatron_sp: bool) -> tuple[float, float]:
+    """(forward, backward) ms the candidate's parallel form costs per call beyond the plain layer (the profile's
+    ``parallel_overhead_ms``; 0 for tp 1 and for a form or degree the profile did not time)."""
+    if c.tp == 1:
+        return 0.0, 0.0
+    form: OverheadForm = "ulysses" if c.ulysses else ("megatron_sp" if megatron_sp else "tp")
+    return layer.parallel_overhead_ms.get(form, {}).get(c.tp, (0.0, 0.0))
 
 
 def _layer_forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:

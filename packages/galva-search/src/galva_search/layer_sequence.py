@@ -17,21 +17,33 @@ class LayerSequence:
         self.type_ends = [i + 1 == len(self.type_of) or self.type_of[i + 1] != t for i, t in enumerate(self.type_of)]
         self._counts: dict[tuple[tuple[int, ...], int | None], list[list[tuple[int, int]]]] = {}
         self._p2p: dict[tuple[tuple[int, ...], int], list[list[int]]] = {}
+        self._chunks: dict[tuple[int, ...], list[range]] = {}
+        self._stages: dict[tuple[tuple[int, ...], int | None], list[list[int]]] = {}
 
     def __len__(self) -> int:
         return len(self.type_of)
 
     def chunk_layers(self, division: Sequence[int]) -> list[range]:
-        """Per model chunk (per stage when there is one chunk per stage), the global indices of its layers."""
-        starts = np.cumsum([0, *division])
-        return [range(int(a), int(b)) for a, b in pairwise(starts)]
+        """Per model chunk (per stage when there is one chunk per stage), the global indices of its layers (cached:
+        the search asks per plan it scores; read-only)."""
+        key = tuple(division)
+        hit = self._chunks.get(key)
+        if hit is None:
+            starts = np.cumsum([0, *division])
+            hit = self._chunks[key] = [range(int(a), int(b)) for a, b in pairwise(starts)]
+        return hit
 
     def stage_layers(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
         """Per stage, the global indices of its layers in model order: the chunks ``s, s + pp, ...`` (chunk ``c``
         runs on stage ``c % pp``, galva_schema's ``Strategy.chunk_stage``); ``pp`` defaults to one chunk per stage."""
-        pp = len(division) if pp is None else pp
-        chunks = self.chunk_layers(division)
-        return [[i for k in range(stage, len(chunks), pp) for i in chunks[k]] for stage in range(pp)]
+        key = (tuple(division), pp)
+        hit = self._stages.get(key)
+        if hit is None:
+            pp = len(division) if pp is None else pp
+            chunks = self.chunk_layers(division)
+            hit = [[i for k in range(stage, len(chunks), pp) for i in chunks[k]] for stage in range(pp)]
+            self._stages[key] = hit
+        return hit
 
     def stage_types(self, division: Sequence[int], pp: int | None = None) -> list[list[int]]:
         """Per stage, the type index of each layer it holds."""

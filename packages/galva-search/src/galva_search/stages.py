@@ -12,6 +12,11 @@ forbidden, the budget is lowered by ``tau``) and keeps the fastest: exact. Each 
 candidates that no other of the same transitions matches or beats at every layer (:func:`undominated_beats`), and the
 levels are solved in order of a lower bound (:func:`level_bound`) until none left can beat the best: both exact, and
 what keeps expert layouts and context parallelism from multiplying the DPs.
+
+The C++ core does all of that (``cpp/stage_levels.hpp`` through :class:`galva_search.dp.StageLevels` and
+:func:`galva_search.dp.solve_stages`), and tells each level's DP the best time its stages already have so that a
+level which cannot reach it stops at its dual bound; this module's functions and :meth:`StageSolver.solve_python` are
+the statement of the rules it follows (the search runs them where the core is not built; the tests compare both).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class StageSolver:
         self._classes: dict[tuple, np.ndarray] = {}  # problem key -> transition class per candidate
         self._levels: dict[tuple[tuple, float], list[Level]] = {}  # (problem key, budget) -> levels()
         self._bounds: dict[tuple[tuple, float], float] = {}  # (level key, budget) -> level_bound() of its level
+        self._core_levels: dict[tuple, dp_core.StageLevels] = {}  # problem key -> its levels in the C++ core
 
     def stage_problem(self, task: Task, stage: int) -> tuple[tuple, StageArrays]:
         """The cache key and DP arrays of stage ``stage`` of ``task`` (objective: seconds per iteration).
@@ -86,7 +92,7 @@ class StageSolver:
             return key, hit
         tables = task.tables
         L, S = len(types), len(tables.candidates)
-        from_embedding, to_head = self.cost.vocab_boundaries(task.vocab, tables.candidates, task.micro_batch)
+        from_embedding, to_head = tables.vocab_boundaries(self.cost, task.vocab, task.micro_batch)
         intra = np.empty((L, S))
         memory = np.empty((L, S))
         transient = np.empty((L, S))
@@ -179,7 +185,32 @@ class StageSolver:
         return False, None
 
     def solve(self, wave: Sequence[Task]) -> list[Solutions]:
-        """Every stage of every task of ``wave``: new problems in rounds of :func:`galva_search.dp.solve_many` calls."""
+        """Every stage of every task of ``wave``, by the C++ core's levels (:func:`galva_search.dp.solve_stages`), or
+        where it is not built by the same rules in Python (:meth:`solve_python`)."""
+        if not dp_core.has_cpp():
+            return self.solve_python(wave)
+        items = []
+        for task in wave:
+            for stage, budget in enumerate(self.tasks.stage_budgets(task)):
+                key, arrays = self.stage_problem(task, stage)
+                items.append((self._stage_levels(key, arrays), budget))
+        solutions, solved, reused = dp_core.solve_stages(items, threads=self.threads)
+        self.counts["dp_problems"] += solved
+        self.counts["dp_reused"] += reused
+        out, n = [], 0
+        for task in wave:
+            out.append(solutions[n : n + task.pp])
+            n += task.pp
+        return out
+
+    def _stage_levels(self, key: tuple, arrays: StageArrays) -> dp_core.StageLevels:
+        hit = self._core_levels.get(key)
+        if hit is None:
+            hit = self._core_levels[key] = dp_core.StageLevels(*arrays, self._transients[key])
+        return hit
+
+    def solve_python(self, wave: Sequence[Task]) -> list[Solutions]:
+        """:meth:`solve` in Python: new problems in rounds of :func:`galva_search.dp.solve_many` calls."""
         # Per stage, its levels in order of a lower bound on their time; rounds of one solve_many call each solve the
         # next level of every stage until no level left can beat the stage's best (the fastest, the lowest level of
         # equal ones: the order the levels alone would give).
@@ -244,6 +275,11 @@ class StageSolver:
             intra[pos] += c * (task.tables.redistribution[t][cand] - task.tables.terms[t].p2p_s)
         best: dp_core.StageSolution | None = None
         stage_budget = self.tasks.stage_budgets(task)[stage]
+        if dp_core.has_cpp():  # the same levels, solved until none left can win (the fastest; the lowest of equals)
+            levels = dp_core.StageLevels(intra, memory, inter, self._transients[key])
+            (best,), solved, _ = dp_core.solve_stages([(levels, stage_budget)], threads=1)
+            self.counts["dp_problems"] += solved
+            return best
         for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), stage_budget):
             self.counts["dp_problems"] += 1
             sol = expand(dp_core.solve_stage(arrays[0], arrays[1], arrays[2], budget), columns)
@@ -255,10 +291,10 @@ class StageSolver:
         """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
         budgets = self.tasks.stage_budgets(task)
         best: tuple[float, list[dp_core.StageSolution]] | None = None
+        problems = [self.stage_problem(task, stage) for stage in range(task.pp)]
         for s in range(len(task.tables.candidates)):
             sols = []
-            for stage, budget in enumerate(budgets):
-                key, (intra, memory, _) = self.stage_problem(task, stage)
+            for (key, (intra, memory, _)), budget in zip(problems, budgets):
                 mem = float(memory[:, s].sum() + self._transients[key][:, s].max())
                 if mem > budget or not np.isfinite(intra[:, s]).all():  # too big, or refused by the model
                     break

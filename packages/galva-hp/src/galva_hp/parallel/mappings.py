@@ -297,9 +297,16 @@ def differentiable_reduce_scatter(x: Tensor, dim: int, group: ProcessGroup | Non
     return x if _trivial(group) else _AlongDim.apply(x, dim, group, reduce_scatter_along_dim, all_gather_along_dim)
 
 
+def _own_chunk(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
+    """:func:`chunk_along_dim` in storage of its own: a chunk that is already contiguous (a batch of 1 split along
+    the sequence) would be a view, and autograd saving it would keep the whole ``x`` alive."""
+    part = chunk_along_dim(x, dim, group)
+    return part.clone() if part.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() else part
+
+
 def differentiable_split(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
-    """Forward: keep this rank's ``1/n`` chunk along ``dim``; backward all-gather along ``dim``."""
-    return x if _trivial(group) else _AlongDim.apply(x, dim, group, chunk_along_dim, all_gather_along_dim)
+    """Forward: keep this rank's ``1/n`` chunk along ``dim`` (its own copy); backward all-gather along ``dim``."""
+    return x if _trivial(group) else _AlongDim.apply(x, dim, group, _own_chunk, all_gather_along_dim)
 
 
 def differentiable_all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:

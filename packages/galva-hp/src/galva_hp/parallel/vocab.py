@@ -31,7 +31,6 @@ from galva_hp.parallel.mappings import (
     differentiable_copy_to_group,
     differentiable_reduce_from_group,
     differentiable_reduce_scatter,
-    differentiable_split,
     group_rank,
     group_size,
 )
@@ -46,8 +45,6 @@ from galva_hp.parallel.tensor_parallel import (
 
 __all__ = [
     "IGNORE_INDEX",
-    "SequenceSplitEmbedding",
-    "VocabParallelClassifier",
     "VocabParallelEmbedding",
     "VocabParallelHead",
     "padded_vocab_size",
@@ -238,82 +235,6 @@ def _owned(labels: Tensor, tp: int, rank: int, sequence_parallel: bool) -> Tenso
         return ((positions >= rank * local) & (positions < (rank + 1) * local)).expand_as(labels)
     flat = torch.arange(labels.numel(), device=labels.device).view_as(labels)
     return flat % tp == rank
-
-
-class VocabParallelClassifier(nn.Module):
-    """Image classification head under vocab tp: final norm, pooling (the first token, ``pool="cls"``, or the mean
-    over tokens, ``pool="mean"``), a classifier split over the labels (padded like a vocabulary) and the
-    vocab-parallel cross-entropy, one label per sample.
-
-    ``(hidden, labels [b]) -> (loss_sum, sample_count)`` for the samples this rank owns (sample ``i`` by tp rank
-    ``i % tp``), as :class:`VocabParallelHead` does for tokens. Megatron-SP: ``hidden`` is this rank's sequence slice
-    (norm on the slice, gradient summed over the group; then the sequence is gathered for pooling) and ``labels`` are
-    the whole micro-batch's (they are per sample, not per token). Parameters: ``norm.*``, ``classifier.weight`` /
-    ``classifier.bias`` (this rank's padded rows).
-    """
-
-    def __init__(
-        self,
-        norm: nn.Module,
-        weight: Tensor,
-        bias: Tensor | None,
-        group: ProcessGroup | None,
-        sequence_parallel: bool = False,
-        pool: str = "cls",
-    ) -> None:
-        super().__init__()
-        if pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
-        tp, rank = group_size(group), group_rank(group)
-        self.group, self.sequence_parallel, self.tp, self.rank, self.pool = group, sequence_parallel, tp, rank, pool
-        self.num_labels = weight.shape[0]
-        self.start, self.end, _ = vocab_range(self.num_labels, tp, rank)
-        self.norm = sequence_parallel_norm(norm, group) if sequence_parallel else _copy(norm)
-        local_bias = None if bias is None else _local_rows(bias, tp, rank)
-        self.classifier = column_parallel_linear(_local_rows(weight, tp, rank), local_bias, weight.shape[1], group)
-
-    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
-        """``norm.*`` and ``classifier.weight`` / ``.bias`` (padding dropped) as in the single-process head, or their
-        gradients. Collective over the group."""
-        full = {
-            "norm." + name.removeprefix("module."): param_or_grad(p, grads) for name, p in self.norm.named_parameters()
-        }
-        weight = param_or_grad(self.classifier.weight, grads)
-        full["classifier.weight"] = _gather_rows(weight, self.group, self.num_labels)
-        if self.classifier.bias is not None:
-            bias = param_or_grad(self.classifier.bias, grads)
-            full["classifier.bias"] = _gather_rows(bias, self.group, self.num_labels)
-        return full
-
-    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = enter_tp_region(self.norm(hidden), self.group, self.sequence_parallel)
-        pooled = hidden[:, 0] if self.pool == "cls" else hidden.mean(dim=1)
-        logits = self.classifier(pooled)[0]
-        per_sample = vocab_parallel_cross_entropy(logits, labels, self.group, self.start, self.end)
-        per_sample = differentiable_copy_to_group(per_sample, self.group)
-        owned = torch.arange(labels.shape[0], device=labels.device) % self.tp == self.rank
-        owned = owned & (labels != IGNORE_INDEX)
-        return (per_sample * owned).sum(), owned.sum()
-
-
-class SequenceSplitEmbedding(nn.Module):
-    """An embedding without a vocabulary (an image's patch embedding) under vocab tp with Megatron-SP: computes the
-    whole sequence with replicated parameters and keeps this rank's slice along the sequence, so the first layer
-    receives its Megatron-SP layout. The backward all-gathers the slices' gradients, so every rank's parameters get
-    the whole gradient (they stay replicas; nothing is summed over the group). Without Megatron-SP the output is the
-    whole sequence on every rank. Parameter names are those of ``module`` (held as ``module``; the single-process
-    names are what :meth:`gather_full` returns)."""
-
-    def __init__(self, module: nn.Module, group: ProcessGroup | None, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.module, self.group, self.sequence_parallel = module, group, sequence_parallel
-
-    def gather_full(self, grads: bool = False) -> dict[str, Tensor]:
-        return {name: param_or_grad(p, grads) for name, p in self.module.named_parameters()}
-
-    def forward(self, inputs: Tensor) -> Tensor:
-        out = self.module(inputs)
-        return differentiable_split(out, SEQ_DIM, self.group) if self.sequence_parallel else out
 
 
 def _gather_rows(local: Tensor, group: ProcessGroup | None, vocab_size: int) -> Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_hp.shared_params import embedding_ties
-from galva_schema import ModelConstraints, ParallelForm
+from galva_schema import ModelConstraints
 
 
 class Task(str, Enum):
@@ -79,13 +79,6 @@ class FamilyAdapter:
     head_dim_from_hidden: bool = True
     """The head size is ``hidden_size / heads``, so the heads must divide the hidden size (False where the config
     sets the head size itself, like T5's ``d_kv``)."""
-
-
-def image_vocab_unsupported(family: str) -> dict[ParallelForm, str]:
-    """``vocab_unsupported`` of an image-classification family: vocab tp runs (classifier split over the labels,
-    sequence-split patch embedding under Megatron-SP), vocab sp does not."""
-    reason = f"{family} scores one label per image, not per token: there is no sequence to split; use vocab sp off"
-    return {ParallelForm.VOCAB_SP: reason}
 
 
 class SingleRankParallelizer:

@@ -27,18 +27,6 @@ def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return loss_sum, (flat != IGNORE_INDEX).sum()
 
 
-class HFEmbeddings(nn.Module):
-    """The Hugging Face embeddings module as it is (``embeddings``), called on the inputs alone (token ids or pixels:
-    default positions and token types); its first output is kept."""
-
-    def __init__(self, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-
-    def forward(self, inputs: Tensor) -> Tensor:
-        return first_output(self.embeddings(inputs))
-
-
 class LMHead(nn.Module):
     """Final norm (optional) + output projection + token loss: ``(hidden, labels) -> (loss_sum, count)``."""
 
@@ -53,18 +41,3 @@ class LMHead(nn.Module):
         if self.scale != 1.0:
             hidden = hidden * self.scale
         return token_loss_sum(self.lm_head(hidden), labels)
-
-
-class ClassifierHead(nn.Module):
-    """``norm`` -> CLS token (``pool="cls"``) or mean over tokens (``pool="mean"``) -> ``classifier`` -> CE sum."""
-
-    def __init__(self, norm: nn.Module, classifier: nn.Module, pool: str = "cls") -> None:
-        super().__init__()
-        self.norm = norm
-        self.classifier = classifier
-        self.pool = pool
-
-    def forward(self, hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self.norm(hidden)
-        pooled = hidden[:, 0] if self.pool == "cls" else hidden.mean(dim=1)
-        return token_loss_sum(self.classifier(pooled), labels)

@@ -1,6 +1,6 @@
 """Which adapter handles a Hugging Face model: a family adapter for the families without tables (``_MODULES``),
 otherwise the table adapter of its task (:mod:`galva_models.tables`) for any causal LM whose tables say how it
-splits and any family with a Galva table entry (BERT, ViT)."""
+splits and any family with a Galva table entry (GPT-2, BERT, ViT, Swin)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("t5", "swin")
+_MODULES = ("t5",)
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 

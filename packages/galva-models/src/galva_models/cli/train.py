@@ -254,6 +254,11 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
             metrics = train_step(model, optimizer, batch.inputs, batch.labels)
             seconds = (metrics.step_ms / 1e3) if metrics.step_ms else time.perf_counter() - start
             tokens = _tokens(cfg, batch)
+            if torch.cuda.is_available():
+                # on a GPU, device memory outside the allocator grows with the first steps (kernels loaded on first
+                # use, cuBLAS handles, the communicators' buffers): the base is what it holds after them, as the
+                # hardware profile measures it after its warm-up step (before the model it read 527 of 1311 MiB)
+                base_mib = max(base_mib, base_memory_mib())
             if logger is not None:
                 record = {
                     "step": step + 1,  # from 1, as the console and the checkpoint names (step-00000001)

@@ -1,12 +1,13 @@
 """One adapter per task for every family whose tables say how it splits (transformers' own, or Galva's): no family
 code. Causal LMs (:data:`ADAPTER`), and the encoder families of :data:`~.plans.GALVA_TABLES` (BERT's masked LM,
-ViT's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`), parallelized
-in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered functions
-(:mod:`.attention`).
+ViT's and Swin's image classification: :func:`adapter_for`). The model is cut where it stands (:mod:`.modules`),
+parallelized in place from its tables (:mod:`.parallel`), and its attention runs through Galva's registered
+functions (:mod:`.attention`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -17,6 +18,7 @@ from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
+from galva_models.tables.hooks import LayerShape, layer_lists
 from galva_models.tables.mixing import hidden_mixers
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
 from galva_models.tables.parallel import TableParallelizer, attention_paths, head_counts, is_attention, layer_config
@@ -51,8 +53,10 @@ def supports(config: Any) -> bool:
 
 
 def adapter_for(config: Any) -> FamilyAdapter:
-    """The table adapter of ``config``'s task (call :func:`supports` first)."""
-    return ADAPTERS[Task(_tables(config).task)]
+    """The table adapter of ``config``'s task (call :func:`supports` first), with the size facts its table gives."""
+    tables = _tables(config)
+    adapter = ADAPTERS[Task(tables.task)]
+    return dataclasses.replace(adapter, **dict(tables.adapter)) if tables.adapter else adapter
 
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
@@ -91,23 +95,30 @@ def decompose(model: Any) -> LayeredModel:
         if name not in named and next(child.parameters(), None) is None
     }
 
+    shapes = tables.layer_shapes(config) if tables.layer_shapes is not None else None
+    calls = None if shapes is None else [(s.args, s.kwargs) for s in shapes]
+
     def inputs() -> LayerInputs:
         copies = {n: materialized_copy(m, model) for n, m in context.items()}
-        return LayerInputs(base, tables.layers, copies, tables.before, tables.inputs)
+        return LayerInputs(base, tables.layers, copies, tables.before, tables.inputs, calls)
 
-    stack = base.get_submodule(tables.layers)
-    layers: list[nn.Module] = [TableLayer(layer, i, inputs()) for i, layer in enumerate(stack)]
+    layers: list[nn.Module] = []
+    end_name = tables.stage_end
+    for path, stack in layer_lists(base, tables.layers):
+        end = getattr(base.get_submodule(path.rpartition(".")[0]), end_name) if end_name else None
+        for j, layer in enumerate(stack):  # a stage's own module after its last layer (None: the last stage's)
+            last = (end_name, end) if end_name and end is not None and j == len(stack) - 1 else None
+            layers.append(TableLayer(layer, len(layers), inputs(), last))
     family = config.model_type
     head = {name: model.get_submodule(name) for name, _ in tables.head}
     balance = router_loss(model)
     router = router_class(base) if balance is not None else None
     model_constraints = constraints(config)
+    after = {n: getattr(base, n) for n in tables.after}
     layered = LayeredModel(
         embedding=TableEmbedding({n: getattr(base, n) for n in tables.before}, inputs(), tables.inputs),
         layers=layers,
-        head=TableHead(
-            {n: getattr(base, n) for n in tables.after}, head, model, model.base_model_prefix, tables.inputs
-        ),
+        head=TableHead(after, head, model, model.base_model_prefix, tables.inputs, tables.tail),
         layer_types=[t.name for t in model_constraints.layer_types for _ in range(t.num_layers)],
         parallelizer=TableParallelizer(config, tables, router, int(getattr(model, "num_experts_per_tok", 0) or 0)),
         name=family,
@@ -122,9 +133,9 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
     mixture of experts states its experts and their FFN size per run of layers (dense layers, e.g. DeepSeek's first
     ones, are a type of their own: ``<family>_dense``)."""
     tables = _tables(config)
-    heads, kv, _ = head_counts(config)
     unsupported: dict[ParallelForm, str] = {}
-    built = hidden_mixers(config, tables.layers)  # None: the probe could not build it, every entry counts
+    # None: the probe could not build it (it runs one layer list, not stages), every entry counts
+    built = hidden_mixers(config, tables.layers) if tables.layer_shapes is None else None
     odd = {
         p: st
         for p, st in unsupported_styles(tables).items()
@@ -145,6 +156,9 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
             f"{config.model_type}'s tp table splits no attention module, which would see a sequence slice"
         )
     longest = config.max_position_embeddings if tables.learned_positions else None
+    if tables.layer_shapes is not None:
+        return _staged(config, tables.layer_shapes(config), unsupported)
+    heads, kv, _ = head_counts(config)
     if tables.tokens is not None:  # the input fixes the sequence: every layer's boundary holds its tokens
         layer_type = LayerTypeConstraints(
             name=config.model_type, num_layers=config.num_hidden_layers, num_heads=heads, num_kv_heads=kv,
@@ -187,6 +201,32 @@ def constraints(config: Any, seq_length: int | None = None, decoder_seq_length: 
 
 _SEQUENCE_FORMS = (ParallelForm.ULYSSES, ParallelForm.MEGATRON_SP, ParallelForm.CP)
 """The forms that give a layer a slice of the sequence, whole only inside the registered attention function."""
+
+
+def _staged(config: Any, shapes: list[LayerShape], unsupported: dict[ParallelForm, str]) -> ModelConstraints:
+    """Constraints of a family whose layers differ by stage (:mod:`.hooks`): one layer type per run of equal
+    shapes, with its heads and tokens (and a stage end's merged tokens). Its layers take a fixed grid from the
+    base forward (windows, patch merging: token mixing outside the attention function), so the sequence forms,
+    which would hand them a slice, are refused."""
+    family = config.model_type
+    stages: dict[str, list[LayerShape]] = {}
+    for shape in shapes:  # a stage's layers are consecutive
+        stages.setdefault(shape.layer_type, []).append(shape)
+    types = []
+    for name, stage in stages.items():
+        first = stage[0]
+        reason = (
+            f"{family}'s layers arrange their {first.tokens} tokens as a grid of windows outside the attention "
+            "function (window partition and shift, patch merging), which a sequence split would cut"
+        )
+        types.append(
+            LayerTypeConstraints(
+                name=name, num_layers=len(stage), num_heads=first.heads,
+                unsupported={**unsupported, **dict.fromkeys(_SEQUENCE_FORMS, reason)},
+                seq_length=first.tokens, output_seq_length=stage[-1].output_tokens,
+            )
+        )  # fmt: skip
+    return ModelConstraints(model_name=family, layer_types=tuple(types), vocab_unsupported=_per_sample(family))
 
 
 def _mixing_refusals(config: Any, tables: ModelTables) -> list[str]:
@@ -278,7 +318,10 @@ def _expert_layers(config_json: str) -> list[tuple[int, int] | None]:
 def layer_specs(config: Any, seq_length: int) -> list[LayerSpec]:
     """One spec per layer, named by its type (dense and expert layers differ); ``seq_length`` is ignored where the
     input fixes the sequence (images)."""
-    tokens = _tables(config).tokens
+    tables = _tables(config)
+    if tables.layer_shapes is not None:
+        return [LayerSpec(s.layer_type, s.tokens, s.hidden) for s in tables.layer_shapes(config)]
+    tokens = tables.tokens
     seq = tokens(config) if tokens is not None else seq_length
     types = [t.name for t in constraints(config).layer_types for _ in range(t.num_layers)]
     return [LayerSpec(name, seq, config.hidden_size) for name in types]

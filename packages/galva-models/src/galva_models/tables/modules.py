@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from galva_hp.parallel.mappings import (
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
 from galva_models.adapters.modules import first_output, token_loss_sum
+from galva_models.tables.hooks import layer_lists, layer_stack
 from galva_models.tables.sharding import Split, TpRegion, gather_split
 from galva_schema.sharding import sequence_blocks
 
@@ -148,35 +150,44 @@ class LayerInputs(nn.Module):
         context: dict[str, nn.Module],
         before: tuple[str, ...],
         inputs: str = "input_ids",
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
     ) -> None:
+        """``calls``: each layer's ``(args, kwargs)`` where the config fixes them (:class:`~.hooks.LayerShape`);
+        None: recorded from the base forward."""
         super().__init__()
         self.context = nn.ModuleDict(context)
         self._base = _Shared(base)
         self._layers = layers
         self._before = before
         self._embeds = embeds_keyword(inputs)
+        self._calls = calls
         self._cache: dict[tuple[Any, ...], dict[int, Any]] = {}
 
     def run(self, stop: int, overrides: dict[str, nn.Module], **inputs: Any) -> dict[int, Any]:
         """Run the base forward with stand-ins for its layers up to layer ``stop``: ``{index: (hidden, args,
         kwargs)}``. ``overrides`` replace base modules (this Galva module's own copies)."""
         base = self._base.value
-        real = base.get_submodule(self._layers)
         sink: dict[int, Any] = {}
-        stand_ins = nn.ModuleList([_StandIn(layer, i, sink, stop) for i, layer in enumerate(real)])
-        view = _view(base, {**dict(self.context.items()), **overrides, self._layers: stand_ins}, self.training)
+        stand_ins: dict[str, nn.Module] = {}
+        index = 0
+        for path, real in layer_lists(base, self._layers):  # one list, or one per stage
+            stand_ins[path] = nn.ModuleList([_StandIn(layer, index + i, sink, stop) for i, layer in enumerate(real)])
+            index += len(real)
+        view = _view(base, {**dict(self.context.items()), **overrides, **stand_ins}, self.training)
         with contextlib.suppress(_Stop):
             type(base).forward(view, **inputs, use_cache=False)
         return sink
 
     def layer_call(self, index: int, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> Any:
         """``(args, kwargs)`` the forward hands layer ``index`` for a ``[batch, seq]`` input (the whole sequence)."""
+        if self._calls is not None:
+            return self._calls[index]
         key = (batch, seq, dtype, device)
         if key not in self._cache:
             hidden = self._base.value.config.hidden_size
             embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
             base = self._base.value
-            n = len(base.get_submodule(self._layers))
+            n = len(layer_stack(base, self._layers))
             # the embedding side may live on another stage (or the meta device): stand-ins of the right width
             quiet: dict[str, nn.Module] = {n: _Zeros(hidden, dtype, base.get_submodule(n)) for n in self._before}
             with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
@@ -294,14 +305,19 @@ class TableEmbedding(_InPlace):
 
 
 class TableLayer(_InPlace):
-    """One Hugging Face layer (``layer``), called as the model's forward calls it."""
+    """One Hugging Face layer (``layer``), called as the model's forward calls it; where it ends a stage, the
+    stage's own module that follows it (``end``: Swin's patch merging, under its Hugging Face name), called on its
+    output with the same arguments."""
 
-    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs) -> None:
+    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs, end: tuple[str, nn.Module] | None = None):
         super().__init__()
         self.layer = layer
         self.index = index
         self.inputs = inputs
         self.form = None
+        self._end_name = None if end is None else end[0]
+        if end is not None:
+            self.add_module(*end)
 
     def forward(self, hidden: Tensor) -> Tensor:
         form = self.form
@@ -318,6 +334,8 @@ class TableLayer(_InPlace):
         self._begin()
         with self._streams(hidden.device):
             out = first_output(self.layer(hidden, *args, **kwargs))
+            if self._end_name is not None:
+                out = getattr(self, self._end_name)(out, *args)
         self._end()
         return out
 
@@ -353,6 +371,7 @@ def _hidden_output() -> Any:
         @model_output
         class HiddenOutput(ModelOutput):
             last_hidden_state: Tensor | None = None
+            pooler_output: Tensor | None = None
 
             def __getattr__(self, name: str) -> Any:
                 if name.startswith("__"):
@@ -369,13 +388,16 @@ _HIDDEN_OUTPUT: Any = None
 class _BaseOutput(nn.Module):
     """Stands for the base model in the task model's forward: the hidden state after the final modules."""
 
-    def __init__(self, after: nn.ModuleDict, keyword: str) -> None:
+    def __init__(self, after: nn.ModuleDict, keyword: str, tail: Callable[..., dict[str, Any]] | None) -> None:
         super().__init__()
         self.after = after
         self.keyword = keyword
+        self.tail = tail
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden = kwargs[self.keyword] if kwargs.get(self.keyword) is not None else args[0]
+        if self.tail is not None:  # the family's hook: more than the modules in turn (Swin's pooler)
+            return _hidden_output()(**self.tail(dict(self.after.items()), hidden))
         for module in self.after.values():
             hidden = module(hidden)
         return _hidden_output()(last_hidden_state=hidden)
@@ -393,8 +415,11 @@ class TableHead(_InPlace):
         task_model: nn.Module,
         base: str,
         keyword: str = "input_ids",
+        tail: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
+        """``tail``: the table's hook for the base model's forward after its layers (None: ``after`` in turn)."""
         super().__init__()
+        self._tail = tail
         for name, module in {**after, **head}.items():
             self.add_module(name, module)
         self._after = tuple(after)
@@ -411,7 +436,7 @@ class TableHead(_InPlace):
         if form is not None and form.whole and form.seq_group is not None:
             hidden = differentiable_gather_replicated(hidden, 1, form.seq_group)
         task = self._task.value
-        base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}), self._keyword)
+        base = _BaseOutput(nn.ModuleDict({n: getattr(self, n) for n in self._after}), self._keyword, self._tail)
         view = _view(task, {self._base_name: base, **{n: getattr(self, n) for n in self._head}}, self.training)
         with self._streams(hidden.device) if form is None or not form.whole else contextlib.nullcontext():
             logits = type(task).forward(view, **{self._keyword: hidden}, use_cache=False).logits

@@ -38,6 +38,7 @@ from galva_models.tables.sharding import (
     enter_region_at,
     shard_linear,
     split_embedding,
+    split_per_head,
     split_vocab_rows,
     sum_where_sharded,
 )
@@ -101,11 +102,21 @@ class TableParallelizer:
             watch_routers(block, self.router, ctx.ledger, f"layer{module.index}", self.top_k)
         return block_path
 
+    def _heads(self, index: int) -> tuple[int, int, int]:
+        """``(heads, key/value heads, head size)`` of layer ``index`` (from the table's hook where layers differ)."""
+        if self.tables.layer_shapes is None:
+            return head_counts(self.config, index)
+        shape = self.tables.layer_shapes(self.config)[index]
+        return shape.heads, shape.heads, shape.hidden // shape.heads
+
     def layer(self, module: nn.Module, layer_type: str, ctx: ParallelContext) -> nn.Module:
         assert isinstance(module, TableLayer)
         moe = self._experts(module, ctx)
         if ctx.tp_size == 1 and ctx.sp_size == 1 and ctx.cp_size == 1:
             return module
+        if self.tables.layer_shapes is not None and (ctx.seq_sharded or ctx.cp_size > 1):
+            # the constraints refuse this (:func:`.adapter.grid_refusal`); a layer given a slice would fail later
+            raise ValueError(f"{self.config.model_type}: {layer_type} layers run on the whole grid, not a slice")
         _once(module)
         tp_table = {p: st for p, st in self.tables.tp.items() if moe is None or not p.startswith(moe + ".")}
         attention = attention_paths(self.tables)
@@ -130,7 +141,7 @@ class TableParallelizer:
         tp, rank = ctx.tp_size, group_rank(group)
         sequence_parallel = ctx.sequence_parallel_tp
         region = TpRegion(group, sequence_parallel)
-        heads, kv, head_dim = head_counts(self.config, module.index)
+        heads, kv, head_dim = self._heads(module.index)
         replicate_kv = kv < heads and tp > kv
         summed: set[str] = set()
         replicated_kv = False  # key/value projections kept whole: each rank reads its heads in attention
@@ -150,6 +161,9 @@ class TableParallelizer:
             prefix = f"layer.{path}."
             if style == "replicated_with_grad_allreduce":
                 summed |= {prefix + n for n, _ in sub.named_parameters()}
+                continue
+            if style == "per_head":
+                split_per_head(sub, group, path)
                 continue
             is_kv = is_attention(path) and isinstance(sub, nn.Linear) and sub.out_features == kv * head_dim
             keep = replicate_kv and is_kv and style == "colwise"

@@ -16,6 +16,9 @@ from typing import Any
 
 from torch import nn
 
+from galva_models.tables import swin
+from galva_models.tables.hooks import LayerShape
+
 __all__ = ["GALVA_TABLES", "STYLES", "ModelTables", "model_tables", "unsupported_styles"]
 
 STYLES: dict[str, str] = {
@@ -27,6 +30,8 @@ STYLES: dict[str, str] = {
     "packed_colwise": "colwise on each of the packed blocks (a fused gate/up projection)",
     "packed_rowwise": "rowwise on each of the packed blocks",
     "replicated_with_grad_allreduce": "replicated; gradient summed over tp (it sees only this rank's heads)",
+    "per_head": "a module whose parameters hold one column per attention head (Swin's relative-position table), "
+    "split with the heads",
 }
 """The tensor-parallel forms Galva runs in place, by transformers' style name."""
 
@@ -86,6 +91,8 @@ GALVA_TABLES: dict[str, dict[str, Any]] = {
         "whole_embedding": True,
         "tokens": lambda config: 1 + (config.image_size // config.patch_size) ** 2,
     },
+    # Swin: stages of blocks, each stage's grid and width its own (hooks beside the entry, in its module)
+    "swin": swin.TABLE,
 }
 """Galva's tables for families whose configs carry none, in transformers' format (``tp``: ``"<layers>.*.<path>"`` ->
 style; ``pp``: the base model's modules in order), plus what transformers' format cannot say:
@@ -102,9 +109,16 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
   vocabulary (or the labels) under vocab tp (default ``{"lm_head": "lm_head"}``);
 - ``whole_embedding``: the embedding side runs on the whole sequence under Megatron-SP and its output is split
   after (its forward shapes per-position inputs from the whole input);
-- ``tokens``: the one hook, ``config -> sequence length``, for a family whose input fixes it (an image's patches).
+- ``tokens``: a hook, ``config -> sequence length``, for a family whose input fixes it (an image's patches);
+- ``layers`` with a ``*`` (``encoder.layers.*.blocks``): a list of stages, each a list of layers, walked in order
+  (:mod:`.hooks`); ``stage_end``: the module of each stage that runs after its last layer (patch merging);
+- ``layer_shapes``: a hook, ``config -> one LayerShape per layer`` (:mod:`.hooks`), for a family whose layers differ
+  by stage and are called with arguments the config fixes; ``tail``: a hook running the base model's forward after
+  its layers, where the head reads more than the hidden state (Swin's pooler);
+- ``adapter``: galva-train's size facts where they are not the table adapter's (per-stage sizes).
 
-Swin and T5 keep their adapters (:mod:`galva_models.adapters`) until they move here."""
+A family with hooks keeps its entry and hooks in a module of its own (:mod:`.swin`). T5 keeps its adapter
+(:mod:`galva_models.adapters`) until it moves here."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,14 @@ class ModelTables:
     """Under Megatron-SP the embedding side runs on the whole sequence; its output is split after."""
     tokens: Callable[[Any], int] | None = None
     """``config -> sequence length`` where the input fixes it (images); None: the run's sequence length."""
+    stage_end: str | None = None
+    """The module of each stage (of a ``*`` layer path) run after the stage's last layer, on its arguments."""
+    layer_shapes: Callable[[Any], list[LayerShape]] | None = None
+    """``config -> one LayerShape per layer`` for a family whose layers differ by stage (:mod:`.hooks`)."""
+    tail: Callable[[dict[str, nn.Module], Any], dict[str, Any]] | None = None
+    """``(modules after the layers, hidden) -> base-model output fields``; None: the modules in turn."""
+    adapter: tuple[tuple[str, Any], ...] = ()
+    """galva-train's size facts (:class:`~galva_models.adapters.base.FamilyAdapter` fields) of this family."""
 
     @property
     def experts(self) -> bool:
@@ -187,6 +209,10 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         head=tuple(extra.get("head", {"lm_head": "lm_head"}).items()),
         whole_embedding=bool(extra.get("whole_embedding", False)),
         tokens=extra.get("tokens"),
+        stage_end=extra.get("stage_end"),
+        layer_shapes=extra.get("layer_shapes"),
+        tail=extra.get("tail"),
+        adapter=tuple(extra.get("adapter", {}).items()),
     )
 
 

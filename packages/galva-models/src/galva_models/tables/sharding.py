@@ -44,6 +44,7 @@ __all__ = [
     "gather_split",
     "shard_linear",
     "split_embedding",
+    "split_per_head",
     "split_vocab_rows",
     "sum_where_sharded",
 ]
@@ -171,6 +172,17 @@ def shard_linear(
     raise ValueError(f"{path}: tensor-parallel style {style!r} is not one Galva runs")
 
 
+def split_per_head(module: nn.Module, group: ProcessGroup, path: str) -> None:
+    """The ``per_head`` style: each of ``module``'s own parameters holds one column per attention head (Swin's
+    relative-position table ``[relative positions, heads]``); this rank keeps its heads' columns, so the module's
+    own forward yields the bias of this rank's heads."""
+    tp = group_size(group)
+    for name, param in list(module.named_parameters(recurse=False)):
+        dim = param.dim() - 1
+        _check_divisible(f"{path}.{name} heads", param.shape[dim], tp)
+        _replace(module, name, _part(param, dim, group, 1), Split(dim, group, param.shape[dim]))
+
+
 def _rowwise_forward(region: TpRegion, split_input: bool, transposed: bool) -> Any:
     def forward(self: nn.Module, x: Tensor) -> Tensor:
         if split_input:
@@ -195,7 +207,7 @@ def sum_where_sharded(block: nn.Module, styles: dict[str, str], group: ProcessGr
 
     block.register_forward_pre_hook(reset, with_kwargs=True)
     for path, style in styles.items():
-        after = style in ("colwise", "packed_colwise")  # rowwise and gathered outputs are whole again
+        after = style in ("colwise", "packed_colwise", "per_head")  # rowwise and gathered outputs: whole again
 
         def mark(module: nn.Module, args: tuple[Any, ...], out: Any, after: bool = after) -> None:
             sharded[0] = after
