@@ -256,21 +256,25 @@ def _encoder_models(family: str):
 
 def check_encoder_families(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     out = {}
+    references: dict[str, tuple[list, list[float], list[float]]] = {}  # per family: its plans share one reference
     for family, plan in cases:
-        model, _ = _encoder_models(family)
-        batches = _family_batches(family, model.config)
-        if rank == 0:  # every rank reports the same global loss and norm: rank 0 alone runs the reference
-            params = list(model.parameters())
-            optimizer, scheduler = reference_optimizer(params, OPTIM)
+        if family not in references:
+            model, _ = _encoder_models(family)
+            batches = _family_batches(family, model.config)
             ref_losses, ref_norms = [], []
-            for hf_inputs, _, _ in batches:
-                optimizer.zero_grad()
-                loss = model(**hf_inputs).loss
-                loss.backward()
-                ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
-                optimizer.step()
-                scheduler.step()
-                ref_losses.append(loss.item())
+            if rank == 0:  # every rank reports the same global loss and norm: rank 0 alone runs the reference
+                params = list(model.parameters())
+                optimizer, scheduler = reference_optimizer(params, OPTIM)
+                for hf_inputs, _, _ in batches:
+                    optimizer.zero_grad()
+                    loss = model(**hf_inputs).loss
+                    loss.backward()
+                    ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+                    optimizer.step()
+                    scheduler.step()
+                    ref_losses.append(loss.item())
+            references[family] = batches, ref_losses, ref_norms
+        batches, ref_losses, ref_norms = references[family]
         _, layered = _encoder_models(family)
         fields = ENCODER_PLANS[plan]
         strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})

@@ -3,26 +3,36 @@ galva-hp on 2 and 4 gloo ranks; the report validates, the byte counts are compar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from galva_schema import Calibration, HardwareProfile, LayerStrategy, ModelProfile, SearchSummary, Strategy
 
-PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
-HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125"]
-HW_FLAGS += ["--warmup", "0", "--repetitions", "2", "--quick", "--quiet"]
-ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-if "PYTHONPATH" in os.environ:  # a source checkout put first on the path: its commands run that code, not the install
-    ENV["PYTHONPATH"] = os.environ["PYTHONPATH"]
 
+def _profile(args: list[str], cwd: Path) -> None:
+    """``galva-profile ARGS`` run in this process from ``cwd``, as its subprocess would (one thread, the environment
+    left as it was): ``check`` forks its ranks from here either way, and a subprocess cost 5-8 s of imports on 2
+    loaded cores. The hardware profiles stay subprocesses: their base memory is the resident set of a fresh rank."""
+    import torch
+    from transformers.utils import logging
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
+    from galva_profiler.cli import main
+
+    environ, threads, verbosity = dict(os.environ), torch.get_num_threads(), logging.get_verbosity()
+    torch.set_num_threads(1)  # OMP_NUM_THREADS=1, as the subprocess had
+    try:
+        with contextlib.chdir(cwd):
+            code = main(args)
+    finally:  # the command quiets transformers for its own run
+        torch.set_num_threads(threads)
+        logging.set_verbosity(verbosity)
+        os.environ.clear()
+        os.environ.update(environ)
+    assert code == 0, f"galva-profile {' '.join(args)} exited {code}"
 
 
 def _strategy(world: int, pp: int, layers: list[dict], c: int = 1) -> Strategy:
@@ -33,14 +43,13 @@ def _strategy(world: int, pp: int, layers: list[dict], c: int = 1) -> Strategy:
 
 
 @pytest.fixture(scope="module")
-def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def profiles(tmp_path_factory: pytest.TempPathFactory, hardware_profile) -> Path:
+    """hw2.json and hw4.json (the session's, conftest.py) and a tiny-llama model profile m.json."""
     root = tmp_path_factory.mktemp("check")
     for world in (2, 4):
-        hw = _run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW_FLAGS, "-o", f"hw{world}.json"], root)
-        assert hw.returncode == 0, hw.stderr[-2000:]
+        (root / f"hw{world}.json").symlink_to(hardware_profile(world)[0] / f"hw{world}.json")
     model_args = ["--model", "tiny-llama", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
-    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--quiet", "-o", "m.json"], root)
-    assert model.returncode == 0, model.stderr[-2000:]
+    _profile(["model", *model_args, "--repetitions", "1", "--quiet", "-o", "m.json"], root)
     return root
 
 
@@ -53,12 +62,11 @@ def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_pat
     plans.mkdir()
     _strategy(2, 2, [{"tp": 1}] * 4, c=2).save(plans / "pp2-1f1b.json")
     _strategy(2, 1, [{"tp": 1, "dp_type": "zero3"}] * 4).save(plans / "zero3.json")
-    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
+    args = ["check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
             str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(plans), "--search",
             "--steps", "1", "--warmup", "1", "-o", "check.json", "--table", "check.md", "--calibration-output",
             "cal.json"]
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _profile(args, tmp_path)
     report = json.loads((tmp_path / "check.json").read_text())
     names = [s["name"] for s in report["strategies"]]
     assert names == ["pp2-1f1b", "zero3", "galva-search"]
@@ -121,11 +129,10 @@ def test_calibration_changes_predictions_as_it_says(profiles: Path) -> None:
 def test_check_on_four_ranks(profiles: Path, tmp_path: Path) -> None:
     plan = _strategy(4, 2, [{"tp": 2}] * 4)  # pp 2 x tp 2, one micro-batch: no dp, states exactly what the model prices
     plan.save(tmp_path / "pp2tp2.json")
-    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw4.json"), "--model-profile",
+    args = ["check", "--hardware-profile", str(profiles / "hw4.json"), "--model-profile",
             str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(tmp_path / "pp2tp2.json"),
             "--steps", "1", "--warmup", "0", "-o", str(tmp_path / "check.json")]
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _profile(args, tmp_path)
     report = json.loads((tmp_path / "check.json").read_text())
     assert [r["stage"] for r in report["rows"]] == [0, 1]
     assert len(report["strategies"][0]["ranks"]) == 4
@@ -143,17 +150,21 @@ def test_check_of_a_context_parallel_plan(profiles: Path, tmp_path: Path) -> Non
     plan = Strategy(world_size=2, pp=1, global_batch_size=2, num_micro_batches=1, mixed_precision="fp32",
                     layers=[LayerStrategy(**layer) for layer in layers], vocab={"cp": 2})  # fmt: skip
     plan.save(tmp_path / "cp.json")
-    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
+    args = ["check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
             str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(tmp_path / "cp.json"),
             "--steps", "1", "--warmup", "0", "-o", str(tmp_path / "check.json")]  # fmt: skip
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _profile(args, tmp_path)
     (row,) = json.loads((tmp_path / "check.json").read_text())["rows"]
     assert abs(row["errors"]["activations"]) < 0.03, row
     assert abs(row["errors"]["states"]) < 0.03, row
 
 
-def test_bad_input_is_one_line(tmp_path: Path) -> None:
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """Refused before anything runs, so in this process (a subprocess each cost 5-8 s of imports on 2 loaded cores),
+    in ``tmp_path`` as the working directory (default outputs land there): exit 2, one line, nothing written."""
+    from galva_profiler.cli import main
+
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "hw.json").write_text("{}")
     for args, needle in (
         ([], "nothing to check"),
@@ -163,11 +174,15 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         (["--top", "-1", "--preset", "tiny-llama"], "--top must be >= 1"),
         (["--top", "3", "--preset", "tiny-llama"], "hw.json"),
     ):
-        result = _run([*PROFILE, "check", "--hardware-profile", str(tmp_path / "hw.json"), "--model-profile",
-                       str(tmp_path / "hw.json"), *args], tmp_path)
-        assert result.returncode == 2, result.stderr
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("galva-profile: error: "), result.stderr
+        try:
+            code = main(["check", "--hardware-profile", str(tmp_path / "hw.json"), "--model-profile",
+                         str(tmp_path / "hw.json"), *args])  # fmt: skip
+        except SystemExit as end:  # argparse's usage errors
+            code = end.code
+        err = capsys.readouterr().err
+        assert code == 2, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("galva-profile: error: ") and "Traceback" not in err, err
         assert needle in lines[0], lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]
 
@@ -183,8 +198,7 @@ def test_bf16_and_tied_weights_states_on_two_ranks(profiles: Path, tmp_path: Pat
     predict each within 3% (issue #9; they used to miss by -3.5% to -19.6%)."""
     model_args = ["--preset", "tiny-gpt2", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "1",
                   "--precision", "bf16"]
-    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--quiet", "-o", "gpt2.json"], tmp_path)
-    assert model.returncode == 0, model.stderr[-2000:]
+    _profile(["model", *model_args, "--repetitions", "1", "--quiet", "-o", "gpt2.json"], tmp_path)
     plans = tmp_path / "plans"
     plans.mkdir()
     for name, pp, c, dp_type in (("ddp", 1, 1, "ddp"), ("zero2-c2", 1, 2, "zero2"), ("zero3-c2", 1, 2, "zero3"),
@@ -192,11 +206,10 @@ def test_bf16_and_tied_weights_states_on_two_ranks(profiles: Path, tmp_path: Pat
         Strategy(world_size=2, pp=pp, pp_division=[4] if pp == 1 else [2, 2], global_batch_size=4,
                  num_micro_batches=c, mixed_precision="bf16", default_dp_type=dp_type,
                  layers=[LayerStrategy(tp=1, dp_type=dp_type)] * 4).save(plans / f"{name}.json")
-    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
+    args = ["check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
             str(tmp_path / "gpt2.json"), "--preset", "tiny-gpt2", "--strategy", str(plans), "--steps", "1",
             "--warmup", "0", "-o", "check.json"]
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _profile(args, tmp_path)
     report = json.loads((tmp_path / "check.json").read_text())
     rows = {(r["strategy"], r["stage"]): r for r in report["rows"]}
     assert set(rows) == {("ddp", 0), ("zero2-c2", 0), ("zero3-c2", 0), ("pp2", 0), ("pp2", 1)}
@@ -221,8 +234,7 @@ def test_expert_parallel_states_and_activations_on_four_ranks(profiles: Path, tm
     model keeps the expected largest of the stage's expert-dp groups at the tokens an ep group routes (tp2 + ep2 was
     -7.1% from the first layer's routing alone)."""
     model_args = ["--preset", "tiny-mixtral", "--seq-lengths", "64", "--batch-sizes", "1,2", "--max-tp", "2"]
-    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--quiet", "-o", "moe.json"], tmp_path)
-    assert model.returncode == 0, model.stderr[-2000:]
+    _profile(["model", *model_args, "--repetitions", "1", "--quiet", "-o", "moe.json"], tmp_path)
     experts = ModelProfile.load(tmp_path / "moe.json").layer_types[0].experts
     assert experts is not None and (experts.num_experts, experts.top_k) == (4, 2)
     assert experts.expert_parameter_mib == 4 * 3 * 64 * 128 * 4 / 2**20  # gate_up [4, 256, 64] + down [4, 64, 128]
@@ -238,11 +250,10 @@ def test_expert_parallel_states_and_activations_on_four_ranks(profiles: Path, tm
                                   ("tp2-ep2-zero2", {"tp": 2, "ep": 2, "expert_dp_type": "zero2"}, 2, 8)):
         Strategy(world_size=4, pp=1, pp_division=[4], global_batch_size=batch, num_micro_batches=c,
                  mixed_precision="fp32", layers=[LayerStrategy(**{"tp": 1, **layer})] * 4).save(plans / f"{name}.json")
-    args = [*PROFILE, "check", "--hardware-profile", str(profiles / "hw4.json"), "--model-profile",
+    args = ["check", "--hardware-profile", str(profiles / "hw4.json"), "--model-profile",
             str(tmp_path / "moe.json"), "--preset", "tiny-mixtral", "--strategy", str(plans), "--steps", "1",
             "--warmup", "0", "-o", "check.json"]
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _profile(args, tmp_path)
     rows = {r["strategy"]: r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
     assert set(rows) == {"ep4", "tp2-ep2-zero2"}
     for row in rows.values():

@@ -28,45 +28,64 @@ def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """``galva-profile ARGV`` in this process, as the completed process it would be (a subprocess costs 5-8 s of
+    imports on 2 loaded cores; bad input is refused before anything is launched). The working directory is the
+    caller's: tests that check nothing is written chdir to ``tmp_path``."""
+    from galva_profiler.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as end:  # argparse's usage errors
+        code = end.code if isinstance(end.code, int) else 1
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+
 def test_unknown_preset(tmp_path: Path) -> None:
+    """The command's own process (the others in this group run ``main`` in this process)."""
     line = _one_error_line(_run([*PROFILE, "model", "--preset", "tiny-lama", "--seq-lengths", "16"], tmp_path))
     assert "unknown model preset 'tiny-lama'" in line
     assert list(tmp_path.iterdir()) == []
 
 
-def test_hardware_sweep_without_a_launcher(tmp_path: Path) -> None:
-    line = _one_error_line(_run([*PROFILE, "hardware", *HW_FLAGS], tmp_path))
+def test_hardware_sweep_without_a_launcher(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = _one_error_line(_main(["hardware", *HW_FLAGS], capsys))
     assert "give --nproc-per-node N" in line
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["model", "hardware"])
-def test_unwritable_output_fails_before_measuring(tmp_path: Path, command: str) -> None:
+def test_unwritable_output_fails_before_measuring(tmp_path: Path, command: str, capsys, monkeypatch) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     output = str(blocker / "profile.json")  # a file's child: never writable, even for root
     if command == "model":
-        args = [*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "16", "-o", output]
+        args = ["model", "--preset", "tiny-llama", "--seq-lengths", "16", "-o", output]
     else:
-        args = [*PROFILE, "hardware", "--nproc-per-node", "2", *HW_FLAGS, "-o", output]
-    line = _one_error_line(_run(args, tmp_path))
+        args = ["hardware", "--nproc-per-node", "2", *HW_FLAGS, "-o", output]
+    monkeypatch.chdir(tmp_path)
+    line = _one_error_line(_main(args, capsys))
     assert "--output" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
-def test_several_lengths_need_a_seq_placeholder(tmp_path: Path) -> None:
-    args = [*PROFILE, "model", "--preset", "tiny-gpt2", "--seq-lengths", "16,32", "-o", "x.json"]
-    assert "{seq}" in _one_error_line(_run(args, tmp_path))
+def test_several_lengths_need_a_seq_placeholder(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["model", "--preset", "tiny-gpt2", "--seq-lengths", "16,32", "-o", "x.json"]
+    assert "{seq}" in _one_error_line(_main(args, capsys))
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_profiles_feed_galva_search(tmp_path: Path) -> None:
-    hw = _run(
-        [*PROFILE, "hardware", "--nproc-per-node", "2", *HW_FLAGS, "-o", "hw.json", "--galvatron-dir", "ref"], tmp_path
-    )
-    assert hw.returncode == 0, hw.stderr[-2000:]
-    assert "hardware profile: 2 ranks" in hw.stdout
+def test_profiles_feed_galva_search(tmp_path: Path, hardware_profile) -> None:
+    """The hardware profile is the session's (conftest.py: 2 ranks, with --galvatron-dir)."""
+    measured, stdout = hardware_profile(2)
+    assert "hardware profile: 2 ranks" in stdout
+    assert any((measured / "ref2").iterdir())  # the reference system's files
+    (tmp_path / "hw.json").symlink_to(measured / "hw2.json")
     model_args = ["--preset", "tiny-gpt2", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
     model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "-o", "m.json", "--report", "r.json"], tmp_path)
     assert model.returncode == 0, model.stderr[-2000:]
