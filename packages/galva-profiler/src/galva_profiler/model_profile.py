@@ -238,7 +238,12 @@ def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs
     first, last = specs[0], specs[-1]
     changed = (last.seq_length, last.hidden_size) != (first.seq_length, first.hidden_size)
     head_input = (last.seq_length, last.hidden_size) if changed else None
-    return VocabInputs.of(model.config, seq, dtype, head_input)
+    return VocabInputs.of(model.config, seq, dtype, _reads_images(model), head_input)
+
+
+def _reads_images(model: MetaModel) -> bool:
+    """Whether the model's task (its adapter's) feeds images and a label per sample, not tokens."""
+    return getattr(model.adapter, "task", None) is not None and model.adapter.task.value == "image_classification"
 
 
 ROUTING_FORWARDS = 32
@@ -363,7 +368,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
             megatron_sp=options.megatron_sp,
             layer_types=tuple(layer_types),
             vocab=VocabProfile(
-                vocab_size=VocabInputs.of(sweep.model.config, seq, torch.float32).token_vocab,
+                vocab_size=None if _reads_images(sweep.model) else int(sweep.model.config.vocab_size),
                 forward_time=_forward_time(sweep, {s: v.times for s, v in sweep.vocab.items()}, seq),
                 memory_pp_off=memory["pp_off"],
                 memory_pp_first=memory["pp_first"],

@@ -83,9 +83,11 @@ class VocabInputs:
     embedding's output."""
 
     @classmethod
-    def of(cls, config: Any, seq: int, dtype: torch.dtype, head_input: tuple[int, int] | None = None) -> VocabInputs:
-        """The inputs of ``config``'s model: images where the config describes them, else tokens."""
-        if getattr(config, "image_size", None) is not None and getattr(config, "vocab_size", None) is None:
+    def of(
+        cls, config: Any, seq: int, dtype: torch.dtype, images: bool, head_input: tuple[int, int] | None = None
+    ) -> VocabInputs:
+        """The inputs of ``config``'s model: images (an image classifier's task) or tokens."""
+        if images:
             image = (int(config.num_channels), int(config.image_size))
             return cls(seq, int(config.num_labels), image, dtype, head_input)
         return cls(seq, int(config.vocab_size), None, dtype, head_input)
