@@ -84,3 +84,20 @@ def test_an_image_model_s_vocabulary_takes_images_and_the_last_layer_s_shape() -
     head_params = sum(p.numel() for p in model.layered.head.parameters())
     assert measured.model_states_mib["pp_last"][1] == pytest.approx(head_params * 16 / 2**20)
     assert measured.activation_mib_per_sample["pp_first"][1] > 0 and measured.times[2].forward_ms > 0
+
+
+@pytest.mark.parametrize(("family", "window"), [("mistral", 8), ("gemma2", 8), ("qwen2", None)])
+def test_the_profile_records_which_layers_attend_within_a_sliding_window(family, window) -> None:  # type: ignore[no-untyped-def]
+    """Read from the family's own per-layer attribute (Gemma 2 alternates windowed and whole-sequence layers) or its
+    config's window (Mistral's every layer); none for a family without one (Qwen 2 keeps its window off by default)."""
+    from galva_models.presets import tiny_config
+    from galva_profiler.model_profile import _windows
+
+    config = tiny_config(family, sliding_window=window)
+    model = MetaModel.build(config, f"tiny-{family}")
+    n = config.num_hidden_layers
+    expected = {"qwen2": (None, 0), "mistral": (8, n)}.get(family)
+    if family == "gemma2":
+        expected = (8, config.layer_types.count("sliding_attention"))
+        assert 0 < expected[1] < n
+    assert _windows(model, 0) == expected

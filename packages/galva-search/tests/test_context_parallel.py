@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from galva_schema import AttentionCoreProfile, HardwareProfile, ModelProfile, Precision, SequenceTime
 from galva_search.cost_model import CostModel, CostSettings
 from galva_search.options import SearchOptions
+from galva_search.ring_costs import step_shares
 from galva_search.search import search
 from galva_search.space import Candidate, SpaceOptions, generate_space
 
@@ -32,6 +34,54 @@ def _with_core(model: ModelProfile, core_ms: float, kv_bytes: int) -> ModelProfi
     core = AttentionCoreProfile(forward_time=SequenceTime(coefficients=(core_ms / s**2, 0.0, 0.0)),
                                 kv_bytes_per_token=kv_bytes)  # fmt: skip
     return model.model_copy(update={"layer_types": (layer.model_copy(update={"attention_core": core}),)})
+
+
+@pytest.mark.parametrize(("cp", "causal", "window"), [(2, True, None), (4, True, 5), (4, True, 13), (2, False, 7)])
+def test_ring_step_shares_count_the_pairs_each_rank_computes_at_each_step(cp, causal, window):
+    """The closed-form pair counts against every pair of a 48-token sequence placed as the ring places it."""
+    seq = 48
+    size = seq // (2 * cp)
+    owner = np.empty(seq, dtype=int)
+    for rank in range(cp):
+        for chunk in (rank, 2 * cp - 1 - rank):
+            owner[chunk * size : (chunk + 1) * size] = rank
+    q, k = np.meshgrid(np.arange(seq), np.arange(seq), indexing="ij")
+    attends = (q >= k) if causal else np.ones_like(q, dtype=bool)
+    if window is not None:
+        attends &= np.abs(q - k) < window
+    whole = seq * (seq + 1) / 2 if causal else seq * seq
+    expected = np.zeros((cp, cp))
+    for rank in range(cp):
+        for step in range(cp):
+            mine, theirs = owner[q] == rank, owner[k] == (rank - step) % cp
+            expected[rank, step] = (attends & mine & theirs).sum() / whole
+    assert step_shares(seq, cp, causal, window) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_sliding_window_exposes_the_ring_steps_outside_it(tiny, tiny_hw):
+    """tiny: 512 tokens. A 32-token window under cp 4: a rank's blocks from the far chunks compute nothing while
+    their transfer travels, so the ring exposes more than the same layer attending over the whole sequence;
+    a window as long as the sequence prices exactly as none, and a share of windowed layers mixes the two."""
+    ring = Candidate(1, 1, 1, cp=4)
+    settings = CostSettings(backward_coefficient=2.0)
+    whole = _with_core(tiny, 1.0, 1024)
+    core = whole.layer_types[0].attention_core
+    assert core is not None
+    n = whole.layer_types[0].num_layers
+
+    def priced(window, layers):
+        update = {"window": window, "window_layers": layers}
+        layer = whole.layer_types[0].model_copy(update={"attention_core": core.model_copy(update=update)})
+        model = whole.model_copy(update={"layer_types": (layer,)})
+        return CostModel(tiny_hw, model, settings).layer_terms(0, [ring], 8, 1).ring_s[0]
+
+    none = priced(None, 0)
+    assert priced(512, n) == none  # the window covers the sequence: nothing changes
+    windowed = priced(32, n)
+    assert windowed > none
+    assert priced(32, 0) == none
+    if n > 1:
+        assert none < priced(32, 1) < windowed
 
 
 def test_cp_splits_compute_and_activations_and_prices_the_ring(tiny, tiny_hw):

@@ -291,9 +291,25 @@ def _measure_cores(
         if own is None:
             continue
         head_dim = getattr(model.config, "head_dim", None) or m.hidden // own.num_heads
-        m.attention_core = measure_attention_core(
-            own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats
-        )
+        core = measure_attention_core(own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats)
+        window, count = _windows(model, m.first_index)
+        m.attention_core = core.model_copy(update={"window": window, "window_layers": count}) if count else core
+
+
+def _windows(model: MetaModel, first_index: int) -> tuple[int | None, int]:
+    """``(window, how many layers use it)`` over the layers of ``first_index``'s type: the family's own per-layer
+    ``sliding_window`` attribute (an attention module's, e.g. Gemma 2's alternating layers), else the config's
+    (families that hand the config's window to every attention call, e.g. Mistral); the largest when they differ."""
+    kinds = model.layered.layer_types
+    found: list[int] = []
+    for index, layer in enumerate(model.layered.layers):
+        if kinds[index] != kinds[first_index]:
+            continue
+        owners = [mod for mod in layer.modules() if hasattr(mod, "sliding_window")]
+        window = owners[0].sliding_window if owners else getattr(model.config, "sliding_window", None)
+        if isinstance(window, int) and window > 0:
+            found.append(window)
+    return (max(found), len(found)) if found else (None, 0)
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:

@@ -124,6 +124,15 @@ class AttentionCoreProfile(GalvaModel):
     )
     causal: bool = Field(True, description="Causal (a rank skips the blocks above the diagonal) or bidirectional.")
     seq_lengths: tuple[PositiveInt, ...] = Field((), description="Sequence lengths the fit was measured at.")
+    window: PositiveInt | None = Field(
+        None,
+        description="The sliding window of this type's windowed layers: a query attends to keys fewer than "
+        "`window` positions before it (and after it, bidirectional); None: every layer attends over the whole "
+        "sequence. The fit above is timed without it; a ring rank skips the blocks outside it.",
+    )
+    window_layers: NonNegativeInt = Field(
+        0, description="How many of this type's layers attend within `window` (the others: the whole sequence)."
+    )
 
 
 OverheadForm = Literal["tp", "megatron_sp", "ulysses"]  # the parallel forms whose overhead a profile times
@@ -188,6 +197,14 @@ class LayerTypeProfile(GalvaModel):
     def _check(self) -> LayerTypeProfile:
         if 1 not in self.activation_mib_per_sample:
             raise ValueError(f"activation_mib_per_sample: layer type {self.name!r} needs an entry for tp 1")
+        core = self.attention_core
+        if core is not None and core.window_layers > self.num_layers:
+            raise ValueError(
+                f"attention_core.window_layers: {core.window_layers} windowed layers, but layer type {self.name!r} "
+                f"has {self.num_layers}"
+            )
+        if core is not None and core.window_layers and core.window is None:
+            raise ValueError(f"attention_core.window: layer type {self.name!r} has windowed layers but no window")
         return self
 
 
