@@ -8,7 +8,7 @@ one device, which measures only its base memory and optimizer rate):
 
 * all-reduce bus bandwidth at ``bandwidth_mib``, groups of consecutive ranks and groups strided by ``W/n``
   (galva_comm.layout's two layouts; the world-sized group has one layout);
-* all-reduce, all-gather, reduce-scatter and all-to-all time against message size (and at 4 KiB), consecutive groups; an
+* all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups; an
   alpha-beta line fitted per group size with its residuals;
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
   the latency of one send (a 4 KiB send's time less what the bandwidth explains);
