@@ -199,6 +199,12 @@ def main() -> None:
     in_step = sum(v for k, v in units.items() if k.startswith("layers.")) / strategy.num_layers
     form = "ulysses" if layer.ulysses else ("megatron_sp" if strategy.megatron_sp else "tp")
     overhead = sum(mp.layer_types[0].parallel_overhead_ms.get(form, {}).get(layer.tp, (0.0, 0.0)))
+    dp_type = (layer.dp_type or strategy.default_dp_type).value
+    if dp_type != "ddp":  # a ZeRO unit's own forward + backward per call (the profile's sharded_overhead_ms)
+        by_degree = mp.layer_types[0].sharded_overhead_ms.get(dp_type, {})
+        degree = max((d for d in by_degree if d <= strategy.world_size // (strategy.pp * layer.tp)), default=None)
+        overhead += sum(by_degree[degree][:2]) if degree is not None else 0.0
+        form = f"{form} + {dp_type}"
     plain = r0["cpu"]["layer"] if args.cpu else r0["layer_all"]
     print(f"a layer inside the step (fwd + bwd, mean) {in_step * 1e3:.2f} ms against the plain layer at b/tp beside "
           f"it {plain * 1e3:.2f} ms ({in_step / plain:.2f}x); the profile's {form} {layer.tp} overhead {overhead:.2f} "

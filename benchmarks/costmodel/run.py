@@ -86,6 +86,29 @@ def ranking(*report_paths: Path) -> tuple[str, str]:
     return summary, "\n".join(lines)
 
 
+def reprice(world: int, model: Path) -> str:
+    """The last run's measured times (``.work/check{world}.json``) against the cost model as it is now, on
+    ``model`` and ``.work/hw{world}.json``: what a change of the cost model or of one profile does, with the
+    measurements held fixed. One line per strategy and the median / max |time error| over them."""
+    from galva_profiler.check import CheckOptions, predict
+    from galva_schema import HardwareProfile, ModelProfile, Strategy
+
+    hardware, profile = HardwareProfile.load(WORK / f"hw{world}.json"), ModelProfile.load(model)
+    lines, errors = [], []
+    for measured in json.loads((WORK / f"check{world}.json").read_text())["strategies"]:
+        strategy = Strategy.from_dict(measured["strategy"])
+        evaluation = predict(hardware, profile, strategy, CheckOptions())
+        error = evaluation.iteration_time_s / measured["measured_time_s"] - 1
+        errors.append(abs(error))
+        parts = evaluation.detail.time_breakdown_s(strategy.num_micro_batches)
+        lines.append(f"{world} {measured['name']:16s} {1e3 * evaluation.iteration_time_s:7.1f} / "
+                     f"{1e3 * measured['measured_time_s']:7.1f} ms {error:+7.1%} | "
+                     + " ".join(f"{k} {1e3 * v:.1f}" for k, v in parts.items()))
+    errors.sort()
+    median = (errors[len(errors) // 2] + errors[(len(errors) - 1) // 2]) / 2
+    return "\n".join([*lines, f"{world} ranks: median |time error| {median:.1%}, max {errors[-1]:.1%} (per strategy)"])
+
+
 def run(args: list[str], *, fatal: bool = True) -> bool:
     result = subprocess.run(args, cwd=WORK, capture_output=True, text=True)
     if result.returncode != 0:
@@ -103,10 +126,16 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranking-only", action="store_true", help="only print the ranking from .work/check*.json")
+    ap.add_argument("--reprice", type=Path, metavar="MODEL_JSON",
+                    help="only re-predict the measured times of .work/check{2,4}.json on this model profile and "
+                    ".work/hw{2,4}.json with the current cost model (nothing is run)")
     ap.add_argument("--reuse-profiles", action="store_true",
                     help="keep .work/model.json and hw{2,4}.json from an earlier run (re-run the checks only)")
     opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if opts.reprice is not None:
+        print("\n".join(reprice(world, opts.reprice.resolve()) for world in (2, 4)))
+        return 0
     WORK.mkdir(exist_ok=True)
     if not opts.ranking_only and not opts.reuse_profiles:
         run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",

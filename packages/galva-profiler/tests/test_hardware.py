@@ -52,9 +52,9 @@ def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None
     assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
     timed = {(s.collective, s.group_size) for s in steps if s.kind == "time"}
     assert timed == {(c, n) for c in Collective for n in (2, 4, 8)}
-    # the all-to-all's small end (expert dispatch's counts and weights): a 4 KiB point per group size
+    # every curve's small end (expert dispatch's counts, a small layer's gradient sync or ZeRO gather): a 4 KiB point
     latency = [(s.collective, s.group_size, s.message_mib) for s in steps if s.kind == "latency"]
-    assert latency == [(Collective.ALL_TO_ALL, n, 4096 / 2**20) for n in (2, 4, 8)]
+    assert latency == [(c, n, 4096 / 2**20) for c in TINY.timed for n in (2, 4, 8)]
     assert [s.group_size for s in steps if s.kind == "p2p"] == [2, 4, 8]
     assert steps[-1].kind == "overlap"
     cut = plan_sweep(8, SweepOptions(message_mib=(1, 2), max_group_size=2, max_pp=2))
@@ -81,7 +81,9 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert {(e.group_size, e.consecutive) for e in profile.allreduce} == {(2, True), (2, False), (4, True)}
     assert [e.pp for e in profile.p2p] == [2, 4]
     assert [e.group_size for e in profile.allreduce_time] == [4, 2]
-    assert [e.message_mib for e in profile.all_to_all_time] == [(4096 / 2**20, 0.0625, 0.125, 0.25)] * 2  # + 4 KiB
+    p = profile
+    for curves in (p.allreduce_time, p.all_gather_time, p.reduce_scatter_time, p.all_to_all_time):
+        assert [e.message_mib for e in curves] == [(4096 / 2**20, 0.0625, 0.125, 0.25)] * 2  # + 4 KiB
     assert profile.overlap_slowdown >= 1.0 and profile.compute_slowdown >= 1.0
     # a rank's process before any model: torch is imported and a step has run (hundreds of MiB resident)
     assert profile.base_memory_mib is not None and profile.base_memory_mib > 100.0
@@ -93,7 +95,7 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert results[0]["done"] == len(plan_sweep(4, TINY))
     fits = results[0]["report"]["collective_time_ms"]
     assert {f["collective"] for f in fits} == {c.value for c in Collective}
-    assert all(len(f["alpha_beta_fit"]["residuals"]) == (4 if f["collective"] == "all_to_all" else 3) for f in fits)
+    assert all(len(f["alpha_beta_fit"]["residuals"]) == 4 for f in fits)
     # the reference's files round-trip through galva-schema's converters
     write_galvatron_hardware(profile, tmp_path)
     back = read_galvatron_hardware(tmp_path, num_nodes=1, gpus_per_node=4, backend="gloo")

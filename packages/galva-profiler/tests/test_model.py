@@ -63,6 +63,10 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     assert set(layer.parallel_overhead_ms) == {"tp", "megatron_sp", "ulysses"}
     assert all(set(by_degree) == {2} for by_degree in layer.parallel_overhead_ms.values())
     assert sum(layer.parallel_overhead_ms["tp"][2]) > 0.0
+    # ZeRO's own cost on the same ranks: FSDP2's copies and hooks per call, AdamW through DTensor per step (each
+    # op dispatched per shard: several times the plain shards' step, never less)
+    assert {dp: set(by_degree) for dp, by_degree in layer.sharded_overhead_ms.items()} == {"zero2": {2}, "zero3": {2}}
+    assert all(sum(f_b_step[2][:2]) > 0.0 and f_b_step[2][2] > 0.0 for f_b_step in layer.sharded_overhead_ms.values())
 
 
 def test_an_image_model_s_vocabulary_takes_images_and_the_last_layer_s_shape() -> None:

@@ -220,6 +220,37 @@ def test_a_parallel_forms_measured_overhead_is_compute(make_model, tiny_hw):
     assert got.weight_grad_s == pytest.approx(base.weight_grad_s, **EXACT)
 
 
+def test_a_zero_layers_measured_overhead_per_call_and_per_step(make_model, tiny_hw):
+    """sharded_overhead_ms[dp type][degree] = (forward, backward, step) ms: forward and backward per micro-batch,
+    scaled as compute and not recomputed (FSDP2's hooks are on the unit); the step once per iteration, in the
+    optimizer's time; a sharding degree without an entry takes the largest profiled one below it; ddp, a one-rank
+    group and tp forms are unchanged."""
+    from galva_schema import LayerStrategy, Strategy
+    from galva_search.evaluation import evaluate_strategy
+
+    plain = make_model()
+    layer = plain.layer_types[0].model_copy(
+        update={"sharded_overhead_ms": {"zero3": {2: (1.0, 2.0, 0.5)}, "zero2": {2: (0.25, 0.5, 4.0)}}})
+    measured = plain.model_copy(update={"layer_types": (layer,)})
+    cands = [Candidate(1, 1, 4), Candidate(1, 1, 4, dp_type=ZERO3), Candidate(1, 1, 4, dp_type=ZERO3, checkpoint=True),
+             Candidate(1, 2, 2, dp_type=ZERO2), Candidate(1, 4, 1, dp_type=ZERO3)]
+    base = CostModel(tiny_hw, plain, CostSettings()).layer_terms(0, cands, 8, 2)
+    got = CostModel(tiny_hw, measured, CostSettings()).layer_terms(0, cands, 8, 2)
+    k = 1e-3 * CostSettings().factors.compute * tiny_hw.compute_slowdown
+    # degree 4 (sharding over the whole stage) takes the degree-2 entry; tp 4 leaves one rank to shard over
+    extra_f, extra_b = np.array([0, 1.0, 1.0, 0.25, 0]) * k, np.array([0, 2.0, 2.0, 0.5, 0]) * k
+    assert got.forward_s - base.forward_s == pytest.approx(extra_f, **EXACT)
+    assert got.backward_s - base.backward_s == pytest.approx(extra_b, **EXACT)  # recomputation adds none
+    assert got.step_s == pytest.approx(np.array([0, 0.5, 0.5, 4.0, 0]) * k, **EXACT)
+    assert len(base.step_s) == len(cands) and not base.step_s.any()
+    strategy = Strategy(world_size=4, pp=1, pp_division=[4], global_batch_size=8, num_micro_batches=1,
+                        mixed_precision="bf16", layers=[LayerStrategy(tp=1, dp_type="zero3")] * 4)
+    before = evaluate_strategy(CostModel(tiny_hw, plain, CostSettings()), strategy)
+    after = evaluate_strategy(CostModel(tiny_hw, measured, CostSettings()), strategy)
+    assert after.detail.optimizer_s - before.detail.optimizer_s == pytest.approx(4 * 0.5 * k)
+    assert after.iteration_time_s - before.iteration_time_s == pytest.approx(4 * (1.0 + 2.0 + 0.5) * k)
+
+
 def test_in_flight_micro_batches(tiny, tiny_hw):
     one_f_one_b = CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=PipelineSchedule.ONE_F_ONE_B))
     gpipe = CostModel(tiny_hw, tiny, CostSettings(pipeline_schedule=PipelineSchedule.GPIPE))

@@ -19,6 +19,7 @@ against the plain layer on ``[2, s, h]``, the same work per rank, in the main th
 the other ranks and their collectives (priced apart, from the hardware profile's curves) is left out and outside
 load moves it little. The cost model adds it to the layer's compute: tp's extra Python, copies and splits per call,
 which the plain layer's ``F(b/t)`` does not have (+28% of a tp-2 layer's compute for galva run's default model).
+At each degree they time the layer under ZeRO-2 and ZeRO-3 the same way (:mod:`galva_profiler.sharded_overhead`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class LayerActivations:
     checkpoint_bytes_per_sample: dict[str, dict[int, int]] = field(default_factory=dict)
     constant_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
     overhead_ms: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)  # (forward, backward)
+    # dp type (zero2, zero3) -> sharding degree -> (forward, backward, optimizer step) ms beyond the plain layer
+    sharded_overhead_ms: dict[str, dict[int, tuple[float, float, float]]] = field(default_factory=dict)
 
     def add(self, mode: str, degree: int, kept: tuple[int, int], checkpointed: tuple[int, int]) -> None:
         self.bytes_per_sample.setdefault(mode, {})[degree] = kept[0]
@@ -72,6 +75,7 @@ class LayerActivations:
             "checkpoint_bytes_per_sample": self.checkpoint_bytes_per_sample,
             "constant_bytes": self.constant_bytes,
             "overhead_ms": self.overhead_ms,
+            "sharded_overhead_ms": self.sharded_overhead_ms,
         }
 
 
@@ -127,11 +131,13 @@ def overhead_ms(
 def _rank_worker(
     rank: int, world_size: int, module: nn.Module, layer_type: str, parallelizer: Any, modes: list[str], seq: int,
     hidden: int, dtype: torch.dtype,
-) -> dict[str, tuple[tuple[int, int], tuple[int, int], tuple[float, float]]]:  # fmt: skip
-    """Every mode at this degree, on one rank of a ``world_size``-rank gloo group: activations and overhead."""
+) -> tuple[dict[str, Any], dict[str, tuple[float, float, float]]]:  # fmt: skip
+    """Every mode at this degree, on one rank of a ``world_size``-rank gloo group: activations and overhead; then
+    the overhead of ZeRO-2 and ZeRO-3 over the same group."""
     import torch.distributed as dist
 
     from galva_hp.model import ParallelContext
+    from galva_profiler.sharded_overhead import SHARDED, sharded_overhead_ms
 
     group = dist.group.WORLD
     out = {}
@@ -144,7 +150,8 @@ def _rank_worker(
         parallel = parallelizer.layer(copy.deepcopy(module), layer_type, ctx)  # forms may be applied in place, once
         kept, checkpointed = _measure(parallel, local_seq, hidden, dtype)
         out[mode] = (kept, checkpointed, overhead_ms(module, parallel, mode, world_size, seq, hidden, dtype))
-    return out
+    sharded = {dp: sharded_overhead_ms(module, dp, group, seq, hidden, dtype) for dp in SHARDED}
+    return out, sharded
 
 
 def preload_parallel_forms() -> None:
@@ -179,12 +186,16 @@ def measure_layer(
         ranks = run_distributed(
             _rank_worker, degree, module, layer_type, parallelizer, modes, seq, hidden, dtype, timeout=timeout_s
         )
+        forms = [r[0] for r in ranks]
         for mode in modes:
-            worst = max((r[mode] for r in ranks), key=lambda m: m[0][0])  # ranks may differ: keep the largest
+            worst = max((r[mode] for r in forms), key=lambda m: m[0][0])  # ranks may differ: keep the largest
             result.add(mode, degree, worst[0], worst[1])
             # the group moves at its slowest rank's pace: the largest overhead of each pass
             result.overhead_ms.setdefault(mode, {})[degree] = (
-                max(r[mode][2][0] for r in ranks),
-                max(r[mode][2][1] for r in ranks),
+                max(r[mode][2][0] for r in forms),
+                max(r[mode][2][1] for r in forms),
             )
+        for dp_type in ranks[0][1]:  # the same: the largest of each part over the ranks
+            f, b, step = (max(part) for part in zip(*(r[1][dp_type] for r in ranks)))
+            result.sharded_overhead_ms.setdefault(dp_type, {})[degree] = (f, b, step)
     return result

@@ -45,7 +45,8 @@ def resident_mib() -> float:
         return peak / MIB if sys.platform == "darwin" else peak / 1024.0
 
 
-def _import_runtime(modules: tuple[str, ...]) -> None:
+def import_runtime(modules: tuple[str, ...] = RUNTIME_MODULES) -> None:
+    """Import those of ``modules`` that are installed (their import-time notices silenced)."""
     for name in modules:
         try:
             if importlib.util.find_spec(name.split(".")[0]) is not None:
@@ -84,7 +85,7 @@ def measure_base_memory(world: World, modules: tuple[str, ...] = RUNTIME_MODULES
     """Base memory per rank in MiB, the largest over ranks (the same value on every rank; collective); on CPU after
     importing ``modules`` (those installed)."""
     if world.device.type != "cuda":
-        _import_runtime(modules)
+        import_runtime(modules)
     _warm_up(world.device)
     if world.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(world.device)

@@ -40,7 +40,7 @@ from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, Hardw
 
 P2P_LATENCY_BYTES = 4096  # a send this small is latency-bound on every interconnect
 LATENCY_REPETITIONS = 15
-"""Repetitions of the all-to-all latency point (a small message is cheap to repeat, and its median under outside
+"""Repetitions of each curve's 4 KiB latency point (a small message is cheap to repeat, and its median under outside
 load needs them: 3 gave 0.67 ms at 0.25 MiB over 2 gloo ranks where the same run's other sizes took 1-9 ms)."""
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
@@ -133,9 +133,10 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
         for n in sizes
         for mib in options.message_mib
     ]
-    if Collective.ALL_TO_ALL in options.timed:
-        # the small end of the all-to-all curve, where expert dispatch's row counts and routing weights fall
-        steps += [Step("latency", n, True, Collective.ALL_TO_ALL, P2P_LATENCY_BYTES / MIB) for n in sizes]
+    # the small end of every curve: expert dispatch's row counts, a small layer's gradient sync or ZeRO gather fall
+    # below the smallest swept size, where the fitted line's intercept is the least certain number of the profile
+    small = P2P_LATENCY_BYTES / MIB
+    steps += [Step("latency", n, True, collective, small) for collective in options.timed for n in sizes]
     steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
     if world_size > 1:  # one rank communicates with nobody and computes alone
         steps.append(Step("overlap"))

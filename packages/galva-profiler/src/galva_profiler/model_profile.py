@@ -367,6 +367,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     parallel_overhead_ms={
                         mode: dict(by_degree) for mode, by_degree in acts.overhead_ms.items() if by_degree
                     },
+                    sharded_overhead_ms={dp: dict(by_degree) for dp, by_degree in acts.sharded_overhead_ms.items()},
                 )
             )
         vocab = sweep.vocab[seq]

@@ -136,6 +136,7 @@ class AttentionCoreProfile(GalvaModel):
 
 
 OverheadForm = Literal["tp", "megatron_sp", "ulysses"]  # the parallel forms whose overhead a profile times
+ShardedForm = Literal["zero2", "zero3"]  # the data-parallel types whose overhead a profile times (FSDP2 units)
 
 
 class LayerTypeProfile(GalvaModel):
@@ -191,6 +192,17 @@ class LayerTypeProfile(GalvaModel):
         "the same work per rank (F(b/degree)), by form ('tp' Megatron, 'megatron_sp', 'ulysses') and degree: the "
         "parallel linears' extra Python, copies and splits, measured in the main thread's CPU time on forked gloo "
         "ranks, collectives left out (they are priced from the hardware profile). Empty: not profiled (0).",
+    )
+    sharded_overhead_ms: dict[
+        ShardedForm, dict[PositiveInt, tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat]]
+    ] = Field(
+        default_factory=dict,
+        description="(forward, backward, optimizer step) ms one layer under ZeRO costs beyond the plain layer on the "
+        "same work per rank, by dp type ('zero2', 'zero3') and sharding degree: FSDP2's hooks and the copies around "
+        "its all-gathers and reduce-scatter (forward and backward: per micro-batch, gradient sync on), and AdamW "
+        "stepping the layer's sharded (DTensor) parameters beyond plain tensors of the same shards (once per "
+        "iteration). Main thread's CPU time on forked gloo ranks, collectives left out (priced from the hardware "
+        "profile). Empty: not profiled (0).",
     )
 
     @model_validator(mode="after")

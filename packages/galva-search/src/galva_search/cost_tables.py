@@ -94,7 +94,9 @@ def build_tables(
     return tables if keep is None else _subset(tables, keep)
 
 
-_DECIDING = ("micro_batch_s", "exposed_sync_s", "weight_grad_s", "states_mib", "activation_mib", "transient_mib")
+_DECIDING = (
+    "micro_batch_s", "exposed_sync_s", "weight_grad_s", "states_mib", "activation_mib", "transient_mib", "step_s"
+)
 """The layer terms a plan's time and memory are made of (the rest only split them into parts for reports)."""
 
 

@@ -90,6 +90,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     states_list = [vt.states_mib for vt in task.vocab_terms]
     act_list = [vt.activation_mib for vt in task.vocab_terms]
     transient_list = [0.0] * pp
+    step_list = [0.0] * pp  # ZeRO layers' sharded optimizer step beyond the rate's (LayerTerms.step_s)
     parts: dict[str, list[float]] = {k: [0.0] * pp for k in kinds}
     parts["compute"] = list(u_list)
     candidate_of: dict[int, int] = {}
@@ -109,6 +110,8 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             e_list[stage] += float(terms.exposed_sync_s[s])
             if len(terms.weight_grad_s):
                 w_list[stage] += float(terms.weight_grad_s[s])
+            if len(terms.step_s):
+                step_list[stage] += float(terms.step_s[s])
             mem_list[stage] += float(terms.states_mib[s] + in_flight[stage] * terms.activation_mib[s])  # memory_mib
             states_list[stage] += float(terms.states_mib[s])
             act_list[stage] += float(terms.activation_mib[s])
@@ -132,7 +135,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     mem_list = [m + tr for m, tr in zip(mem_list, transient_list)]
     timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
     # every stage steps its optimizer once the pipeline has drained; the iteration waits for the slowest
-    optimizer = max(cost.optimizer_s(states) for states in states_list)
+    optimizer = max(cost.optimizer_s(states) + step for states, step in zip(states_list, step_list))
     return PlanCost(
         timing.total + optimizer,
         mem_list,

@@ -26,7 +26,7 @@ from galva_schema import (
     StaticTime,
 )
 from galva_schema.constraints import head_problem
-from galva_schema.model_profile import OverheadForm
+from galva_schema.model_profile import OverheadForm, ShardedForm
 from galva_schema.sharding import sequence_shards
 from galva_search import expert_costs
 from galva_search.collectives import MIB, Collectives
@@ -64,6 +64,9 @@ class LayerTerms:
     # expert dispatch / combine (and etp gathers): the part of tp_comm_s that is the experts' all-to-alls
     expert_comm_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ring_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # context parallelism: ring transfers exposed
+    # once per iteration: AdamW on a ZeRO layer's sharded (DTensor) parameters beyond the plain tensors the
+    # optimizer rate prices (the profile's sharded_overhead_ms); part of the optimizer step
+    step_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -88,6 +91,7 @@ class _LayerStatic:
     redistribution_per_sample: np.ndarray
     penalty: np.ndarray
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
+    sharded_ms: np.ndarray  # [candidate][forward, backward, step]: a ZeRO unit's own cost (FSDP2, DTensor step)
 
 
 class LayerCosts:
@@ -278,6 +282,11 @@ class LayerCosts:
             overhead_ms=np.array([_overhead_ms(layer, c, s.megatron_sp) for c in candidates], dtype=float).reshape(
                 n, 2
             ),
+            sharded_ms=np.array(
+                [_sharded_ms(layer, c, sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)[0])
+                 for c in candidates],
+                dtype=float,
+            ).reshape(n, 3),
         )
         self._static_cache[key] = static
         return static
@@ -302,10 +311,14 @@ class LayerCosts:
         forward = np.maximum(0.0, forward) * compute_factor
         # a parallel form's own cost per call beyond the plain layer's F(b/tp) (the profile's measured overhead)
         extra_forward, extra_backward = (st.overhead_ms * 1e-3 * compute_factor).T
+        # a ZeRO unit's own work per call (FSDP2's hooks and copies around its collectives), not recomputed: its
+        # hooks are on the unit, outside the checkpointed module
+        sharded_forward, sharded_backward = (st.sharded_ms[:, :2] * 1e-3 * compute_factor).T
         weight_grad = s.backward_coefficient * forward  # the matmuls' share: the overhead is not deferrable work
         forward = forward + extra_forward
         recompute = np.where(st.checkpoint, forward, 0.0)
-        backward = weight_grad + extra_backward + recompute
+        forward = forward + sharded_forward
+        backward = weight_grad + extra_backward + sharded_backward + recompute
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes / st.cp
         tp_comm = np.zeros(len(candidates))
         expert_comm = np.zeros(len(candidates))
@@ -349,6 +362,7 @@ class LayerCosts:
             weight_grad_s=share * weight_grad,
             expert_comm_s=expert_comm,
             ring_s=ring,
+            step_s=st.sharded_ms[:, 2] * 1e-3 * compute_factor,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
@@ -370,6 +384,18 @@ def _overhead_ms(layer: LayerTypeProfile, c: Candidate, megatron_sp: bool) -> tu
         return 0.0, 0.0
     form: OverheadForm = "ulysses" if c.ulysses else ("megatron_sp" if megatron_sp else "tp")
     return layer.parallel_overhead_ms.get(form, {}).get(c.tp, (0.0, 0.0))
+
+
+def _sharded_ms(layer: LayerTypeProfile, c: Candidate, degree: int) -> tuple[float, float, float]:
+    """(forward, backward, step) ms a ZeRO layer sharded over ``degree`` ranks costs beyond the plain layer (the
+    profile's ``sharded_overhead_ms`` at that degree, else at the largest profiled degree below it: FSDP2's per-call
+    work and the DTensor step grow with the tensors, not the group); 0 for ddp, one rank and unprofiled types."""
+    form: ShardedForm = "zero3" if c.dp_type is ZERO3 else "zero2"
+    by_degree = layer.sharded_overhead_ms.get(form, {}) if c.dp_type in (ZERO2, ZERO3) else {}
+    below = [d for d in by_degree if d <= degree]
+    if degree <= 1 or not below:
+        return 0.0, 0.0, 0.0
+    return by_degree[max(below)]
 
 
 def _layer_forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:

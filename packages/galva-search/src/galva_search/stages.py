@@ -100,6 +100,8 @@ class StageSolver:
         for pos, t in enumerate(types):
             terms = tables.terms[t]
             row = c * terms.micro_batch_s + terms.exposed_sync_s
+            if len(terms.step_s):
+                row = row + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
             if pos in recv:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous chunk's stage
             if pos in send:

@@ -1,0 +1,88 @@
+"""What one layer under ZeRO-2 / ZeRO-3 costs beyond the plain layer: FSDP2's own work per call and the step.
+
+galva-hp runs a ZeRO layer as an FSDP2 unit (:func:`galva_hp.data_parallel.wrap`). Around every forward FSDP2 copies
+the shards into one buffer, all-gathers it and copies the gathered parameters out (ZeRO-3 again before the backward,
+ZeRO-2 keeps them); after the backward it copies the gradients into a buffer, reduce-scatters it and copies the
+shard out; its hooks run in Python per call. Every iteration AdamW then updates the layer's parameters as DTensor
+shards, each of its per-tensor ops dispatched through DTensor. None of that is the plain layer's ``F(b)``, and the
+collectives' curves of the hardware profile time the collectives alone: on tiny-llama (hidden 64, 2 gloo ranks) the
+ZeRO-3 plan's step measured 2.2x the ddp plan's, of which the priced gathers explained a fifth.
+
+Timed on the model profiler's forked ranks (the group that times the tp forms, one per degree), as the tp forms'
+overhead (:func:`galva_profiler.activation_memory.overhead_ms`): in the main thread's CPU time (the collectives run
+in gloo's threads while this thread waits: priced apart), the unit on ``[b, s, h]`` per rank against the plain
+layer on the same input, alternately, the fastest of the repetitions each. The step: AdamW as galva-hp builds it
+(``torch.optim.AdamW``, default implementation) on the unit's sharded parameters against AdamW on plain tensors of
+the same local shapes, so that what remains is the sharded form's own cost, not the elements the profile's optimizer
+rate already prices.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+SHARDED = ("zero2", "zero3")
+SAMPLES = 2  # per rank, as the tp forms' overhead (activation_memory.OVERHEAD_SAMPLES)
+REPEATS = (1, 4)  # warm-up, timed repetitions (alternating, the fastest kept)
+
+
+def _passes_cpu(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
+    """Main-thread CPU seconds of one forward and of its backward on a fresh ``[SAMPLES, seq, hidden]`` input."""
+    module.zero_grad(set_to_none=True)
+    x = torch.randn(SAMPLES, seq, hidden, dtype=dtype, requires_grad=True)
+    start = time.thread_time()
+    out = module(x)
+    out = out[0] if isinstance(out, tuple) else out
+    middle = time.thread_time()
+    out.backward(torch.ones_like(out))
+    return middle - start, time.thread_time() - middle
+
+
+def _step_cpu(optimizer: torch.optim.Optimizer) -> float:
+    start = time.thread_time()
+    optimizer.step()
+    return time.thread_time() - start
+
+
+def sharded_overhead_ms(
+    plain: nn.Module, dp_type: str, group: Any, seq: int, hidden: int, dtype: torch.dtype
+) -> tuple[float, float, float]:
+    """(forward, backward, optimizer step) ms a copy of ``plain`` wrapped as galva-hp's ``dp_type`` unit over
+    ``group`` costs beyond ``plain`` on this rank's same work, each at least 0 (collective: every rank of ``group``
+    calls it)."""
+    from galva_hp.data_parallel import local_tensor, wrap
+    from galva_hp.precision import PrecisionPolicy
+    from galva_schema import DataParallelType
+
+    # galva-hp keeps fp32 shards and computes in the profile's precision (FSDP2's mixed-precision policy)
+    policy = PrecisionPolicy() if dtype == torch.float32 else PrecisionPolicy(dtype, torch.float32)
+    unit = wrap("layer", copy.deepcopy(plain).float(), DataParallelType(dp_type), group, policy)
+    unit.before_backward(True)  # gradient sync on: one micro-batch's iteration
+    warmup, repeats = REPEATS
+    best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, unit] x [forward, backward]
+    for index in range(warmup + repeats):
+        for k, module in enumerate((plain, unit.module)):
+            times = _passes_cpu(module, seq, hidden, dtype)
+            if index >= warmup:
+                best[k] = [min(a, t) for a, t in zip(best[k], times)]
+    sharded = [p for _, p in unit.master_parameters()]
+    shards = [nn.Parameter(local_tensor(p).detach().clone()) for p in sharded]
+    for p, s in zip(sharded, shards):
+        s.grad = local_tensor(p.grad).clone() if p.grad is not None else torch.zeros_like(s)
+    optimizers = [torch.optim.AdamW(shards, lr=1e-4), torch.optim.AdamW(sharded, lr=1e-4)]
+    steps = [float("inf")] * 2
+    for index in range(warmup + repeats):
+        for k, optimizer in enumerate(optimizers):
+            took = _step_cpu(optimizer)
+            if index >= warmup:
+                steps[k] = min(steps[k], took)
+    return (
+        max(0.0, (best[1][0] - best[0][0]) * 1e3),
+        max(0.0, (best[1][1] - best[0][1]) * 1e3),
+        max(0.0, (steps[1] - steps[0]) * 1e3),
+    )
