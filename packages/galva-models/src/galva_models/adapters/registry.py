@@ -10,7 +10,7 @@ from typing import Any
 from galva_hp.model import LayeredModel
 from galva_models.adapters.base import FamilyAdapter
 
-_MODULES = ("t5",)
+_MODULES: tuple[str, ...] = ()
 """Adapter modules under galva_models.adapters, each exposing ``ADAPTER``."""
 
 

@@ -37,16 +37,16 @@ from galva_models.tables.hooks import layer_lists, layer_stack
 from galva_models.tables.sharding import Split, TpRegion, gather_split
 from galva_schema.sharding import sequence_blocks
 
-__all__ = ["LayerInputs", "ModuleForm", "TableEmbedding", "TableHead", "TableLayer"]
+__all__ = ["LayerInputs", "ModuleForm", "Shared", "TableEmbedding", "TableHead", "TableLayer"]
 
 
-class _Shared:
+class Shared:
     """A reference that copies of its holder share (``copy.deepcopy`` does not follow it): the whole model."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Shared:
         return self
 
 
@@ -59,7 +59,7 @@ class _StandIn(nn.Module):
 
     def __init__(self, real: nn.Module, index: int, sink: dict[int, Any], stop: int) -> None:
         super().__init__()
-        self._real = _Shared(real)
+        self._real = Shared(real)
         self.index, self.sink, self.stop = index, sink, stop
 
     def __getattr__(self, name: str) -> Any:  # a forward may read a layer's attributes (its attention type)
@@ -85,7 +85,7 @@ class _Zeros(nn.Module):
     def __init__(self, hidden: int, dtype: torch.dtype, real: nn.Module) -> None:
         super().__init__()
         self.hidden, self.dtype = hidden, dtype
-        self._real = _Shared(real)
+        self._real = Shared(real)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -156,7 +156,7 @@ class LayerInputs(nn.Module):
         None: recorded from the base forward."""
         super().__init__()
         self.context = nn.ModuleDict(context)
-        self._base = _Shared(base)
+        self._base = Shared(base)
         self._layers = layers
         self._before = before
         self._embeds = embeds_keyword(inputs)
@@ -309,7 +309,10 @@ class TableLayer(_InPlace):
     stage's own module that follows it (``end``: Swin's patch merging, under its Hugging Face name), called on its
     output with the same arguments."""
 
-    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs, end: tuple[str, nn.Module] | None = None):
+    def __init__(
+        self, layer: nn.Module, index: int, inputs: LayerInputs | None, end: tuple[str, nn.Module] | None = None
+    ) -> None:
+        """``inputs``: what the base forward hands the layer (None: a family's hook calls it itself, T5's)."""
         super().__init__()
         self.layer = layer
         self.index = index
@@ -322,6 +325,7 @@ class TableLayer(_InPlace):
     def forward(self, hidden: Tensor) -> Tensor:
         form = self.form
         batch, local = hidden.shape[:2]
+        assert self.inputs is not None
         if form is None:
             args, kwargs = self.inputs.layer_call(self.index, batch, local, hidden.dtype, hidden.device)
         else:
@@ -424,7 +428,7 @@ class TableHead(_InPlace):
             self.add_module(name, module)
         self._after = tuple(after)
         self._head = tuple(head)
-        self._task = _Shared(task_model)
+        self._task = Shared(task_model)
         self._base_name = base
         self._keyword = embeds_keyword(keyword)
         self.aliases = _aliases(self)
