@@ -17,7 +17,7 @@ import torch
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
 from galva_hp.testing.oracle import OPTIM, SEQ
-from galva_models.adapters import build_layered
+from galva_models import build_layered
 from galva_models.presets import preset_config
 from galva_models.testing import hugging_face_run, max_relative, plan_run
 from galva_schema import Strategy

@@ -173,8 +173,8 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     import torch
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build
-    from galva_models.adapters import adapter_for
     from galva_models.data import RandomTokenSource
+    from galva_models.tables.registry import adapter_for
 
     base_rss = _rss_mib()
     adapter = adapter_for(config)

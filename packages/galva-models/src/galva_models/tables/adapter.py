@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from galva_hp.model import LayeredModel
-from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
+from galva_models.tables.family import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.hooks import LayerShape, layer_lists
 from galva_models.tables.mixing import hidden_mixers
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy

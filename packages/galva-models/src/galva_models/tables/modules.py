@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from galva_hp import IGNORE_INDEX
 from galva_hp.parallel.gather_state import param_or_grad
 from galva_hp.parallel.mappings import (
     differentiable_gather_replicated,
@@ -32,12 +34,34 @@ from galva_hp.parallel.mappings import (
 )
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
-from galva_models.adapters.modules import first_output, token_loss_sum
 from galva_models.tables.hooks import layer_lists, layer_stack
 from galva_models.tables.sharding import Split, TpRegion, gather_split
 from galva_schema.sharding import sequence_blocks
 
-__all__ = ["LayerInputs", "ModuleForm", "Shared", "TableEmbedding", "TableHead", "TableLayer"]
+__all__ = [
+    "LayerInputs",
+    "ModuleForm",
+    "Shared",
+    "TableEmbedding",
+    "TableHead",
+    "TableLayer",
+    "first_output",
+    "token_loss_sum",
+]
+
+
+def first_output(out: Any) -> Tensor:
+    """Hugging Face layers return a tensor or a tuple whose first item is the hidden state."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum of fp32 cross-entropy over scored tokens (label != -100) and the number of scored tokens."""
+    flat = labels.reshape(-1)
+    loss_sum = F.cross_entropy(
+        logits.reshape(flat.numel(), -1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return loss_sum, (flat != IGNORE_INDEX).sum()
 
 
 class Shared:

@@ -103,7 +103,7 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
 - ``blocks``: how many packed blocks a ``packed_*`` module holds (2 by default);
 - ``per_rank``: layer attributes that count features and are divided by the tp degree (a split size);
 - ``learned_positions``: a position table bounds the sequence at ``max_position_embeddings``;
-- ``task``: what the model learns (:class:`~galva_models.adapters.base.Task` value; default ``causal_lm``);
+- ``task``: what the model learns (:class:`~galva_models.tables.family.Task` value; default ``causal_lm``);
 - ``inputs``: the keyword the base model's forward takes its input by (default ``input_ids``; ``pixel_values``);
 - ``token_table``: the vocabulary embedding's path in the base model, split over the vocabulary under vocab tp
   (default: the first pipeline entry; None: no vocabulary, the embedding side stays whole);
@@ -118,7 +118,7 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
   by stage and are called with arguments the config fixes; ``tail``: a hook running the base model's forward after
   its layers, where the head reads more than the hidden state (Swin's pooler);
 - ``facts``: what the commands read about the family where it is not the task's default (galva-train's size
-  flags: per-stage sizes; T5's constraints and layer specs), as :class:`~galva_models.adapters.base.FamilyAdapter`
+  flags: per-stage sizes; T5's constraints and layer specs), as :class:`~galva_models.tables.family.FamilyAdapter`
   fields;
 - ``sequence_parallel``: a hook putting one layer in Megatron-SP where its tokens are rearranged outside the
   attention function (Swin's window grid): where it gathers and reduce-scatters the sequence; it returns the blocks
@@ -153,7 +153,7 @@ class ModelTables:
     learned_positions: bool = False
     """A learned position table: no sequence longer than ``max_position_embeddings``."""
     task: str = "causal_lm"
-    """What the model learns (a :class:`~galva_models.adapters.base.Task` value)."""
+    """What the model learns (a :class:`~galva_models.tables.family.Task` value)."""
     inputs: str = "input_ids"
     """The keyword the base model's forward takes the model input by."""
     token_table: str | None = None
@@ -171,7 +171,7 @@ class ModelTables:
     tail: Callable[[dict[str, nn.Module], Any], dict[str, Any]] | None = None
     """``(modules after the layers, hidden) -> base-model output fields``; None: the modules in turn."""
     facts: tuple[tuple[str, Any], ...] = ()
-    """What the commands read about this family (:class:`~galva_models.adapters.base.FamilyAdapter` fields)."""
+    """What the commands read about this family (:class:`~galva_models.tables.family.FamilyAdapter` fields)."""
     cut: Callable[..., Any] | None = None
     """``(task model, parallelizer, **options) -> LayeredModel``: the family's own cut (T5's); None: the table
     path's."""

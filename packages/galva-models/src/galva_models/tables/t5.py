@@ -38,9 +38,8 @@ from torch import Tensor, nn
 from galva_hp.model import LayeredModel, ParallelContext
 from galva_hp.parallel.mappings import group_rank, group_size
 from galva_hp.shared_params import SharedWeight
-from galva_models.adapters.base import LayerSpec
-from galva_models.adapters.modules import first_output, token_loss_sum
-from galva_models.tables.modules import ModuleForm, Shared, TableLayer
+from galva_models.tables.family import LayerSpec
+from galva_models.tables.modules import ModuleForm, Shared, TableLayer, first_output, token_loss_sum
 from galva_schema import LayerTypeConstraints, ModelConstraints, ParallelForm, SharedParameter
 
 __all__ = ["TABLE", "constraints", "cut", "layer_specs"]

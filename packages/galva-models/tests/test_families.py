@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from galva_models.adapters import adapter_for, build_layered, parameter_name_map
-from galva_models.adapters.base import galva_named_parameters, shared_parameter_groups
+from galva_models import adapter_for, build_layered, parameter_name_map
 from galva_models.presets import preset_config
+from galva_models.tables.family import galva_named_parameters, shared_parameter_groups
 
 B, S = 2, 12
 
