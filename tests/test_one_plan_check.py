@@ -125,7 +125,7 @@ CASES: dict[str, tuple[Any, dict[str, Any], int | None, list[str]]] = {
 
 
 def _layer_count(config: Any) -> int:
-    from galva_models.adapters.registry import adapter_for
+    from galva_models import adapter_for
 
     return adapter_for(config).constraints(config).num_layers
 
@@ -155,7 +155,7 @@ def _cli_message(case: str, tmp_path: Path) -> str:
 
 def _build_messages(rank: int, world_size: int) -> dict[str, str]:
     from galva_hp import BuildOptions, build
-    from galva_models.adapters.registry import build_layered
+    from galva_models import build_layered
     from galva_schema import SchemaError
 
     out = {}

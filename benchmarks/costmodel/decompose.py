@@ -41,7 +41,7 @@ def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) 
     import torch.distributed as dist
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build
-    from galva_models.adapters import adapter_for
+    from galva_models import adapter_for
     from galva_models.data import RandomTokenSource
     from galva_profiler.model_profile import layer_specs
     from galva_profiler.model_source import MetaModel, load_config

@@ -50,7 +50,7 @@ def _rank(rank: int, world: int, config: Any) -> dict[str, list[tuple[float, lis
     import torch.distributed as dist
 
     from galva_hp import BuildOptions, build
-    from galva_models.adapters import adapter_for
+    from galva_models import adapter_for
     from galva_models.data import RandomTokenSource
 
     calls: list[float] = []

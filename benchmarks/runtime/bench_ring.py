@@ -51,7 +51,7 @@ def _rank(rank: int, world: int, seq: int, steps: int, warmup: int) -> dict[str,
     import galva_hp.parallel.ring_attention as ring_module
     import galva_models.tables.attention as attention
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
-    from galva_models.adapters import adapter_for
+    from galva_models import adapter_for
     from galva_models.data import RandomTokenSource
     from galva_models.presets import preset_config
     from galva_schema import Strategy

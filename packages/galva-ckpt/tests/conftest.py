@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from galva_ckpt.cli import main
-from galva_models.adapters.registry import adapter_for
+from galva_models import adapter_for
 from galva_models.presets import preset_config
 
 

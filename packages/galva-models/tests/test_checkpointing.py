@@ -208,7 +208,7 @@ SLOW_ROUND_TRIP = {"bert", "swin", "vit"}  # 16-45 s each on a 2-core machine (t
 
 
 def _tiny_hf(family: str, directory: Path) -> torch.nn.Module:
-    from galva_models.adapters.registry import adapter_for
+    from galva_models import adapter_for
     from galva_models.presets import preset_config
 
     config = preset_config(f"tiny-{family}")
@@ -233,8 +233,8 @@ def round_trip_argv(source: Path, plan: list[str], task: object) -> list[str]:
 def hugging_face_first_loss(hf: torch.nn.Module, argv: list[str]) -> float:
     """The Hugging Face model's loss on the first global batch galva-train draws for ``argv`` (its ``make_source``),
     computed the way the task's Galva head computes it."""
-    from galva_models.adapters.base import Task
     from galva_models.cli.train import make_source
+    from galva_models.tables.family import Task
 
     cfg = parse_train_config([str(a) for a in argv], world_size=4)
     batch = make_source(cfg).batch(0)
@@ -275,7 +275,7 @@ def on_disk(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 )
 def test_hugging_face_round_trip_under_three_plans(tmp_path, family):
     """HF -> h2g -> galva-train --load (3 plans; first loss == HF's) -> save -> g2h -> from_pretrained == saved."""
-    from galva_models.adapters.registry import adapter_for
+    from galva_models import adapter_for
 
     hf = _tiny_hf(family, tmp_path / "hf")
     task = adapter_for(hf.config).task

@@ -202,7 +202,7 @@ def test_tensorboard_dir_needs_tensorboard(tmp_path):
 def test_galva_train_and_galva_hp_report_the_same_problems(tmp_path):
     """One check of a plan against a model: galva-train's line (after its source prefix) is galva-hp's build error."""
     from galva_hp import check_plan
-    from galva_models.adapters import build_layered
+    from galva_models import build_layered
     from galva_models.presets import preset_config
     from galva_schema import SchemaError
 
@@ -312,7 +312,7 @@ def test_attention_backend_selection():
 def test_hf_checkpoint_weights_are_loaded(tmp_path):
     import torch
 
-    from galva_models.adapters import build_layered
+    from galva_models import build_layered
     from galva_models.cli.train import build_model
     from galva_models.presets import preset_config
 

@@ -17,7 +17,7 @@ import torch
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, train_step
 from galva_hp.testing.oracle import OPTIM, SEQ
-from galva_models.adapters import build_layered
+from galva_models import build_layered
 from galva_models.presets import preset_config
 from galva_models.testing import hugging_face_run, max_relative, plan_run
 from galva_schema import Strategy
@@ -337,7 +337,8 @@ def check_gathered_names(rank: int, world_size: int) -> dict[str, str]:
 
 def _t5_gathered(group) -> dict[str, str]:
     """T5's tp, Megatron-SP and Ulysses forms of every layer, converted in any order: the layer's own state less its
-    stack's relative-position table (a galva-hp shared parameter, read by every layer through its bias)."""
+    stack's relative-position table (a galva-hp shared parameter, read by every layer through its bias). A copy per
+    form: the layers take their forms in place, once."""
     from galva_hp import ParallelContext
     from galva_hp.parallel.tensor_parallel import gather_full_state
 
@@ -352,8 +353,8 @@ def _t5_gathered(group) -> dict[str, str]:
         for index in reversed(range(layered.num_layers)):  # later layers first: no order is needed
             layer, layer_type = layered.layers[index], layered.layer_types[index]
             expected = {n: p.detach() for n, p in layer.named_parameters() if (f"layers.{index}", n) not in shared}
-            got = gather_full_state(layered.parallelizer.layer(layer, layer_type, ctx))
-            got = {n: t for n, t in got.items() if (f"layers.{index}", n) not in shared}  # Ulysses copies the block
+            got = gather_full_state(layered.parallelizer.layer(copy.deepcopy(layer), layer_type, ctx))
+            got = {n: t for n, t in got.items() if (f"layers.{index}", n) not in shared}
             if set(got) != set(expected):
                 problems[f"t5/{form}/layers.{index}"] = f"names differ: {sorted(set(got) ^ set(expected))[:4]}"
             elif any(not torch.equal(got[n], expected[n]) for n in expected):

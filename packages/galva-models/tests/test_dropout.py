@@ -29,7 +29,7 @@ from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, reference
 from galva_hp.parallel.attention import attention
 from galva_hp.parallel.rng import ShardedDropout, group_stream, rank_stream
 from galva_hp.testing.oracle import OPTIM, SEQ, batch
-from galva_models.adapters import build_layered
+from galva_models import build_layered
 from galva_models.presets import preset_config
 from galva_schema import Strategy
 
@@ -255,7 +255,7 @@ def test_t5_vit_swin_train_with_dropout_in_sharded_regions():
 # which an eval-mode model or a plan losing its dropout reproduces. A plan's deviations, averaged over the five
 # families, stay within 2 (a small shift in every family: a systematic error, e.g. masks shared by shards). On one
 # rank with one micro-batch, Galva draws Hugging Face's very masks: its losses equal Hugging Face's with the same
-# seed within 1e-5, but for T5 (its adapter's embedding dropout runs once over [encoder ; decoder]). The seeds are
+# seed within 1e-5, but for T5 (its embedding dropout runs once over [encoder ; decoder]). The seeds are
 # fixed: the test is deterministic.
 DROPOUT_FIELDS = {
     "gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop"),
@@ -299,7 +299,7 @@ def checkpoint_config(family: str, p: float):
 
 
 def save_checkpoint(family: str, directory: str) -> None:
-    from galva_models.adapters.registry import adapter_for
+    from galva_models import adapter_for
 
     config = checkpoint_config(family, P)
     torch.manual_seed(0)
@@ -344,7 +344,7 @@ def hugging_face_losses(family: str, directory: str, p: float, seed: int) -> lis
     """Plain Hugging Face training from the checkpoint, in train mode with dropout ``p``."""
     import transformers
 
-    from galva_models.adapters.registry import adapter_for
+    from galva_models import adapter_for
 
     config = checkpoint_config(family, p)
     auto = getattr(transformers, AUTO_CLASSES[adapter_for(config).task.value])

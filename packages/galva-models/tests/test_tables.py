@@ -511,7 +511,7 @@ def encoder_config(family: str):
 
 
 def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
-    from galva_models.adapters import adapter_for
+    from galva_models import adapter_for
 
     out = {}
     for family in dict.fromkeys(f for f, _ in cases):
@@ -548,7 +548,7 @@ def test_encoder_families_train_like_hugging_face():
 def test_an_encoder_form_that_cannot_run_is_refused_in_one_line():
     """Vocabulary sp for a per-image label, a sequence split of ViT's 17 tokens, Ulysses and cp for Swin, and
     Megatron-SP where a Swin grid does not divide: refused up front by the constraints the search plans with."""
-    from galva_models.adapters import adapter_for
+    from galva_models import adapter_for
 
     vit = preset_config("tiny-vit")
     constraints = adapter_for(vit).constraints(vit)

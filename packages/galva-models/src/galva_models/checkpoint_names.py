@@ -7,7 +7,7 @@ names are tied aliases of another (stored once), and which Galva parameter each 
 mixture of experts' fused expert tensors are one tensor per expert and projection on disk).
 
 Everything is found on the meta device (no memory, no initialisation): the family adapter builds and decomposes
-the model, :func:`~galva_models.adapters.base.parameter_name_map` gives each Galva parameter's in-memory Hugging
+the model, :func:`~galva_models.tables.family.parameter_name_map` gives each Galva parameter's in-memory Hugging
 Face name, and transformers' own save-time conversion turns in-memory tensors into on-disk ones (renamed for ViT and
 Swin in transformers 5, cut into blocks for the experts: :mod:`galva_models.stored_parts`), so the names are
 exactly what ``save_pretrained`` writes.
@@ -15,7 +15,6 @@ exactly what ``save_pretrained`` writes.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +22,9 @@ import torch
 from torch import nn
 
 from galva_hp.model import LayeredModel
-from galva_models.adapters.base import parameter_name_map
-from galva_models.adapters.registry import adapter_for
 from galva_models.stored_parts import StoredPart, stored_parts
+from galva_models.tables.family import Task, parameter_name_map
+from galva_models.tables.registry import adapter_for
 from galva_schema.vocabulary import layer_module, layer_of_module
 
 __all__ = [
@@ -94,8 +93,7 @@ def checkpoint_names(config: Any) -> CheckpointNames:
     with torch.device("meta"):
         hf_model = adapter.build_model(config, attn_implementation="sdpa")
     # an encoder-decoder needs a boundary position to decompose; it changes no parameter
-    wants_boundary = "encoder_seq_length" in inspect.signature(adapter.decompose).parameters
-    options = {"encoder_seq_length": 1} if wants_boundary else {}
+    options = {"encoder_seq_length": 1} if adapter.task is Task.SEQ2SEQ_LM else {}
     layered = adapter.decompose(hf_model, **options)
     stored, tied_memory = _stored_and_tied(hf_model)
     to_disk = {memory: stored_parts(hf_model, memory, tuple(t.shape)) for memory, t in stored.items()}

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from galva_models.adapters.base import LayerSpec
+from galva_models.tables.family import LayerSpec
 
 
 def train_flops_per_token(num_params: int, specs: Sequence[LayerSpec], recompute_fraction: float = 0.0) -> float:

@@ -179,8 +179,8 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     import torch
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build
-    from galva_models.adapters import adapter_for
     from galva_models.data import RandomTokenSource
+    from galva_models.tables.registry import adapter_for
     from galva_profiler.base_memory import measure_base_memory
     from galva_profiler.distributed import World
 

@@ -52,7 +52,7 @@ class MetaModel:
 
     config: Any
     name: str
-    adapter: Any  # galva_models.adapters.FamilyAdapter
+    adapter: Any  # galva_models.tables.family.FamilyAdapter
     hf_model: nn.Module
     layered: Any  # galva_hp.model.LayeredModel
     seed: int = 0
@@ -60,7 +60,7 @@ class MetaModel:
 
     @classmethod
     def build(cls, config: Any, name: str, seed: int = 0) -> MetaModel:
-        from galva_models.adapters import adapter_for
+        from galva_models.tables.registry import adapter_for
 
         try:
             adapter = adapter_for(config)
@@ -86,7 +86,7 @@ class MetaModel:
 
     def _materialize(self, name: str, module: nn.Module, dtype: torch.dtype) -> nn.Module:
         from galva_hp.deferred_init import is_meta, materialize
-        from galva_models.adapters.base import hf_init_fn
+        from galva_models.tables.family import hf_init_fn
 
         if is_meta(module):
             self.built.append(name)

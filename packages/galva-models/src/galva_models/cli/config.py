@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli import model_source, plan_source
 from galva_models.cli.arguments import build_parser, parse
 from galva_models.cli.errors import ConfigError
+from galva_models.tables.family import FamilyAdapter, LayerSpec, Task
 from galva_schema import Strategy, plan_problems
 
 __all__ = ["ConfigError", "OptimArgs", "TrainConfig", "build_parser", "parse_train_config"]
@@ -128,7 +128,7 @@ def parse_train_config(argv: list[str] | None = None, world_size: int | None = N
     _check_checkpoint_flags(args)
     resumed = _resumed_run(args)
     config, name = model_source.model_config(args)
-    from galva_models.adapters.registry import adapter_for
+    from galva_models.tables.registry import adapter_for
 
     try:
         adapter = adapter_for(config)

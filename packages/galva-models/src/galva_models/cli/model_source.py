@@ -1,7 +1,7 @@
 """Which model galva-train trains: a preset, a config directory or a checkpoint, then the size overrides.
 
 Every family-specific fact (which field ``--ffn-hidden-size`` sets, whether sizes differ per stage, ...) comes
-from the family's :class:`~galva_models.adapters.base.FamilyAdapter`; nothing here names a family.
+from the family's :class:`~galva_models.tables.family.FamilyAdapter`; nothing here names a family.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task
 from galva_models.cli.errors import ConfigError
 from galva_models.presets import PRESETS, UnknownPresetError, preset_config
+from galva_models.tables.family import FamilyAdapter, LayerSpec, Task
 
 SHAPE_OVERRIDES = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",

@@ -23,8 +23,8 @@ from galva_models.cli.config import ConfigError, TrainConfig, parse_train_config
 
 def make_source(cfg: TrainConfig) -> Any:
     """The global-batch source for the run's task: indexed data with --data-path, else seeded random data."""
-    from galva_models.adapters.base import Task
     from galva_models.data import IndexedTokenSource, RandomImageSource, RandomMaskedTokenSource, RandomTokenSource
+    from galva_models.tables.family import Task
 
     c, gbs = cfg.model_config, cfg.global_batch_size
     if cfg.data_path is not None:
@@ -40,7 +40,7 @@ def make_source(cfg: TrainConfig) -> Any:
 
 
 class _Seq2SeqRandom:
-    """T5 batches: ``inputs = [encoder ids ; labels shifted right]``, ``labels`` random (see adapters/t5.py)."""
+    """T5 batches: ``inputs = [encoder ids ; labels shifted right]``, ``labels`` random (see tables/t5.py)."""
 
     def __init__(self, config: Any, enc: int, dec: int, gbs: int, seed: int) -> None:
         self.config, self.enc, self.dec, self.global_batch_size, self.seed = config, enc, dec, gbs, seed
@@ -185,8 +185,8 @@ def _run(cfg: TrainConfig, rank: int, world: int, watchdog: Any) -> int:
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build, train_step
     from galva_hp.hooks import base_memory_mib, peak_above_base_mib
-    from galva_models.adapters.base import hf_init_fn
     from galva_models.metrics import MetricsLogger, train_flops_per_token
+    from galva_models.tables.family import hf_init_fn
 
     if rank == 0:
         print(banner(cfg, world), file=sys.stderr, flush=True)

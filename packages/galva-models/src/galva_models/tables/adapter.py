@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from galva_hp.model import LayeredModel
-from galva_models.adapters.base import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.attention import PREFIX, galva_implementation
 from galva_models.tables.experts import expert_paths
+from galva_models.tables.family import FamilyAdapter, LayerSpec, Task, tie_and_check
 from galva_models.tables.hooks import LayerShape, layer_lists
 from galva_models.tables.mixing import hidden_mixers
 from galva_models.tables.modules import LayerInputs, TableEmbedding, TableHead, TableLayer, materialized_copy
@@ -33,6 +33,7 @@ __all__ = ["ADAPTER", "ADAPTERS", "adapter_for", "supports"]
 _AUTO_CLASSES = {
     Task.CAUSAL_LM: "AutoModelForCausalLM",
     Task.MASKED_LM: "AutoModelForMaskedLM",
+    Task.SEQ2SEQ_LM: "AutoModelForSeq2SeqLM",
     Task.IMAGE_CLASSIFICATION: "AutoModelForImageClassification",
 }
 
@@ -53,10 +54,10 @@ def supports(config: Any) -> bool:
 
 
 def adapter_for(config: Any) -> FamilyAdapter:
-    """The table adapter of ``config``'s task (call :func:`supports` first), with the size facts its table gives."""
+    """The table adapter of ``config``'s task (call :func:`supports` first), with the facts its table gives."""
     tables = _tables(config)
     adapter = ADAPTERS[Task(tables.task)]
-    return dataclasses.replace(adapter, **dict(tables.adapter)) if tables.adapter else adapter
+    return dataclasses.replace(adapter, **dict(tables.facts)) if tables.facts else adapter
 
 
 def build_model(config: Any, attn_implementation: str = "sdpa") -> nn.Module:
@@ -79,15 +80,20 @@ def _tables(config: Any, base: nn.Module | None = None) -> ModelTables:
     return tables
 
 
-def decompose(model: Any) -> LayeredModel:
+def decompose(model: Any, **options: Any) -> LayeredModel:
     """A task model -> LayeredModel holding its own modules; attention switched to Galva's registered form of the
-    model's implementation (the same computation until a parallel form is attached)."""
+    model's implementation (the same computation until a parallel form is attached). ``options`` go to the table's
+    own cut (T5's boundary: ``encoder_seq_length``); the table path's takes none."""
     config = model.config
     base = model.base_model
     tables = _tables(config, base)
     current = config._attn_implementation
     if not str(current).startswith(PREFIX):
         config._attn_implementation = galva_implementation(current)
+    if tables.cut is not None:
+        return tie_and_check(model, tables.cut(model, TableParallelizer(config, tables), **options))
+    if options:
+        raise ValueError(f"{config.model_type}: decompose takes no options ({', '.join(sorted(options))})")
     named = {tables.layers.partition(".")[0], *tables.before, *tables.after}
     context = {
         name: child

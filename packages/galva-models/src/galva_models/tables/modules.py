@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from galva_hp import IGNORE_INDEX
 from galva_hp.parallel.gather_state import param_or_grad
 from galva_hp.parallel.mappings import (
     differentiable_gather_replicated,
@@ -32,21 +34,43 @@ from galva_hp.parallel.mappings import (
 )
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
-from galva_models.adapters.modules import first_output, token_loss_sum
 from galva_models.tables.hooks import layer_lists, layer_stack
 from galva_models.tables.sharding import Split, TpRegion, gather_split
 from galva_schema.sharding import sequence_blocks
 
-__all__ = ["LayerInputs", "ModuleForm", "TableEmbedding", "TableHead", "TableLayer"]
+__all__ = [
+    "LayerInputs",
+    "ModuleForm",
+    "Shared",
+    "TableEmbedding",
+    "TableHead",
+    "TableLayer",
+    "first_output",
+    "token_loss_sum",
+]
 
 
-class _Shared:
+def first_output(out: Any) -> Tensor:
+    """Hugging Face layers return a tensor or a tuple whose first item is the hidden state."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def token_loss_sum(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum of fp32 cross-entropy over scored tokens (label != -100) and the number of scored tokens."""
+    flat = labels.reshape(-1)
+    loss_sum = F.cross_entropy(
+        logits.reshape(flat.numel(), -1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return loss_sum, (flat != IGNORE_INDEX).sum()
+
+
+class Shared:
     """A reference that copies of its holder share (``copy.deepcopy`` does not follow it): the whole model."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Shared:
         return self
 
 
@@ -59,7 +83,7 @@ class _StandIn(nn.Module):
 
     def __init__(self, real: nn.Module, index: int, sink: dict[int, Any], stop: int) -> None:
         super().__init__()
-        self._real = _Shared(real)
+        self._real = Shared(real)
         self.index, self.sink, self.stop = index, sink, stop
 
     def __getattr__(self, name: str) -> Any:  # a forward may read a layer's attributes (its attention type)
@@ -85,7 +109,7 @@ class _Zeros(nn.Module):
     def __init__(self, hidden: int, dtype: torch.dtype, real: nn.Module) -> None:
         super().__init__()
         self.hidden, self.dtype = hidden, dtype
-        self._real = _Shared(real)
+        self._real = Shared(real)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -156,7 +180,7 @@ class LayerInputs(nn.Module):
         None: recorded from the base forward."""
         super().__init__()
         self.context = nn.ModuleDict(context)
-        self._base = _Shared(base)
+        self._base = Shared(base)
         self._layers = layers
         self._before = before
         self._embeds = embeds_keyword(inputs)
@@ -309,7 +333,10 @@ class TableLayer(_InPlace):
     stage's own module that follows it (``end``: Swin's patch merging, under its Hugging Face name), called on its
     output with the same arguments."""
 
-    def __init__(self, layer: nn.Module, index: int, inputs: LayerInputs, end: tuple[str, nn.Module] | None = None):
+    def __init__(
+        self, layer: nn.Module, index: int, inputs: LayerInputs | None, end: tuple[str, nn.Module] | None = None
+    ) -> None:
+        """``inputs``: what the base forward hands the layer (None: a family's hook calls it itself, T5's)."""
         super().__init__()
         self.layer = layer
         self.index = index
@@ -322,6 +349,7 @@ class TableLayer(_InPlace):
     def forward(self, hidden: Tensor) -> Tensor:
         form = self.form
         batch, local = hidden.shape[:2]
+        assert self.inputs is not None
         if form is None:
             args, kwargs = self.inputs.layer_call(self.index, batch, local, hidden.dtype, hidden.device)
         else:
@@ -424,7 +452,7 @@ class TableHead(_InPlace):
             self.add_module(name, module)
         self._after = tuple(after)
         self._head = tuple(head)
-        self._task = _Shared(task_model)
+        self._task = Shared(task_model)
         self._base_name = base
         self._keyword = embeds_keyword(keyword)
         self.aliases = _aliases(self)

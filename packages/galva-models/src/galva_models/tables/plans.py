@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from galva_models.tables import swin
+from galva_models.tables import swin, t5
 from galva_models.tables.hooks import LayerShape
 
 __all__ = ["GALVA_TABLES", "STYLES", "ModelTables", "model_tables", "unsupported_styles"]
@@ -93,6 +93,8 @@ GALVA_TABLES: dict[str, dict[str, Any]] = {
     },
     # Swin: stages of blocks, each stage's grid and width its own (hooks beside the entry, in its module)
     "swin": swin.TABLE,
+    # T5: two stacks carried as one stream, a relative-position table per stack (its hook, in its module)
+    "t5": t5.TABLE,
 }
 """Galva's tables for families whose configs carry none, in transformers' format (``tp``: ``"<layers>.*.<path>"`` ->
 style; ``pp``: the base model's modules in order), plus what transformers' format cannot say:
@@ -101,7 +103,7 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
 - ``blocks``: how many packed blocks a ``packed_*`` module holds (2 by default);
 - ``per_rank``: layer attributes that count features and are divided by the tp degree (a split size);
 - ``learned_positions``: a position table bounds the sequence at ``max_position_embeddings``;
-- ``task``: what the model learns (:class:`~galva_models.adapters.base.Task` value; default ``causal_lm``);
+- ``task``: what the model learns (:class:`~galva_models.tables.family.Task` value; default ``causal_lm``);
 - ``inputs``: the keyword the base model's forward takes its input by (default ``input_ids``; ``pixel_values``);
 - ``token_table``: the vocabulary embedding's path in the base model, split over the vocabulary under vocab tp
   (default: the first pipeline entry; None: no vocabulary, the embedding side stays whole);
@@ -115,13 +117,17 @@ style; ``pp``: the base model's modules in order), plus what transformers' forma
 - ``layer_shapes``: a hook, ``config -> one LayerShape per layer`` (:mod:`.hooks`), for a family whose layers differ
   by stage and are called with arguments the config fixes; ``tail``: a hook running the base model's forward after
   its layers, where the head reads more than the hidden state (Swin's pooler);
-- ``adapter``: galva-train's size facts where they are not the table adapter's (per-stage sizes);
+- ``facts``: what the commands read about the family where it is not the task's default (galva-train's size
+  flags: per-stage sizes; T5's constraints and layer specs), as :class:`~galva_models.tables.family.FamilyAdapter`
+  fields;
 - ``sequence_parallel``: a hook putting one layer in Megatron-SP where its tokens are rearranged outside the
   attention function (Swin's window grid): where it gathers and reduce-scatters the sequence; it returns the blocks
-  it handles (they do not enter the tp region, their row-parallel outputs stay partial sums for it to reduce).
+  it handles (they do not enter the tp region, their row-parallel outputs stay partial sums for it to reduce);
+- ``cut``: a hook cutting the model itself, ``(task model, the table path's parallelizer, **options) ->
+  LayeredModel``, for a family whose layers do not take what its forward hands them (T5's two stacks: one stream,
+  a shared position bias); its layers still take their tp form from ``tp`` in place.
 
-A family with hooks keeps its entry and hooks in a module of its own (:mod:`.swin`). T5 keeps its adapter
-(:mod:`galva_models.adapters`) until it moves here."""
+A family with hooks keeps its entry and hooks in a module of its own (:mod:`.swin`, :mod:`.t5`)."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ class ModelTables:
     learned_positions: bool = False
     """A learned position table: no sequence longer than ``max_position_embeddings``."""
     task: str = "causal_lm"
-    """What the model learns (a :class:`~galva_models.adapters.base.Task` value)."""
+    """What the model learns (a :class:`~galva_models.tables.family.Task` value)."""
     inputs: str = "input_ids"
     """The keyword the base model's forward takes the model input by."""
     token_table: str | None = None
@@ -164,8 +170,11 @@ class ModelTables:
     """``config -> one LayerShape per layer`` for a family whose layers differ by stage (:mod:`.hooks`)."""
     tail: Callable[[dict[str, nn.Module], Any], dict[str, Any]] | None = None
     """``(modules after the layers, hidden) -> base-model output fields``; None: the modules in turn."""
-    adapter: tuple[tuple[str, Any], ...] = ()
-    """galva-train's size facts (:class:`~galva_models.adapters.base.FamilyAdapter` fields) of this family."""
+    facts: tuple[tuple[str, Any], ...] = ()
+    """What the commands read about this family (:class:`~galva_models.tables.family.FamilyAdapter` fields)."""
+    cut: Callable[..., Any] | None = None
+    """``(task model, parallelizer, **options) -> LayeredModel``: the family's own cut (T5's); None: the table
+    path's."""
     sequence_parallel: Callable[[nn.Module, Any], frozenset[str]] | None = None
     """``(layer, tp region) -> blocks it handles``: Megatron-SP of a family whose layers arrange their tokens outside
     the attention function (Swin's windows); None: the standard form, or none where ``layer_shapes`` is set."""
@@ -218,8 +227,9 @@ def model_tables(config: Any, base: nn.Module | None = None) -> ModelTables | No
         stage_end=extra.get("stage_end"),
         layer_shapes=extra.get("layer_shapes"),
         tail=extra.get("tail"),
-        adapter=tuple(extra.get("adapter", {}).items()),
+        facts=tuple(extra.get("facts", {}).items()),
         sequence_parallel=extra.get("sequence_parallel"),
+        cut=extra.get("cut"),
     )
 
 

@@ -34,6 +34,7 @@ from galva_hp.parallel.mappings import (
     group_size,
     sum_grad_over,
 )
+from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.tensor_parallel import mark_tp_split
 from galva_hp.parallel.vocab import vocab_range
 
@@ -211,7 +212,8 @@ def sum_where_sharded(block: nn.Module, styles: dict[str, str], group: ProcessGr
     """Inside a tp block (``styles``: its modules' styles, by path in the block), a replicated parameter used after a
     column-parallel module, before the data is whole again, sees only this rank's features (Qwen 3's qk-norm,
     Apertus's learned activation): its gradient is summed over tp. One after a gathered output (Olmo 2's qk-norm
-    over every head) sees the whole data and is not. Followed call by call, since the order is the family's code."""
+    over every head) sees the whole data and is not. Followed call by call, since the order is the family's code. A
+    dropout there (T5's feed-forward middle) draws this rank's own mask: its features are this rank's only."""
     sharded = [False]
 
     def reset(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -234,6 +236,20 @@ def sum_where_sharded(block: nn.Module, styles: dict[str, str], group: ProcessGr
     for path, sub in block.named_modules():
         if path and path not in styles and next(sub.parameters(recurse=False), None) is not None:
             sub.register_forward_pre_hook(record)
+        if isinstance(sub, nn.Dropout):
+            _own_mask_when_sharded(sub, sharded, group)
+
+
+def _own_mask_when_sharded(dropout: nn.Dropout, sharded: list[bool], group: ProcessGroup) -> None:
+    forward = dropout.forward
+
+    def own(x: Tensor) -> Tensor:
+        if not (sharded[0] and dropout.training and dropout.p > 0):
+            return forward(x)
+        with rank_stream(group, x.device):
+            return forward(x)
+
+    dropout.forward = own  # type: ignore[method-assign, assignment]
 
 
 def split_vocab_rows(module: nn.Module, names: tuple[str, ...], group: ProcessGroup, vocab_size: int) -> None:

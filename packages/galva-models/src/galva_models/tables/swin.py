@@ -143,6 +143,6 @@ TABLE: dict[str, Any] = {
     "tail": tail,
     "sequence_parallel": sequence_parallel,
     # galva-train's size flags: the sizes and heads are per stage, the depths four numbers (edit a --model-config)
-    "adapter": {"per_stage_sizes": True, "head_dim_from_hidden": False, "set_num_layers": None, "ffn_size_field": None},
+    "facts": {"per_stage_sizes": True, "head_dim_from_hidden": False, "set_num_layers": None, "ffn_size_field": None},
 }
 """Swin's entry in :data:`~galva_models.tables.plans.GALVA_TABLES`."""

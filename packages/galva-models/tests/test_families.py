@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from galva_models.adapters import adapter_for, build_layered, parameter_name_map
-from galva_models.adapters.base import galva_named_parameters, shared_parameter_groups
+from galva_models import adapter_for, build_layered, parameter_name_map
 from galva_models.presets import preset_config
+from galva_models.tables.family import galva_named_parameters, shared_parameter_groups
 
 B, S = 2, 12
 
@@ -104,12 +104,12 @@ def test_layer_types_and_specs():
     assert layered.layer_types == ["t5_encoder"] * 2 + ["t5_decoder"] * 2
     # each stack's relative-position table is a parameter of its first layer only, declared a galva-hp shared
     # parameter that every layer of the stack reads through its bias
-    assert shared_parameter_groups(layered) == [("embedding.shared.weight", "head.lm.lm_head.weight")]
-    table = layered.layers[0].block.layer[0].SelfAttention.relative_attention_bias.weight
+    assert shared_parameter_groups(layered) == [("embedding.shared.weight", "head.lm_head.weight")]
+    table = layered.layers[0].layer.layer[0].SelfAttention.relative_attention_bias.weight
     assert (layered.shared[0].param is table, layered.shared[0].home, layered.shared[0].users) == (
         True, "layers.0", ("layers.0", "layers.1")
     )
-    assert layered.shared[2].held == {"head": "lm.lm_head.weight"}  # the tie, one mechanism with the tables
+    assert layered.shared[2].held == {"head": "lm_head.weight"}  # the tie, one mechanism with the tables
     assert layered.layers[1].bias.table is layered.shared[0] and layered.layers[3].bias.table is layered.shared[1]
     assert not any("relative_attention_bias" in n for n, _ in layered.layers[1].named_parameters())
 

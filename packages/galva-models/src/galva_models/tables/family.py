@@ -1,14 +1,13 @@
-"""What every model-family adapter provides, and the functions the families share (parameter names, weight ties,
-coverage, initialisation). The modules they build from are in :mod:`galva_models.adapters.modules`, the parallel
-forms in :mod:`galva_models.adapters.parallel`.
+"""What the table path tells galva-train, galva-hp and galva-ckpt about a model (:class:`FamilyAdapter`), and the
+functions every family shares (parameter names, weight ties, coverage, initialisation).
 
-An adapter is data plus small functions (:class:`FamilyAdapter`): which Hugging Face ``model_type`` values it
-handles, its task (what a batch looks like), how to build the Hugging Face model, how to decompose it into a
-:class:`galva_hp.model.LayeredModel`, which plans it can run (a :class:`galva_schema.ModelConstraints`, checked by
-:func:`galva_schema.plan_problems` in galva-train and in galva-hp's ``build`` alike) and its boundary shapes
-(:class:`LayerSpec`). The decomposed modules *hold the Hugging Face submodules themselves* (no copies), so the
-single-process LayeredModel computes exactly what the Hugging Face model computes, and the parameter-name mapping
-is found by tensor identity (:func:`parameter_name_map`).
+A :class:`FamilyAdapter` is data plus small functions, the same for every family of a task (:mod:`.adapter`), with
+the fields a table entry sets itself (:data:`~.plans.GALVA_TABLES`' ``adapter``): its task (what a batch looks
+like), how to build the Hugging Face model, how to cut it into a :class:`galva_hp.model.LayeredModel`, which plans
+it can run (a :class:`galva_schema.ModelConstraints`, checked by :func:`galva_schema.plan_problems` in galva-train
+and in galva-hp's ``build`` alike) and its boundary shapes (:class:`LayerSpec`). The cut modules *hold the Hugging
+Face submodules themselves* (no copies), so the single-process LayeredModel computes exactly what the Hugging Face
+model computes, and the parameter-name mapping is found by tensor identity (:func:`parameter_name_map`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from galva_hp.model import LayeredModel, ParallelContext
+from galva_hp.model import LayeredModel
 from galva_hp.shared_params import embedding_ties
 from galva_schema import ModelConstraints
 
@@ -50,7 +49,7 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class FamilyAdapter:
-    """One model family's description (see the module docstring and docs/adding-a-model.md)."""
+    """What a model is to the commands (see the module docstring and docs/adding-a-model.md)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -79,37 +78,6 @@ class FamilyAdapter:
     head_dim_from_hidden: bool = True
     """The head size is ``hidden_size / heads``, so the heads must divide the hidden size (False where the config
     sets the head size itself, like T5's ``d_kv``)."""
-
-
-class SingleRankParallelizer:
-    """Parallel form for degree 1 everywhere: the modules as they are.
-
-    Families subclass it and override the forms they have. A plan needing a form a family lacks is refused before
-    building (the family's ModelConstraints declare it); :meth:`_check` is the last guard.
-    """
-
-    def __init__(self, family: str, config: Any = None) -> None:
-        self.family = family
-        self.config = config
-
-    def _check(self, what: str, ctx: ParallelContext) -> None:
-        if ctx.tp_size > 1 or ctx.sp_size > 1 or ctx.vocab_sp:
-            raise NotImplementedError(
-                f"{self.family}: the parallel form of the {what} (tp={ctx.tp_size}, sp={ctx.sp_size}) is not "
-                "implemented yet; use tp=1 without Ulysses for this family"
-            )
-
-    def layer(self, module: Any, layer_type: str, ctx: ParallelContext) -> nn.Module:
-        self._check(f"{layer_type} layer", ctx)
-        return module
-
-    def embedding(self, module: Any, ctx: ParallelContext) -> nn.Module:
-        self._check("embedding", ctx)
-        return module
-
-    def head(self, module: Any, ctx: ParallelContext) -> nn.Module:
-        self._check("head", ctx)
-        return module
 
 
 def galva_named_parameters(model: LayeredModel) -> list[tuple[str, nn.Parameter]]:
