@@ -2,7 +2,7 @@
 the best uniform plan (one tp / pp / ep / etp / dp type / checkpointing for every layer, as a Megatron user writes
 it), both by galva-search on the same profiles.
 
-    .venv/bin/python benchmarks/search/mixtral_ep.py [--memory-gb 80 40]
+    .venv/bin/python benchmarks/search/mixtral_ep.py [--memory-gb 80 40] [--write-profiles DIR]
 
 Inputs (stated here, built in memory; see README.md "Mixtral-8x7B, 64 GPUs"):
 
@@ -72,8 +72,8 @@ def hardware() -> HardwareProfile:
     return node.model_copy(update={
         "cluster": ClusterSpec(num_nodes=NODES, gpus_per_node=GPUS, device_memory_mib=80 * 1024.0,
                                device_name="A100-80GB-class (Galvatron's 1x8 node, 8 nodes joined as stated)"),
-        "allreduce": allreduce, "p2p": p2p,
-        "all_gather_time": [], "reduce_scatter_time": [],
+        "allreduce": tuple(allreduce), "p2p": tuple(p2p),  # tuples, as validation makes them (written unwarned)
+        "all_gather_time": (), "reduce_scatter_time": (),
     })  # fmt: skip
 
 
@@ -179,13 +179,34 @@ def describe(result) -> str:
     return f"pp {s.pp} c {s.num_micro_batches} {s.pipeline_schedule.value}: {layers}"
 
 
+def write_profiles(directory: Path, batch: int, memory_gb: float, micro_batches: int) -> str:
+    """Write the two profiles ``run`` searches on and return the ``galva-search`` command that repeats its
+    per-layer row: the same budget, batch, micro-batches, ZeRO-2 default and base memory (1024 MiB, CostSettings's
+    default, which ``run`` prices with)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    hardware().save(directory / "hardware.json")
+    model().save(directory / "model.json")
+    fixed = f" --num-micro-batches {micro_batches}" if micro_batches else ""
+    return (
+        f"galva-search --hardware-profile {directory / 'hardware.json'} --model-profile {directory / 'model.json'} "
+        f"--memory {memory_gb:g}GiB --global-batch-size {batch}{fixed} --default-dp-type zero2 "
+        f"--context-memory 1024MiB --output {directory / 'plan.json'}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--memory-gb", type=float, nargs="+", default=[80.0, 40.0],
                         help="device memory budgets, one run each (default: A100 80 GB and 40 GB)")
     parser.add_argument("--micro-batches", type=int, default=8, help="fixed count (0: every count)")
+    parser.add_argument("--write-profiles", type=Path, metavar="DIR",
+                        help="only write DIR/hardware.json and DIR/model.json and print the galva-search command "
+                        "that runs the per-layer search on them (for timing the whole command)")
     args = parser.parse_args()
+    if args.write_profiles is not None:
+        print(write_profiles(args.write_profiles, args.batch, args.memory_gb[0], args.micro_batches))
+        return
     runs = {f"{gb:g} GB": run(args.batch, gb, args.micro_batches or None) for gb in args.memory_gb}
     print(json.dumps(runs, indent=1))
 

@@ -66,3 +66,32 @@ def test_resolver_installs_no_torch_into_a_fresh_venv(tmp_path):
         "typing-extensions",
         "typing-inspection",
     }, resolved
+
+
+def test_every_public_name_resolves_from_the_module_the_table_names():
+    """The package imports its names on first use: each name of ``__all__`` has a home in the table, is what that
+    module defines, and is what type checkers are shown (the ``if TYPE_CHECKING`` imports)."""
+    import ast
+
+    import galva_schema
+
+    assert set(galva_schema._HOMES) == set(galva_schema.__all__)
+    for name, module in galva_schema._HOMES.items():
+        home = __import__(f"galva_schema.{module}", fromlist=[name])
+        assert getattr(galva_schema, name) is getattr(home, name), name
+    tree = ast.parse(Path(galva_schema.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    shown = {(n.module, a.name) for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert shown == {(f"galva_schema.{m}", name) for name, m in galva_schema._HOMES.items()}
+    with pytest.raises(AttributeError, match="no attribute 'Strategie'"):
+        galva_schema.Strategie  # noqa: B018
+
+
+def test_reading_a_profile_builds_no_checkpoint_or_run_check_model():
+    """``galva-search`` pays at start-up only for the file types it reads and writes (models are built lazily)."""
+    code = (
+        "import sys, galva_schema; galva_schema.HardwareProfile, galva_schema.ModelProfile, galva_schema.Strategy; "
+        "print(sorted(m for m in ('galva_schema.checkpoint', 'galva_schema.run_check') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

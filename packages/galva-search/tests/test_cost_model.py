@@ -551,3 +551,27 @@ def test_expert_zero3_replicas_gather_and_shard(make_model, tiny_hw):
     t = cost.layer_terms(0, [ddp, zero3], 8, 1)
     assert t.states_mib[1] < t.states_mib[0] and t.zero3_comm_s[0] == 0 < t.zero3_comm_s[1]
     assert t.transient_mib[1] == pytest.approx(2 * 24 / 4 * E, **EXACT)  # 24 MiB fp32 of experts, bf16 copy, x2
+
+
+@pytest.mark.parametrize("megatron_sp", [False, True])
+def test_costs_of_a_list_inside_one_already_priced_are_its_rows(make_model, tiny_hw, megatron_sp):
+    """A search prices one candidate list per micro-batch size (those whose dp divides it); a list inside one already
+    priced takes its rows from it: every term, re-sharding and tie-breaker equal, bit for bit, to pricing it anew."""
+    from dataclasses import fields
+
+    from galva_search.space import SpaceOptions, generate_space, with_expert_layouts
+
+    model = _moe(lambda: make_model(megatron_sp=megatron_sp))  # tp, Megatron-SP, ep, etp: every collective group
+    settings = CostSettings(megatron_sp=megatron_sp)
+    pool = with_expert_layouts(generate_space(4, SpaceOptions(sp_space="tp+sp")), [(4, 256)], 4)
+    pool = [c for c in pool if c.pp == 1]
+    inside = [c for c in pool if 2 % c.dp == 0]
+    assert 0 < len(inside) < len(pool) and any(c.etp > 1 and c.tp > 1 for c in inside)
+    reused, fresh = CostModel(tiny_hw, model, settings), CostModel(tiny_hw, model, settings)
+    reused.layer_terms(0, pool, 4, 2)
+    got, expected = reused.layer_terms(0, inside, 2, 2), fresh.layer_terms(0, inside, 2, 2)
+    assert len(reused._layers._static_cache) == 2 and len(fresh._layers._static_cache) == 1
+    for f in fields(got):
+        assert np.array_equal(getattr(got, f.name), getattr(expected, f.name)), f.name
+    assert np.array_equal(reused.redistribution(0, inside, 2), fresh.redistribution(0, inside, 2))
+    assert np.array_equal(reused.switch_penalties(0, inside), fresh.switch_penalties(0, inside))

@@ -242,26 +242,43 @@ def busiest_rank_fraction(source: ShardLayout, target: ShardLayout) -> Fraction:
     tb, ts = batch_cells // target.dp, seq_cells // target.seq_parts  # cells per target shard, per axis
     sent: dict[int, int] = {}
     received: dict[int, int] = {}
-    for dst in target.ranks:
-        batch_part, seq_part = target.shard(dst)
-        mp_dst = source.coords(dst)[0]
+    # ShardLayout.shard and .coords of every rank, from its local index (cp 1: the sharding group is the dp index),
+    # and the source rank of a shard by _rank_at's rule, inline: a planner asks this for hundreds of pairs of 64-rank
+    # layouts, and the method calls (each a list search) were most of its time
+    where = {rank: local for local, rank in enumerate(source.ranks)}
+    t_groups, s_groups = len(target.ranks) // target.degree, len(source.ranks) // source.degree
+    s_ranks, s_degree, s_dp, s_consecutive, s_split = (
+        source.ranks, source.degree, source.dp, source.consecutive, source.seq_sharded
+    )
+    for local, dst in enumerate(target.ranks):
+        if target.consecutive:
+            t_mp, batch_part = local % target.degree, local // target.degree
+        else:
+            t_mp, batch_part = local // t_groups, local % t_groups
+        seq_part = t_mp if target.seq_sharded else 0
+        s_local = where[dst]
+        mp_dst = s_local % s_degree if s_consecutive else s_local // s_groups
         b0, s0 = batch_part * tb, seq_part * ts  # first cell dst needs
-        for bp in range(b0 // sb, (b0 + tb - 1) // sb + 1):  # source shards overlapping what dst needs
-            rows = min(b0 + tb, (bp + 1) * sb) - max(b0, bp * sb)
-            for sp in range(s0 // ss, (s0 + ts - 1) // ss + 1):
-                src = _rank_at(source, sp if source.seq_sharded else mp_dst, bp)
+        b1, s1 = b0 + tb, s0 + ts
+        got = 0
+        for bp in range(b0 // sb, (b1 - 1) // sb + 1):  # source shards overlapping what dst needs
+            rows = min(b1, (bp + 1) * sb) - max(b0, bp * sb)
+            if not s_split:  # one rank (dst's model-parallel index) holds the shard's whole sequence: ts columns
+                src = s_ranks[bp * s_degree + mp_dst if s_consecutive else mp_dst * s_dp + bp]
+                if src != dst:  # else dst holds these cells itself
+                    sent[src] = sent.get(src, 0) + rows * ts
+                    got += rows * ts
+                continue
+            for sp in range(s0 // ss, (s1 - 1) // ss + 1):
+                src = s_ranks[bp * s_degree + sp if s_consecutive else sp * s_dp + bp]
                 if src == dst:
-                    continue  # dst holds these cells itself
-                cells = rows * (min(s0 + ts, (sp + 1) * ss) - max(s0, sp * ss))
+                    continue
+                cells = rows * (min(s1, (sp + 1) * ss) - max(s0, sp * ss))
                 sent[src] = sent.get(src, 0) + cells
-                received[dst] = received.get(dst, 0) + cells
+                got += cells
+        if got:
+            received[dst] = got
     return _busiest(sent, received, batch_cells * seq_cells)
-
-
-def _rank_at(layout: ShardLayout, mp_index: int, dp_index: int) -> int:
-    """The rank with these coordinates (the inverse of :meth:`ShardLayout.coords`)."""
-    local = dp_index * layout.degree + mp_index if layout.consecutive else mp_index * layout.dp + dp_index
-    return layout.ranks[local]
 
 
 def _busiest(sent: dict[int, int], received: dict[int, int], cells: int) -> Fraction:

@@ -28,6 +28,9 @@ class GalvaModel(BaseModel):
         populate_by_name=True,
         protected_namespaces=(),
         allow_inf_nan=False,  # NaN and Infinity are not JSON; a profile holding them is a bug upstream
+        # validators are built on a class's first use, not when its module is imported: a command pays only for
+        # the files it reads and writes, and a model used only inside another is never built on its own
+        defer_build=True,
     )
 
 

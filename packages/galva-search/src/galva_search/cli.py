@@ -11,10 +11,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from galva_schema import (
     MAX_BATCH_SIZE,
-    Calibration,
     DataParallelType,
     HardwareProfile,
     PipelineSchedule,
@@ -30,6 +30,9 @@ from galva_search.profiles import load_hardware, load_model, parse_memory
 from galva_search.search import NoFeasibleStrategy, SearchOptions, SearchResult, batch_size_range, search
 from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
 from galva_search.summary import text_summary
+
+if TYPE_CHECKING:
+    from galva_schema import Calibration
 
 DEFAULT_CONTEXT_MIB = 1024.0  # base memory per device when neither a run nor the hardware profile measured it
 _SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
@@ -282,7 +285,11 @@ def run(args: argparse.Namespace) -> int:
         default_dp_type=default_dp,
         **{name: getattr(args, name) for name in _SPACE_FIELDS},
     )
-    calibration = Calibration.load(args.calibration) if args.calibration else None
+    calibration = None
+    if args.calibration:
+        from galva_schema import Calibration  # only here: a search without one never builds its models
+
+        calibration = Calibration.load(args.calibration)
     settings = CostSettings(
         precision=Precision(args.mixed_precision) if args.mixed_precision else model.precision,
         backward_coefficient=args.backward_coefficient,

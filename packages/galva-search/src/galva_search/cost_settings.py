@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from galva_schema import Calibration, DataParallelType, PipelineSchedule, Precision, Strategy
+from galva_schema import DataParallelType, PipelineSchedule, Precision, Strategy
 from galva_search.states import state_bytes
+
+if TYPE_CHECKING:  # a search without --calibration never builds the calibration's models
+    from galva_schema import Calibration
 
 
 @dataclass(frozen=True)

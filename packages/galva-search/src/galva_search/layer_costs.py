@@ -93,6 +93,20 @@ class _LayerStatic:
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
     sharded_ms: np.ndarray  # [candidate][forward, backward, step]: a ZeRO unit's own cost (FSDP2, DTensor step)
 
+    def rows(self, index: np.ndarray, comm_groups: list) -> _LayerStatic:
+        """These costs for the candidates ``index`` (in that order), whose own collective groups are ``comm_groups``:
+        every other value is one candidate's (or one pair's), so taking rows gives what computing them would."""
+        pairs = np.ix_(index, index)
+        return _LayerStatic(
+            tp=self.tp[index], dp=self.dp[index], cp=self.cp[index], ring_gb_per_s=self.ring_gb_per_s[index],
+            checkpoint=self.checkpoint[index], zero3=self.zero3[index], sync=self.sync[index],
+            gather=self.gather[index], p2p_per_byte=self.p2p_per_byte[index], comm_groups=comm_groups,
+            states=self.states[:, index], activation_per_sample=self.activation_per_sample[index],
+            recompute_per_sample=self.recompute_per_sample[index], gather_mib=self.gather_mib[index],
+            redistribution_per_sample=self.redistribution_per_sample[pairs], penalty=self.penalty[pairs],
+            overhead_ms=self.overhead_ms[index], sharded_ms=self.sharded_ms[index],
+        )  # fmt: skip
+
 
 class LayerCosts:
     """Per-candidate costs of the layers of one model profile on one hardware profile (cached per candidate list)."""
@@ -158,11 +172,30 @@ class LayerCosts:
         return ParallelForm.TP not in own.unsupported and head_problem(own, tp, ulysses=False) is None
 
     def _static(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic:
-        """Parts of the layer costs that do not depend on the micro-batch size (cached per candidate list)."""
+        """Parts of the layer costs that do not depend on the micro-batch size (cached per candidate list).
+
+        A search asks for many lists of one pipeline degree (those whose dp divides each micro-batch); every value
+        here is a candidate's own (or a pair's), so a list inside one already priced takes its rows from it."""
         key = (type_index, candidates)
         hit = self._static_cache.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._static_cache[key] = self._rows_of_wider(type_index, candidates) or self._compute_static(
+                type_index, candidates
+            )
+        return hit
+
+    def _rows_of_wider(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic | None:
+        """The static costs of ``candidates`` taken from a cached list that holds all of them (None: no such list)."""
+        wanted = set(candidates)
+        for (t, wider), static in self._static_cache.items():
+            if t == type_index and len(wider) > len(candidates) and wanted.issubset(wider):
+                position = {c: i for i, c in enumerate(wider)}
+                index = np.array([position[c] for c in candidates], dtype=int)
+                layer = self.model.layer_types[type_index]
+                return static.rows(index, _comm_groups(layer, candidates, self.settings.megatron_sp))
+        return None
+
+    def _compute_static(self, type_index: int, candidates: tuple[Candidate, ...]) -> _LayerStatic:
         layer = self.model.layer_types[type_index]
         s = self.settings
         comm = self.comm
@@ -178,25 +211,9 @@ class LayerCosts:
         sync = np.zeros(n)
         gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
-        groups: dict[tuple[str, int, bool, bool], list[tuple[int, float, float]]] = {}  # last: expert dispatch
         pp = candidates[0].pp if candidates else 1
         stage_size = ranks_per_stage(self.world_size, pp)
         for i, c in enumerate(candidates):
-            if c.tp > 1 and not c.ulysses and s.megatron_sp:
-                # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
-                # own measured curve (latency included); without the curves a pair is one all-reduce, as below
-                count = 6.0 if c.checkpoint else 4.0
-                groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, count))
-                groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, count))
-            elif c.tp > 1 and not c.ulysses:
-                # 2 all-reduces forward, 2 backward, 2 more when recomputing
-                count = 6.0 if c.checkpoint else 4.0
-                groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
-            elif c.ulysses:
-                # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
-                groups.setdefault(("all_to_all", c.tp, c.consecutive, False), []).append(
-                    (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
-                )
             d, consecutive = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)
             if d > 1:
                 if c.dp_type in (ZERO2, ZERO3):  # reduce-scatter + all-gather, each with its own measured latency
@@ -217,20 +234,6 @@ class LayerCosts:
             if pp > 1:
                 shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp) * c.cp
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
-        for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
-            groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
-        comm_groups = [
-            (
-                op,
-                size,
-                consecutive,
-                np.array([m[0] for m in members]),
-                np.array([m[1] for m in members]),
-                np.array([m[2] for m in members]),
-                expert,
-            )
-            for (op, size, consecutive, expert), members in groups.items()
-        ]
         zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
         expert_zero3 = np.array([expert_costs.expert_dp_type(c) is ZERO3 for c in candidates]) & (expert_mib > 0)
         total_state_bytes = sum(s.state_bytes)
@@ -270,7 +273,7 @@ class LayerCosts:
             sync=sync,
             gather=gather,
             p2p_per_byte=p2p_per_byte,
-            comm_groups=comm_groups,
+            comm_groups=_comm_groups(layer, candidates, s.megatron_sp),
             states=states,
             activation_per_sample=self.activation_per_sample(type_index, candidates),
             recompute_per_sample=recompute,
@@ -288,7 +291,6 @@ class LayerCosts:
                 dtype=float,
             ).reshape(n, 3),
         )
-        self._static_cache[key] = static
         return static
 
     def terms(
@@ -375,6 +377,42 @@ class LayerCosts:
     def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
         """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""
         return self._static(type_index, tuple(candidates)).penalty
+
+
+def _comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate], megatron_sp: bool) -> list:
+    """The layer's collectives per micro-batch, grouped by (collective, group size, consecutive, expert): the
+    candidates of each group, their buffer scale (times the ``[local, seq, hidden]`` activation bytes) and calls."""
+    groups: dict[tuple[str, int, bool, bool], list[tuple[int, float, float]]] = {}  # last: expert dispatch
+    for i, c in enumerate(candidates):
+        if c.tp > 1 and not c.ulysses and megatron_sp:
+            # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
+            # own measured curve (latency included); without the curves a pair is one all-reduce, as below
+            count = 6.0 if c.checkpoint else 4.0
+            groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+            groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+        elif c.tp > 1 and not c.ulysses:
+            # 2 all-reduces forward, 2 backward, 2 more when recomputing
+            count = 6.0 if c.checkpoint else 4.0
+            groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+        elif c.ulysses:
+            # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
+            groups.setdefault(("all_to_all", c.tp, c.consecutive, False), []).append(
+                (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
+            )
+    for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
+        groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
+    return [
+        (
+            op,
+            size,
+            consecutive,
+            np.array([m[0] for m in members]),
+            np.array([m[1] for m in members]),
+            np.array([m[2] for m in members]),
+            expert,
+        )
+        for (op, size, consecutive, expert), members in groups.items()
+    ]
 
 
 def _overhead_ms(layer: LayerTypeProfile, c: Candidate, megatron_sp: bool) -> tuple[float, float]:

@@ -96,12 +96,20 @@ class StageSolver:
         intra = np.empty((L, S))
         memory = np.empty((L, S))
         transient = np.empty((L, S))
-        inter = np.zeros((L, S, S))
+        inter = np.empty((L, S, S))
+        inter[0] = 0.0
+        # per layer type: what every layer of the type repeats (the stage's layers are mostly of one type)
+        rows: dict[int, np.ndarray] = {}
+        kept: dict[int, np.ndarray] = {}
+        blocks: dict[int, np.ndarray] = {}
         for pos, t in enumerate(types):
             terms = tables.terms[t]
-            row = c * terms.micro_batch_s + terms.exposed_sync_s
-            if len(terms.step_s):
-                row = row + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+            if t not in rows:
+                rows[t] = c * terms.micro_batch_s + terms.exposed_sync_s
+                if len(terms.step_s):
+                    rows[t] = rows[t] + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+                kept[t] = terms.memory_mib(in_flight)
+            row = rows[t]
             if pos in recv:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous chunk's stage
             if pos in send:
@@ -112,10 +120,14 @@ class StageSolver:
                 row = row + c * to_head  # re-shard this layer's output into the head's layout
             allowed = tables.allowed_at_end[t] if ends[pos] else tables.allowed[t]
             intra[pos] = np.where(allowed, row, np.inf)  # +inf: a form the model cannot run
-            memory[pos] = terms.memory_mib(in_flight)
+            memory[pos] = kept[t]
             transient[pos] = terms.transient_mib
             if pos > 0 and pos not in breaks:
-                inter[pos] = c * tables.redistribution[t] + tables.penalty[t]
+                if t not in blocks:
+                    blocks[t] = c * tables.redistribution[t] + tables.penalty[t]
+                inter[pos] = blocks[t]
+            elif pos > 0:
+                inter[pos] = 0.0
         self._problems[key] = (intra, memory, inter)
         self._transients[key] = transient
         return key, (intra, memory, inter)
