@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from galva_models.stderr import quiet_transformers
 from galva_profiler.errors import ProfileError
 from galva_schema.argparsing import OneLineParser, positive_floats
 
@@ -72,7 +73,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.nproc_per_node is not None and "RANK" not in os.environ:
                 return _launch(args, list(sys.argv[1:] if argv is None else argv))
             return run_hardware(args)
-        _quiet_transformers()
+        quiet_transformers()
         if args.command == "check":
             from galva_profiler.check_cli import run_check
 
@@ -90,14 +91,6 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return rank_failed(PROG, err)
         raise
-
-
-def _quiet_transformers() -> None:
-    """Keep transformers' advice (an attention mask for the profiler's random ids, config notes) off stderr, which
-    holds this command's own lines; set before transformers is imported, and after, for a run in one process."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    if "transformers" in sys.modules:
-        sys.modules["transformers"].logging.set_verbosity_error()
 
 
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:

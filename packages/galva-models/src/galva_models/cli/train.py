@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from galva_models.cli.config import ConfigError, TrainConfig, parse_train_config
+from galva_models.stderr import quiet_transformers
 
 
 def make_source(cfg: TrainConfig) -> Any:
@@ -381,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    quiet_transformers()
     try:
         cfg = parse_train_config(argv)
     except ConfigError as err:
