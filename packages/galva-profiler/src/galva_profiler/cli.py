@@ -11,7 +11,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from galva_models.stderr import quiet_transformers
 from galva_profiler.errors import ProfileError
 from galva_schema.argparsing import OneLineParser, positive_floats
 
@@ -73,6 +72,8 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.nproc_per_node is not None and "RANK" not in os.environ:
                 return _launch(args, list(sys.argv[1:] if argv is None else argv))
             return run_hardware(args)
+        from galva_models.stderr import quiet_transformers  # model and check: the 'model' extra
+
         quiet_transformers()
         if args.command == "check":
             from galva_profiler.check_cli import run_check
