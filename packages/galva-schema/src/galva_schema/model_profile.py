@@ -183,6 +183,12 @@ class LayerTypeProfile(GalvaModel):
         "parallel linears' extra Python, copies and splits, measured in the main thread's CPU time on forked gloo "
         "ranks, collectives left out (they are priced from the hardware profile). Empty: not profiled (0).",
     )
+    split_backward_overhead_ms: NonNegativeFloat = Field(
+        0.0,
+        description="ms one call of the layer's backward costs more when zb-h1 splits it (input gradients, then "
+        "weight gradients, as galva-hp runs the two) than as one autograd call, at the largest profiled batch: the "
+        "split's graph analysis and one autograd call per parameter group. 0: not profiled.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LayerTypeProfile:
