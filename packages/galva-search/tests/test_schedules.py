@@ -408,14 +408,14 @@ def test_zb_h1_pays_the_split_backward(tiny, tiny_hw):
     """The profile's split_backward_overhead_ms is paid once per layer and micro-batch on every stage that splits
     (all but the first), scaled as compute (kappa); 1F1B and the first stage are untouched."""
     hw = tiny_hw.model_copy(update={"compute_slowdown": 1.5})
-    split = tiny.model_copy(
-        update={"layer_types": tuple(t.model_copy(update={"split_backward_overhead_ms": 4.0}) for t in tiny.layer_types)}
-    )
+    types = tuple(t.model_copy(update={"split_backward_overhead_ms": 4.0}) for t in tiny.layer_types)
+    split = tiny.model_copy(update={"layer_types": types})
     plain_cost = CostModel(hw, tiny, CostSettings(context_mib=0.0))
     split_cost = CostModel(hw, split, CostSettings(context_mib=0.0))
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
         plan = _plan(schedule, v)
-        assert evaluate_strategy(split_cost, plan).iteration_time_s == evaluate_strategy(plain_cost, plan).iteration_time_s
+        same = evaluate_strategy(plain_cost, plan).iteration_time_s
+        assert evaluate_strategy(split_cost, plan).iteration_time_s == same
     before = evaluate_strategy(plain_cost, _plan("zb-h1", 1)).detail
     after = evaluate_strategy(split_cost, _plan("zb-h1", 1)).detail
     assert before is not None and after is not None

@@ -204,7 +204,8 @@ def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, rece
     :func:`_split_weights` leaves to it, keeping what :func:`weight_backward` needs for the other weights' gradients.
     (galva-profile times this pair against one ``torch.autograd.backward``: zb-h1's overhead per layer.)"""
     weights, with_input = _split_weights(roots, received)
-    _, groups = stage_backward_input(roots, grads, [received, *with_input], iter(weights))
+    seeds = None if grads is None else list(grads)
+    _, groups = stage_backward_input(list(roots), seeds, [received, *with_input], iter(weights))
     return weights, groups
 
 

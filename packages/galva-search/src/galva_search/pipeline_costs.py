@@ -134,8 +134,8 @@ def shared_pipeline_time(
     paid in full.
     """
     u = np.asarray(stage_micro_s, dtype=float)
-    alone = u - np.asarray(stage_compute_s, dtype=float) * (1.0 - 1.0 / shared.slowdown)
-    w = None if stage_weight_grad_s is None else np.asarray(stage_weight_grad_s, dtype=float) / shared.slowdown
+    alone = (u - np.asarray(stage_compute_s, dtype=float) * (1.0 - 1.0 / shared.slowdown)).tolist()
+    w = None if stage_weight_grad_s is None else [x / shared.slowdown for x in stage_weight_grad_s]
     path = pipeline_time(alone, stage_exposed_s, num_micro_batches, schedule, virtual_stages, w)
     busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in shared.node_stages(len(u)))
     total = max(path.total, busy + path.tail)
