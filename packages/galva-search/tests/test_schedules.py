@@ -338,11 +338,14 @@ def test_cli_auto_schedule_and_virtual_stages(data_dir, tmp_path, capsys):
     assert "gpipe and 1f1b plans only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("schedules", [(INTER,), (ZB,), (ONE, INTER, ZB)])
-def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, make_model, schedules):
+@pytest.mark.parametrize(
+    ("schedules", "processors"), [((INTER,), None), ((ZB,), None), ((ONE, INTER, ZB), None), ((ONE, INTER, ZB), 2)]
+)
+def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, make_model, schedules, processors):
     """The bounds of interleaved and zb-h1 tasks are true lower bounds: pruning returns what solving every task
-    returns."""
-    hw = make_hw(4)
+    returns; also where 4 ranks share 2 processors (the busy-node price, cost_model.shared_pipeline_time)."""
+    shared = {"processors_per_node": processors, "compute_slowdown": 2.0 if processors else 1.0}
+    hw = make_hw(4).model_copy(update=shared)
     slow = tuple(e.model_copy(update={"bus_bandwidth_gb_per_s": e.bus_bandwidth_gb_per_s / 50}) for e in hw.allreduce)
     hw = hw.model_copy(update={"allreduce": slow})
     cost = CostModel(hw, make_model(8), CostSettings(context_mib=0.0))

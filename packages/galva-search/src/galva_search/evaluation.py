@@ -54,16 +54,20 @@ class PlanCost:
 
         The slowest stage sets the pace: its micro-batch time, split by kind, counts ``num_micro_batches`` times;
         what the schedule's fill and drain add is the ``bubble``; the gradient-sync tail after the last backward is
-        ``dp``. The parts sum to ``iteration_time_s`` (where ranks share processors the bubble may be negative: the
-        processors the idle ranks hand over speed the others up, cost_model.shared_pipeline_time).
+        ``dp``. The parts sum to ``iteration_time_s``. Where ranks share processors the pipeline can take less than
+        the slowest stage's micro-batches at the all-at-once speed (a negative ``bubble_s``: the processors idle ranks
+        hand over speed the others up, cost_model.shared_pipeline_time); the bubble is then 0 and the slowest
+        stage's kinds shrink in proportion.
         """
         if not self.stage_time_s or not self.stage_parts_s:
             return {}
         slowest = max(range(len(self.stage_time_s)), key=lambda k: self.stage_time_s[k])
         out = {kind: num_micro_batches * parts[slowest] for kind, parts in self.stage_parts_s.items()}
-        out["bubble"] = (
-            self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
-        )
+        bubble = self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
+        steady = sum(out.values())
+        if bubble < 0.0 and steady > 0.0:
+            out = {kind: value * max(0.0, steady + bubble) / steady for kind, value in out.items()}
+        out["bubble"] = max(0.0, bubble)
         out["optimizer"] = self.optimizer_s
         out["dp"] = out.get("dp", 0.0) + max(0.0, self.iteration_time_s - sum(out.values()))
         return out
