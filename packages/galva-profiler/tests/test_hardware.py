@@ -90,6 +90,9 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert results[0]["report"]["base_memory_mib"] == profile.base_memory_mib
     assert profile.optimizer_ms_per_million_parameters > 0.0
     assert all(e.latency_ms >= 0.0 for e in profile.p2p)
+    # the processors the forked CPU ranks may use (their inherited affinity): 4 ranks on fewer share them
+    assert profile.processors_per_node == len(os.sched_getaffinity(0))
+    assert profile.shares_processors == (len(os.sched_getaffinity(0)) < 4)
     assert [e.group_size for e in profile.all_gather_time] == [4, 2]
     assert [e.group_size for e in profile.reduce_scatter_time] == [4, 2]
     assert results[0]["done"] == len(plan_sweep(4, TINY))

@@ -58,6 +58,9 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     # zb-h1's deferred work measured, not assumed: the weight-gradient share of the backward, in [0, 1) (a timing:
     # on a loaded machine the input-gradient pass can take as long as the whole backward, and the share clamps to 0)
     assert layer.weight_grad_share is not None and 0.0 <= layer.weight_grad_share < 1.0
+    # what splitting that backward costs (galva-hp's own I then W against one autograd call): its graph analysis and
+    # one autograd call per parameter group take time
+    assert layer.split_backward_overhead_ms > 0.0
     # each parallel form's own cost per call beyond the plain layer, timed on the ranks that measured its bytes: the
     # tp form runs a plain layer's work plus its splits and collectives' bookkeeping, never less in both passes
     assert set(layer.parallel_overhead_ms) == {"tp", "megatron_sp", "ulysses"}

@@ -338,11 +338,14 @@ def test_cli_auto_schedule_and_virtual_stages(data_dir, tmp_path, capsys):
     assert "gpipe and 1f1b plans only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("schedules", [(INTER,), (ZB,), (ONE, INTER, ZB)])
-def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, make_model, schedules):
+@pytest.mark.parametrize(
+    ("schedules", "processors"), [((INTER,), None), ((ZB,), None), ((ONE, INTER, ZB), None), ((ONE, INTER, ZB), 2)]
+)
+def test_pruning_by_bound_never_loses_the_best_task_for_new_schedules(make_hw, make_model, schedules, processors):
     """The bounds of interleaved and zb-h1 tasks are true lower bounds: pruning returns what solving every task
-    returns."""
-    hw = make_hw(4)
+    returns; also where 4 ranks share 2 processors (the busy-node price, cost_model.shared_pipeline_time)."""
+    shared = {"processors_per_node": processors, "compute_slowdown": 2.0 if processors else 1.0}
+    hw = make_hw(4).model_copy(update=shared)
     slow = tuple(e.model_copy(update={"bus_bandwidth_gb_per_s": e.bus_bandwidth_gb_per_s / 50}) for e in hw.allreduce)
     hw = hw.model_copy(update={"allreduce": slow})
     cost = CostModel(hw, make_model(8), CostSettings(context_mib=0.0))
@@ -402,3 +405,66 @@ def test_stage_dp_over_chunks_matches_brute_force(make_hw, make_model):
         # no transition between the stage's two chunks
         assert tasks.layers.stage_chunk_starts(task.division, 2)[stage] == [0, 2]
         assert not inter[2].any() and inter[1].any()
+
+
+def test_zb_h1_pays_the_split_backward(tiny, tiny_hw):
+    """The profile's split_backward_overhead_ms is paid once per layer and micro-batch on every stage that splits
+    (all but the first), scaled as compute (kappa); 1F1B and the first stage are untouched."""
+    hw = tiny_hw.model_copy(update={"compute_slowdown": 1.5})
+    types = tuple(t.model_copy(update={"split_backward_overhead_ms": 4.0}) for t in tiny.layer_types)
+    split = tiny.model_copy(update={"layer_types": types})
+    plain_cost = CostModel(hw, tiny, CostSettings(context_mib=0.0))
+    split_cost = CostModel(hw, split, CostSettings(context_mib=0.0))
+    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
+        plan = _plan(schedule, v)
+        same = evaluate_strategy(plain_cost, plan).iteration_time_s
+        assert evaluate_strategy(split_cost, plan).iteration_time_s == same
+    before = evaluate_strategy(plain_cost, _plan("zb-h1", 1)).detail
+    after = evaluate_strategy(split_cost, _plan("zb-h1", 1)).detail
+    assert before is not None and after is not None
+    assert after.stage_time_s[0] == before.stage_time_s[0]
+    assert after.stage_time_s[1] - before.stage_time_s[1] == pytest.approx(2 * 4e-3 * 1.5)  # 2 layers on stage 1
+    assert after.stage_parts_s["compute"][1] - before.stage_parts_s["compute"][1] == pytest.approx(2 * 4e-3 * 1.5)
+    assert after.iteration_time_s > before.iteration_time_s
+
+
+def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
+    """4 ranks on 2 processors (slowdown 2): the path at a rank's speed alone (1F1B 7 x 1.5) is shorter than the
+    node's work with every rank busy (4 x 3), so 1F1B, interleaved and zb-h1 all take 12; with slowdown 1.2 the path
+    (1F1B 7 x 2.5) is the longer. The search's bound stays below the price."""
+    from galva_search.cost_model import SharedProcessors, shared_pipeline_time
+    from galva_search.tasks import bound_time
+
+    u, e, w = [3.0] * 4, [0.0] * 4, [0.5] * 4
+    shared = SharedProcessors(slowdown=2.0, ranks_per_node=4, stage_size=1)
+    for schedule, v in ((ONE, 1), (INTER, 2), (ZB, 1)):
+        t = shared_pipeline_time(u, u, e, 4, shared, schedule, v, w)
+        assert t.total == pytest.approx(12.0)
+        assert t.steady + t.bubble + t.tail == pytest.approx(t.total)
+        assert bound_time(u, 4, schedule, v, 2.0, shared) <= t.total + 1e-12
+    mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)
+    assert shared_pipeline_time(u, u, e, 4, mild).total == pytest.approx(7 * 2.5)
+    assert shared_pipeline_time(u, u, e, 4, mild, INTER, 2).total == pytest.approx(4 * 2.5 + 3 * 2.5 / 2)
+    # two nodes of 2 ranks, stages of 1: each node holds two stages; the busier node sets the bound
+    two = SharedProcessors(slowdown=2.0, ranks_per_node=2, stage_size=1)
+    assert two.node_stages(4) == [[0, 1], [2, 3]]
+    assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(4 * 5.0)
+
+
+@pytest.mark.parametrize("processors", [None, 4, 16])
+def test_one_device_per_rank_keeps_the_predictions(tiny, tiny_hw, processors):
+    """Where no node's ranks outnumber their processors (GPU: one device per rank; None: not measured) every schedule
+    is priced by pipeline_time alone, bit for bit; 4 ranks on 2 processors are priced otherwise."""
+    hw = tiny_hw.model_copy(update={"processors_per_node": processors, "compute_slowdown": 1.7})
+    assert not hw.shares_processors
+    cost = CostModel(hw, tiny, CostSettings(context_mib=0.0))
+    shared = CostModel(hw.model_copy(update={"processors_per_node": 2}), tiny, CostSettings(context_mib=0.0))
+    for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)):
+        got = evaluate_strategy(cost, _plan(schedule, v)).detail
+        assert got is not None
+        timing = pipeline_time(
+            got.stage_time_s, got.stage_exposed_s, 4, PipelineSchedule(schedule), v, got.stage_weight_grad_s
+        )
+        assert got.iteration_time_s == timing.total + got.optimizer_s
+        assert got.bubble_s == timing.bubble
+        assert evaluate_strategy(shared, _plan(schedule, v)).iteration_time_s != got.iteration_time_s

@@ -52,7 +52,16 @@ from torch.distributed.pipelining._backward import (
 
 from galva_hp.pipeline_schedules import Step, schedule_order
 
-__all__ = ["PipelineStage", "ScheduleHooks", "Step", "run_schedule", "schedule_order"]
+__all__ = [
+    "PipelineStage",
+    "ScheduleHooks",
+    "SplitBackward",
+    "Step",
+    "input_backward",
+    "run_schedule",
+    "schedule_order",
+    "weight_backward",
+]
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
 _HEADER = 10  # dtype code, ndim, up to 8 dims
@@ -143,7 +152,7 @@ def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHook
     """Run one iteration's steps on this stage, in ``order``; return the last chunk's forward outputs."""
     last_chunk = pipe.chunks - 1
     saved: dict[tuple[int, int], tuple[Tensor | None, Any]] = {}
-    pending_weights: dict[tuple[int, int], tuple[list[nn.Parameter], list[dict[str, Any]]]] = {}
+    pending_weights: dict[tuple[int, int], SplitBackward] = {}
     outputs: list[Any] = []
     final = {}  # chunk -> position of the step that finishes its weight gradients
     for position, step in enumerate(order):
@@ -161,9 +170,9 @@ def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHook
             continue
         is_final = final.get(chunk) == position
         if kind == "W":
-            weights, groups = pending_weights.pop((chunk, k))
+            split = pending_weights.pop((chunk, k))
             hooks.before_backward(chunk, k, is_final, True)
-            stage_backward_weight(iter(weights), groups)
+            weight_backward(split)
             hooks.after_backward(chunk, k, is_final, True)
             continue
         received, out = saved.pop((chunk, k))
@@ -179,14 +188,31 @@ def run_schedule(pipe: PipelineStage, order: Sequence[Step], hooks: ScheduleHook
             if received is None:
                 raise ValueError(f"chunk {chunk} has no input to split its backward at")
             hooks.before_input_backward(chunk, k)
-            weights, with_input = _split_weights(roots, received)
-            _, groups = stage_backward_input(roots, grads, [received, *with_input], iter(weights))
-            pending_weights[(chunk, k)] = (weights, groups)
+            pending_weights[(chunk, k)] = input_backward(roots, grads, received)
         if chunk > 0:
             assert received is not None and received.grad is not None, f"chunk {chunk}'s input received no gradient"
             pipe.send_backward(chunk, received.grad)
     pipe.wait_sends()
     return outputs
+
+
+SplitBackward = tuple[list[nn.Parameter], list[dict[str, Any]]]  # what ``W`` needs: the weights, their groups
+
+
+def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, received: Tensor) -> SplitBackward:
+    """A split backward's ``I``: the gradient of ``received`` (into its ``.grad``) and of the weights
+    :func:`_split_weights` leaves to it, keeping what :func:`weight_backward` needs for the other weights' gradients.
+    (galva-profile times this pair against one ``torch.autograd.backward``: zb-h1's overhead per layer.)"""
+    weights, with_input = _split_weights(roots, received)
+    seeds = None if grads is None else list(grads)
+    _, groups = stage_backward_input(list(roots), seeds, [received, *with_input], iter(weights))
+    return weights, groups
+
+
+def weight_backward(split: SplitBackward) -> None:
+    """A split backward's ``W``: the remaining weights' gradients, accumulated into their ``.grad``."""
+    weights, groups = split
+    stage_backward_weight(iter(weights), groups)
 
 
 def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[nn.Parameter], list[nn.Parameter]]:

@@ -33,7 +33,7 @@ from galva_profiler.collectives import MIB, Collective, bus_bandwidth_gb_per_s, 
 from galva_profiler.distributed import World
 from galva_profiler.fitting import Fit, alpha_beta
 from galva_profiler.optimizer_step import measure_optimizer_rate
-from galva_profiler.overlap import OverlapResult, measure_overlap
+from galva_profiler.overlap import OverlapResult, measure_overlap, node_processors
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
 from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, HardwareProfile, P2PBandwidth
@@ -164,6 +164,7 @@ class SweepResult:
     overlap: OverlapResult | None = None
     base_memory_mib: float | None = None
     optimizer_ms_per_million_parameters: float = 0.0
+    processors: int | None = None  # processors the ranks may compute on (CPU); None: a device per rank
 
     def fit(self, collective: Collective, n: int) -> Fit:
         points = sorted(self.times[(collective, n)].items())
@@ -192,6 +193,7 @@ class SweepResult:
             "overlap": self.overlap.to_dict() if self.overlap else None,
             "base_memory_mib": self.base_memory_mib,
             "optimizer_ms_per_million_parameters": self.optimizer_ms_per_million_parameters,
+            "processors": self.processors,
         }
 
 
@@ -203,6 +205,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
     result.optimizer_ms_per_million_parameters = measure_optimizer_rate(
         world, options.optimizer_parameters, options.repeats
     )
+    result.processors = node_processors(world)
     for step in steps:
         if step.kind == "bandwidth":
             groups = layout_groups(world.size, step.group_size, step.consecutive)
@@ -275,4 +278,5 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         compute_slowdown=result.overlap.concurrency_slowdown if result.overlap else 1.0,
         base_memory_mib=result.base_memory_mib,
         optimizer_ms_per_million_parameters=result.optimizer_ms_per_million_parameters,
+        processors_per_node=result.processors,
     )

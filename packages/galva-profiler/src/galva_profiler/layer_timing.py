@@ -95,3 +95,46 @@ def weight_grad_share(
             if index >= repeats.warmup:
                 (inputs if only_input else whole).append(time.perf_counter() - start)
     return min(1.0, max(0.0, 1.0 - min(inputs) / min(whole)))
+
+
+def split_backward_overhead_ms(
+    module: torch.nn.Module,
+    batch: int,
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    repeats: Repeats,
+    device: torch.device | None = None,
+) -> float:
+    """What zb-h1's split backward costs beyond one backward, ms per call of the layer.
+
+    Each repetition times, on fresh forwards, the whole backward (one ``torch.autograd.backward``) and the split
+    as galva-hp's pipeline runs it (:func:`galva_hp.pipeline.input_backward`, then
+    :func:`galva_hp.pipeline.weight_backward`: the graph analysis and one autograd call per parameter group); the
+    overhead is the median of the paired differences (split less whole, repetition by repetition: pairs cancel slow
+    drifts), at least 0. On CPU both are the calling thread's CPU time (autograd runs CPU work on it, and outside load
+    adds little to it), on a device wall time.
+    """
+    from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
+
+    device = device or torch.device("cpu")
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    whole: list[float] = []
+    split: list[float] = []
+    for index in range(repeats.warmup + repeats.repetitions):
+        for is_split in (False, True):
+            module.zero_grad(set_to_none=True)
+            x.grad = None
+            out = module(x)
+            seed = torch.ones_like(out)
+            synchronize(device)
+            start = clock()
+            if is_split:
+                weight_backward(input_backward([out], [seed], x))
+            else:
+                torch.autograd.backward([out], [seed])
+            synchronize(device)
+            if index >= repeats.warmup:
+                (split if is_split else whole).append(clock() - start)
+    return max(0.0, statistics.median(s - w for s, w in zip(split, whole)) * 1e3)

@@ -25,7 +25,13 @@ from galva_profiler.attention_core import measure_attention_core
 from galva_profiler.errors import ProfileError
 from galva_profiler.experts import experts_module, measure_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
-from galva_profiler.layer_timing import PassTimes, layer_forward, time_passes, weight_grad_share
+from galva_profiler.layer_timing import (
+    PassTimes,
+    layer_forward,
+    split_backward_overhead_ms,
+    time_passes,
+    weight_grad_share,
+)
 from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
 from galva_profiler.routing import routing_by_layer
@@ -86,6 +92,7 @@ class LayerMeasurement:
     times: dict[int, dict[int, PassTimes]] = field(default_factory=dict)  # seq -> batch -> times
     activations: dict[int, LayerActivations] = field(default_factory=dict)  # seq -> measurement
     weight_grad_share: dict[int, float] = field(default_factory=dict)  # seq -> share of backward (zb-h1's W)
+    split_overhead_ms: dict[int, float] = field(default_factory=dict)  # seq -> zb-h1's split cost per call
     experts: dict[int, ExpertProfile] = field(default_factory=dict)  # seq -> routed experts (MoE layer types)
     attention_core: AttentionCoreProfile | None = None  # over every profiled length at once
 
@@ -190,6 +197,9 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)
                 progress.step(f"{measurement.name} seq {seq} batch {batch}")
             measurement.weight_grad_share[seq] = weight_grad_share(
+                module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
+            )
+            measurement.split_overhead_ms[seq] = split_backward_overhead_ms(
                 module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
             )
             for _ in range(RETIMES):
@@ -368,6 +378,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                         mode: dict(by_degree) for mode, by_degree in acts.overhead_ms.items() if by_degree
                     },
                     sharded_overhead_ms={dp: dict(by_degree) for dp, by_degree in acts.sharded_overhead_ms.items()},
+                    split_backward_overhead_ms=m.split_overhead_ms.get(seq, 0.0),
                 )
             )
         vocab = sweep.vocab[seq]

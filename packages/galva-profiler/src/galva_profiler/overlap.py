@@ -14,6 +14,10 @@ what the single-process model profile computes with), the ranks together with th
 ``cores / ranks``): the ratio is then what a job's compute is to the model profile's. Where ranks share cores (4 CPU
 processes on 2 cores, one thread each, against a lone process on both cores) that is about 4; with a device per
 rank it is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
+
+Beside it, :func:`node_processors` records the processors the ranks may compute on (CPU ranks: the union of their CPU
+affinity), the profile's ``processors_per_node``: fewer than the ranks, and the ranks share them (a rank idle in a
+pipeline bubble hands its processor to another, which galva-search prices).
 """
 
 from __future__ import annotations
@@ -166,3 +170,15 @@ def _concurrency(compute: Callable[[], None], repeats: Repeats, device: torch.de
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
+
+
+def node_processors(world: World) -> int | None:
+    """Processors the ranks may compute on: on CPU the union of every rank's ``os.sched_getaffinity`` (ranks of
+    several nodes are taken to see alike-numbered cores); None on GPU, where each rank computes on its own device."""
+    if world.device.type != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    union = torch.zeros(int(max_over_ranks(float(cpus[-1] + 1), world.device)), dtype=torch.float64)
+    union[cpus] = 1.0
+    dist.all_reduce(union, op=dist.ReduceOp.MAX)  # a processor any rank may use
+    return int(union.sum().item())

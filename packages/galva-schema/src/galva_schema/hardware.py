@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
 from galva_schema.cluster import ClusterSpec
@@ -96,6 +96,19 @@ class HardwareProfile(GalvaFile):
         "updates, with every rank stepping at once; galva-search adds the slowest stage's step to each iteration. "
         "0: not measured.",
     )
+    processors_per_node: PositiveInt | None = Field(
+        None,
+        description="Processors one node's ranks may compute on, measured by the hardware profile where ranks run "
+        "on CPUs (the union of the ranks' CPU affinity); fewer than the ranks per node: ranks share processors, so a "
+        "rank idle in the pipeline bubble hands its processor to another (galva-search prices a step as the larger "
+        "of the schedule's critical path and the node's compute over the shared processors). None: one device per "
+        "rank (GPU), or not measured.",
+    )
+
+    @property
+    def shares_processors(self) -> bool:
+        """Whether a node's ranks outnumber the processors they may compute on."""
+        return self.processors_per_node is not None and self.processors_per_node < self.cluster.gpus_per_node
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:

@@ -204,6 +204,12 @@ class LayerTypeProfile(GalvaModel):
         "iteration). Main thread's CPU time on forked gloo ranks, collectives left out (priced from the hardware "
         "profile). Empty: not profiled (0).",
     )
+    split_backward_overhead_ms: NonNegativeFloat = Field(
+        0.0,
+        description="ms one call of the layer's backward costs more when zb-h1 splits it (input gradients, then "
+        "weight gradients, as galva-hp runs the two) than as one autograd call, at the largest profiled batch: the "
+        "split's graph analysis and one autograd call per parameter group. 0: not profiled.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LayerTypeProfile:

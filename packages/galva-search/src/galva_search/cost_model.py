@@ -22,7 +22,14 @@ from galva_schema import HardwareProfile, ModelProfile, PipelineSchedule
 from galva_search.collectives import Collectives
 from galva_search.cost_settings import CostSettings, TermFactors
 from galva_search.layer_costs import LayerCosts, LayerTerms
-from galva_search.pipeline_costs import PipelineTime, in_flight, interleaved_chunks_in_flight, pipeline_time
+from galva_search.pipeline_costs import (
+    PipelineTime,
+    SharedProcessors,
+    in_flight,
+    interleaved_chunks_in_flight,
+    pipeline_time,
+    shared_pipeline_time,
+)
 from galva_search.space import Candidate
 from galva_search.states import STATE_ACCOUNTINGS, state_bytes_per_parameter
 from galva_search.vocab_costs import VocabCosts, VocabOption, VocabTerms
@@ -33,11 +40,13 @@ __all__ = [
     "CostSettings",
     "LayerTerms",
     "PipelineTime",
+    "SharedProcessors",
     "TermFactors",
     "VocabOption",
     "VocabTerms",
     "interleaved_chunks_in_flight",
     "pipeline_time",
+    "shared_pipeline_time",
     "state_bytes_per_parameter",
 ]
 
@@ -123,3 +132,17 @@ class CostModel:
         (:func:`galva_search.pipeline_costs.in_flight`); ``schedule`` defaults to the settings' schedule."""
         schedule = self.settings.pipeline_schedule if schedule is None else schedule
         return in_flight(pp, num_micro_batches, schedule, virtual_stages)
+
+    def split_backward_overhead_s(self, type_index: int) -> float:
+        """Seconds one layer of type ``type_index`` adds to a micro-batch when zb-h1 splits its backward (the model
+        profile's ``split_backward_overhead_ms``, scaled as compute: the job's concurrency and the calibration)."""
+        ms = self.model.layer_types[type_index].split_backward_overhead_ms
+        return ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+
+    def shared_processors(self, pp: int) -> SharedProcessors | None:
+        """How a plan of ``pp`` stages shares the nodes' processors, or None where every rank has its own
+        (the hardware profile's ``processors_per_node``; :func:`shared_pipeline_time`)."""
+        if not self.hardware.shares_processors:
+            return None
+        cluster = self.hardware.cluster
+        return SharedProcessors(self.hardware.compute_slowdown, cluster.gpus_per_node, cluster.world_size // pp)

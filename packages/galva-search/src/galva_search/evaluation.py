@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from galva_schema import DataParallelType, PipelineSchedule, SchemaError, Strategy
 from galva_schema.constraints import layers_problem, world_size_problem
 from galva_search.convert import candidate_of
-from galva_search.cost_model import CostModel, VocabOption, interleaved_chunks_in_flight, pipeline_time
+from galva_search.cost_model import (
+    CostModel,
+    VocabOption,
+    interleaved_chunks_in_flight,
+    pipeline_time,
+    shared_pipeline_time,
+)
 from galva_search.cost_tables import build_tables
 from galva_search.layer_sequence import LayerSequence
 from galva_search.tasks import Task
@@ -48,15 +54,20 @@ class PlanCost:
 
         The slowest stage sets the pace: its micro-batch time, split by kind, counts ``num_micro_batches`` times;
         what the schedule's fill and drain add is the ``bubble``; the gradient-sync tail after the last backward is
-        ``dp``. The parts sum to ``iteration_time_s``.
+        ``dp``. The parts sum to ``iteration_time_s``. Where ranks share processors the pipeline can take less than
+        the slowest stage's micro-batches at the all-at-once speed (a negative ``bubble_s``: the processors idle ranks
+        hand over speed the others up, cost_model.shared_pipeline_time); the bubble is then 0 and the slowest
+        stage's kinds shrink in proportion.
         """
         if not self.stage_time_s or not self.stage_parts_s:
             return {}
         slowest = max(range(len(self.stage_time_s)), key=lambda k: self.stage_time_s[k])
         out = {kind: num_micro_batches * parts[slowest] for kind, parts in self.stage_parts_s.items()}
-        out["bubble"] = (
-            self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
-        )
+        bubble = self.bubble_s if self.bubble_s is not None else sum(self.stage_time_s) - self.stage_time_s[slowest]
+        steady = sum(out.values())
+        if bubble < 0.0 and steady > 0.0:
+            out = {kind: value * max(0.0, steady + bubble) / steady for kind, value in out.items()}
+        out["bubble"] = max(0.0, bubble)
         out["optimizer"] = self.optimizer_s
         out["dp"] = out.get("dp", 0.0) + max(0.0, self.iteration_time_s - sum(out.values()))
         return out
@@ -97,6 +108,8 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     for stage, held in enumerate(layers.stage_layers(task.division, pp)):
         candidate_of.update(zip(held, choices[stage]))
     chunks = layers.chunk_layers(task.division)
+    # zb-h1 splits the backward on every stage but the first (whose input gradient nobody waits for)
+    split = task.schedule is PipelineSchedule.ZB_H1 and pp > 1
     prev: tuple[int, int] | None = None  # (type, candidate) of the layer before in the model
     for chunk, indices in enumerate(chunks):
         stage = chunk % pp
@@ -105,6 +118,10 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             terms = tables.terms[t]
             u = float(terms.micro_batch_s[s])
             parts["compute"][stage] += float(terms.forward_s[s] + terms.backward_s[s])
+            if split and stage > 0:
+                overhead = cost.split_backward_overhead_s(t)
+                u += overhead
+                parts["compute"][stage] += overhead
             parts["tp"][stage] += float(terms.tp_comm_s[s])
             parts["dp"][stage] += float(terms.zero3_comm_s[s])
             e_list[stage] += float(terms.exposed_sync_s[s])
@@ -133,7 +150,13 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         u_list[-1] += float(to_head[prev[1]])
         parts["redistribution"][-1] += float(to_head[prev[1]])
     mem_list = [m + tr for m, tr in zip(mem_list, transient_list)]
-    timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
+    shared = cost.shared_processors(pp)
+    if shared is None:
+        timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
+    else:
+        timing = shared_pipeline_time(
+            u_list, parts["compute"], e_list, c, shared, task.schedule, task.virtual_stages, w_list
+        )
     # every stage steps its optimizer once the pipeline has drained; the iteration waits for the slowest
     optimizer = max(cost.optimizer_s(states) + step for states, step in zip(states_list, step_list))
     return PlanCost(

@@ -1,5 +1,6 @@
 """What a pipeline schedule does to an iteration: the activations each stage holds at its peak, and the fill, drain
-and gradient-sync tail around the steady micro-batches (docs/cost-model.md §4, §7)."""
+and gradient-sync tail around the steady micro-batches (docs/cost-model.md §4, §7), on ranks that have a device
+each or that share processors (:func:`shared_pipeline_time`)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,52 @@ def pipeline_time(
     tail = max(0.0, float(np.max(e - lead)))
     steady = float(c * u[slowest])
     return PipelineTime(steady + bubble + tail, steady, bubble, tail, slowest)
+
+
+@dataclass(frozen=True)
+class SharedProcessors:
+    """Ranks that share a node's processors (the hardware profile's ``shares_processors``): ``slowdown`` is the
+    profile's ``compute_slowdown`` (every rank computing at once against one alone), ``ranks_per_node`` the node's
+    ranks and ``stage_size`` the ranks of one pipeline stage (stage ``s`` holds ranks ``s·stage_size`` on, node-major
+    numbering: galva_comm.layout.stage_ranks)."""
+
+    slowdown: float
+    ranks_per_node: int
+    stage_size: int
+
+    def node_stages(self, pp: int) -> list[list[int]]:
+        """Per node, the stage of each of its ranks."""
+        world = pp * self.stage_size
+        per = min(self.ranks_per_node, world)
+        return [[rank // self.stage_size for rank in range(first, first + per)] for first in range(0, world, per)]
+
+
+def shared_pipeline_time(
+    stage_micro_s: Sequence[float],
+    stage_compute_s: Sequence[float],
+    stage_exposed_s: Sequence[float],
+    num_micro_batches: int,
+    shared: SharedProcessors,
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
+    virtual_stages: int = 1,
+    stage_weight_grad_s: Sequence[float] | None = None,
+) -> PipelineTime:
+    """:func:`pipeline_time` where ranks share processors (docs §7): a rank idle in the bubble hands its processor
+    to the others, so the bubble costs what the processors cannot absorb rather than the idle time.
+
+    ``T = max(path, c · max_node mean_{r in node} U_r)``: the schedule's critical path with compute at the speed of
+    a rank alone (``U_s − C_s (1 − 1/σ)``, ``C_s`` the compute within ``U_s``, ``σ`` the slowdown), and the node's
+    work done with every rank busy (each at the measured all-at-once speed ``U``). A schedule that shrinks the bubble
+    then gains only while the path is the larger; what it costs in ``U`` (zb-h1's split, interleaving's messages) is
+    paid in full.
+    """
+    u = np.asarray(stage_micro_s, dtype=float)
+    alone = (u - np.asarray(stage_compute_s, dtype=float) * (1.0 - 1.0 / shared.slowdown)).tolist()
+    w = None if stage_weight_grad_s is None else [x / shared.slowdown for x in stage_weight_grad_s]
+    path = pipeline_time(alone, stage_exposed_s, num_micro_batches, schedule, virtual_stages, w)
+    busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in shared.node_stages(len(u)))
+    total = max(path.total, busy + path.tail)
+    slowest = int(np.argmax(u))
+    steady = float(num_micro_batches * u[slowest])
+    # the bubble may be negative here: the processors the idle ranks handed over made the slowest stage faster
+    return PipelineTime(total, steady, total - steady - path.tail, path.tail, slowest)

@@ -17,7 +17,7 @@ import numpy as np
 
 from galva_comm.layout import ranks_per_stage
 from galva_schema import DataParallelType, PipelineSchedule
-from galva_search.cost_model import CostModel, VocabOption, VocabTerms
+from galva_search.cost_model import CostModel, SharedProcessors, VocabOption, VocabTerms
 from galva_search.cost_tables import LAMBDAS, CostTables, build_tables
 from galva_search.layer_sequence import LayerSequence
 from galva_search.options import SearchOptions, TaskRecord
@@ -348,18 +348,36 @@ class TaskEnumerator:
         task.bound_s = (
             math.inf
             if stage_u is None
-            else bound_time(stage_u, c, schedule, virtual_stages, self.cost.settings.backward_coefficient)
+            else bound_time(
+                stage_u,
+                c,
+                schedule,
+                virtual_stages,
+                self.cost.settings.backward_coefficient,
+                self.cost.shared_processors(pp),
+            )
         )
         return task
 
 
 def bound_time(
-    stage_u: Sequence[float], c: int, schedule: PipelineSchedule, virtual_stages: int, backward_coefficient: float
+    stage_u: Sequence[float],
+    c: int,
+    schedule: PipelineSchedule,
+    virtual_stages: int,
+    backward_coefficient: float,
+    shared: SharedProcessors | None = None,
 ) -> float:
     """A lower bound on the iteration time from lower bounds ``stage_u`` on the stages' micro-batch times: each
     schedule's time (``cost_model.pipeline_time``) is non-decreasing in every ``U_s``. For zb-h1 a stage's bubble
     share ``U_s − 2 W_s`` is at least ``U_s / (1 + β)`` (``W_s`` is ``β/2`` of its forward compute and ``U_s``
-    holds at least ``(1 + β)`` times it), so the bound holds without knowing ``W_s``."""
+    holds at least ``(1 + β)`` times it), so the bound holds without knowing ``W_s``. Where ranks share processors
+    (``cost_model.shared_pipeline_time``) the path runs at a rank's speed alone, at least ``U_s / σ``, and the
+    node's busy time is a mean of the ``U_s``: the larger of those two bounds."""
+    if shared is not None:
+        alone = [u / shared.slowdown for u in stage_u]
+        busy = max(c * sum(stage_u[s] for s in stages) / len(stages) for stages in shared.node_stages(len(stage_u)))
+        return max(busy, bound_time(alone, c, schedule, virtual_stages, backward_coefficient))
     top = max(stage_u)
     rest = sum(stage_u) - top
     if schedule is PipelineSchedule.INTERLEAVED_1F1B and virtual_stages > 1:
