@@ -152,7 +152,9 @@ def test_galva_ckpt_h2g_and_g2h(tmp_path):
     assert ended.after == ["galva-ckpt: interrupted (SIGINT)"]
     assert list((tmp_path / "out").iterdir()) == []  # no galva/, no galva.tmp-*
 
-    subprocess.run(h2g, check=True, capture_output=True, timeout=600)
+    from galva_ckpt.convert import hf_to_galva  # what galva-ckpt h2g runs, here: g2h's input, not a command under test
+
+    hf_to_galva(hf, galva, progress=False)
     g2h = [str(BIN / "galva-ckpt"), "g2h", str(galva), str(export), "--no-progress"]
     ended = _interrupt(g2h, _writing_into(export.parent, "export"), signum=signal.SIGTERM)
     _check(ended, "galva-ckpt", signal.SIGTERM)

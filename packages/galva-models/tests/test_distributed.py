@@ -19,7 +19,7 @@ from galva_hp import BuildOptions, GalvaOptimizer, build, reference_optimizer, t
 from galva_hp.testing.oracle import OPTIM, SEQ
 from galva_models import build_layered
 from galva_models.presets import preset_config
-from galva_models.testing import hugging_face_run, max_relative, plan_run
+from galva_models.testing import hugging_face_run, max_relative, plan_run, shared_references
 from galva_schema import Strategy
 
 STEPS, TOL = 3, 1e-5
@@ -119,7 +119,7 @@ _rel = max_relative
 
 def check_cases(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     out = {}
-    references = {family: hf_reference(family) for family in {f for f, _ in cases}}
+    references = shared_references(list(dict.fromkeys(f for f, _ in cases)), hf_reference)  # each run by one rank
     for family, plan in cases:
         losses, norms = galva_run(family, plan)
         ref_losses, ref_norms = references[family]
@@ -254,28 +254,31 @@ def _encoder_models(family: str):
     return build_layered(preset_config(f"tiny-{family}"), **options)
 
 
+def _encoder_reference(family: str) -> tuple[list[float], list[float]]:
+    """The Hugging Face model's own losses and clipped gradient norms on the family's batches, fp32 AdamW."""
+    model, _ = _encoder_models(family)
+    params = list(model.parameters())
+    optimizer, scheduler = reference_optimizer(params, OPTIM)
+    losses, norms = [], []
+    for hf_inputs, _, _ in _family_batches(family, model.config):
+        optimizer.zero_grad()
+        loss = model(**hf_inputs).loss
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
 def check_encoder_families(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     out = {}
-    references: dict[str, tuple[list, list[float], list[float]]] = {}  # per family: its plans share one reference
+    # per family: its plans share one reference, run by one rank; every rank reports the same global loss and norm
+    references = shared_references(list(dict.fromkeys(f for f, _ in cases)), _encoder_reference)
     for family, plan in cases:
-        if family not in references:
-            model, _ = _encoder_models(family)
-            batches = _family_batches(family, model.config)
-            ref_losses, ref_norms = [], []
-            if rank == 0:  # every rank reports the same global loss and norm: rank 0 alone runs the reference
-                params = list(model.parameters())
-                optimizer, scheduler = reference_optimizer(params, OPTIM)
-                for hf_inputs, _, _ in batches:
-                    optimizer.zero_grad()
-                    loss = model(**hf_inputs).loss
-                    loss.backward()
-                    ref_norms.append(float(torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)))
-                    optimizer.step()
-                    scheduler.step()
-                    ref_losses.append(loss.item())
-            references[family] = batches, ref_losses, ref_norms
-        batches, ref_losses, ref_norms = references[family]
-        _, layered = _encoder_models(family)
+        ref_losses, ref_norms = references[family]
+        model, layered = _encoder_models(family)
+        batches = _family_batches(family, model.config)
         fields = ENCODER_PLANS[plan]
         strategy = Strategy.model_validate({**fields, "layers": fields["layers"] * layered.num_layers})
         built = build(layered, strategy, BuildOptions(seq_len=ENC_SEQ if family == "bert" else None))

@@ -16,7 +16,14 @@ from galva_comm.testing import run_distributed
 from galva_hp.testing.oracle import SEQ
 from galva_models.presets import preset_config, tiny_config
 from galva_models.tables import ADAPTER, supports
-from galva_models.testing import hugging_face_run, hugging_face_task_run, max_relative, plan_run, task_batches
+from galva_models.testing import (
+    hugging_face_run,
+    hugging_face_task_run,
+    max_relative,
+    plan_run,
+    shared_references,
+    task_batches,
+)
 from galva_models.tiny_layers import per_layer_lists
 from galva_schema import Strategy, plan_problems
 
@@ -159,20 +166,37 @@ def galva_run(family: str, plan: str) -> tuple[list[float], list[float]]:
 _rel = max_relative
 
 
-def check(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
-    out = {}
+def _runs(cases: list[tuple[str, str]]) -> dict[tuple[str, int], list[str]]:
+    """The plans of ``cases`` by (family, sequence length), in the order given."""
+    runs: dict[tuple[str, int], list[str]] = {}
     for family in dict.fromkeys(f for f, _ in cases):
         for seq, plans in ((SEQ, PLANS), (CP_SEQ, CP_PLANS)):
             chosen = [p for f, p in cases if f == family and p in plans]
-            if not chosen:
-                continue
-            # every rank reports the same global loss and norm: rank 0 alone runs the single-process reference
-            ref = hf_reference(family, seq) if rank == 0 else None
-            for plan in chosen:
-                losses, norms = galva_run(family, plan)
-                if ref is not None:
-                    out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
+            if chosen:
+                runs[family, seq] = chosen
+    return runs
+
+
+def check(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    runs = _runs(cases)
+    # each single-process reference runs once, on one rank; every rank reports the same global loss and norm
+    refs = shared_references(list(runs), lambda key: hf_reference(*key))
+    out = {}
+    for (family, seq), chosen in runs.items():
+        for plan in chosen:
+            losses, norms = galva_run(family, plan)
+            if rank == 0:
+                ref = refs[family, seq]
+                out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
     return out
+
+
+def launch(fn, cases: list[tuple[str, str]]) -> list[dict[str, tuple[float, float]]]:
+    """``fn(cases)`` on 4 ranks. Each family's constraints are found here first: their probe of the family's own code
+    (galva_models.tables.mixing, cached per process) is then inherited by the forked ranks, not run by each."""
+    for (family, seq), _ in _runs(cases).items():
+        _constraints(encoder_config(family) if family in ENCODER_PLANS else _config(family, seq))
+    return run_distributed(fn, 4, cases, timeout=900)
 
 
 def _assert(results: list[dict[str, tuple[float, float]]]) -> None:
@@ -202,7 +226,7 @@ EXPERT_PLANS = ["ep2", "ep4", "ep2-etp2", "tp2-ep2", "ulysses2-ep2", "pp2-ep2-ze
 @pytest.mark.parametrize("families", [DENSE[i : i + 7] for i in range(0, len(DENSE), 7)], ids=lambda f: f[0])
 def test_families_train_like_hugging_face(families: list[str]):
     cases = [(f, p) for f, p in SWEEP if f in families]
-    _assert(run_distributed(check, 4, cases, timeout=900))
+    _assert(launch(check, cases))
 
 
 CP_FAMILIES = ["llama", "qwen2", "mistral", "bert"]
@@ -222,7 +246,7 @@ def check_context_parallel(rank: int, world_size: int, cases: list[tuple[str, st
 def test_context_parallel_training_equals_hugging_face():
     """Ring attention on the table path: cp2, cp4, cp2 x tp2 with Megatron-SP, cp2 x Ulysses 2, pp2 x cp2 with
     ZeRO-3 and a checkpointed plan with a different cp per layer, 256 tokens, 4 fp32 steps within 1e-5."""
-    results = run_distributed(check_context_parallel, 4, [(f, p) for f in CP_FAMILIES for p in CP_PLANS], timeout=900)
+    results = launch(check_context_parallel, [(f, p) for f in CP_FAMILIES for p in CP_PLANS])
     assert len(results[0]) == len(CP_FAMILIES) * len(CP_PLANS)
     _assert(results)
 
@@ -250,7 +274,7 @@ def test_every_family_in_the_sweep_is_taken_by_its_tables():
 @pytest.mark.parametrize("families", [DENSE[i : i + 15] for i in range(0, len(DENSE), 15)], ids=lambda f: f[0])
 def test_every_family_under_the_interleaved_and_zero_bubble_schedules(families: list[str]):
     cases = [(f, p) for f in families for p in ("pp2-interleaved-tp2", "pp2-zb-h1-ulysses2")]
-    _assert(run_distributed(check, 4, cases, timeout=900))
+    _assert(launch(check, cases))
 
 
 @pytest.mark.slow
@@ -260,7 +284,7 @@ def test_mixtures_of_experts_train_like_hugging_face_under_expert_layouts():
     cases = [(family, plan) for family in MOE for plan in EXPERT_PLANS]
     # the router statistics across interleaved chunks and zero-bubble's split backward; bf16 experts
     cases += [("mixtral", plan) for plan in ("pp2-interleaved-ep2", "pp2-zb-h1-ulysses2-ep2", "ep2-etp2-bf16")]
-    results = run_distributed(check, 4, cases, timeout=900)
+    results = launch(check, cases)
     _assert(results)
     assert len(results[0]) == len(cases)
 
@@ -513,23 +537,27 @@ def encoder_config(family: str):
 def check_encoders(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
     from galva_models import adapter_for
 
-    out = {}
-    for family in dict.fromkeys(f for f, _ in cases):
+    def batches(family: str, seq: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         config = encoder_config(family)
-        adapter = adapter_for(config)
-        for seq, plans in ((SEQ, PLANS), (CP_SEQ, CP_PLANS)):
-            chosen = [p for f, p in cases if f == family and p in plans]
-            if not chosen:
-                continue
-            batches = task_batches(config, adapter.task.value, seq=seq)
+        return task_batches(config, adapter_for(config).task.value, seq=seq)
+
+    def reference(key: tuple[str, int]) -> tuple[list[float], list[float]]:
+        config = encoder_config(key[0])
+        torch.manual_seed(0)
+        return hugging_face_task_run(adapter_for(config).build_model(config), batches(*key))
+
+    runs = _runs(cases)
+    refs = shared_references(list(runs), reference)  # as in check()
+    out = {}
+    for (family, seq), chosen in runs.items():
+        adapter = adapter_for(encoder_config(family))
+        for plan in chosen:
             torch.manual_seed(0)
-            ref = hugging_face_task_run(adapter.build_model(config), batches) if rank == 0 else None  # as in check()
-            for plan in chosen:
-                torch.manual_seed(0)
-                layered = adapter.decompose(adapter.build_model(encoder_config(family)))
-                losses, norms = plan_run(layered, plans[plan], batches=batches, seq_len=seq)
-                if ref is not None:
-                    out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
+            layered = adapter.decompose(adapter.build_model(encoder_config(family)))
+            losses, norms = plan_run(layered, {**PLANS, **CP_PLANS}[plan], batches=batches(family, seq), seq_len=seq)
+            if rank == 0:
+                ref = refs[family, seq]
+                out[f"{family}/{plan}"] = (_rel(losses, ref[0]), _rel(norms, ref[1]))
     return out
 
 
@@ -540,7 +568,7 @@ def test_encoder_families_train_like_hugging_face():
     Megatron-SP, Ulysses 2 (not Swin: refused below), pp2 x ZeRO-3 and a mixed per-layer plan, 4 steps within 1e-5
     of Hugging Face + AdamW."""
     cases = [(family, plan) for family, plans in ENCODER_PLANS.items() for plan in plans]
-    results = run_distributed(check_encoders, 4, cases, timeout=900)
+    results = launch(check_encoders, cases)
     assert sorted(results[0]) == sorted(f"{f}/{p}" for f, p in cases)
     _assert(results)
 
@@ -702,4 +730,4 @@ optional router left out, attention sinks (one per head) under Ulysses."""
 
 @pytest.mark.distributed
 def test_families_beyond_the_list_train_like_hugging_face():
-    _assert(run_distributed(check, 4, MORE, timeout=900))
+    _assert(launch(check, MORE))

@@ -4,8 +4,8 @@ task's random batches (:func:`task_batches`: masked tokens, images) with the tas
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -15,7 +15,17 @@ from galva_hp.model import LayeredModel
 from galva_hp.testing.oracle import BATCH, OPTIM, SEQ, STEPS, batch
 from galva_schema import Strategy
 
-__all__ = ["hugging_face_run", "hugging_face_task_run", "max_relative", "plan_run", "task_batches"]
+__all__ = [
+    "hugging_face_run",
+    "hugging_face_task_run",
+    "max_relative",
+    "plan_run",
+    "shared_references",
+    "task_batches",
+]
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
 
 
 def hugging_face_run(
@@ -109,3 +119,17 @@ def plan_run(
 def max_relative(actual: list[float], expected: list[float]) -> float:
     """The largest relative difference of two per-step series."""
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(actual, expected, strict=True))
+
+
+def shared_references(keys: Sequence[K], compute: Callable[[K], R]) -> dict[K, R]:
+    """Every key's single-process reference, each run by one rank and then known to every rank (collective: every
+    rank calls it with the same keys). Rank ``r`` runs keys ``r``, ``r + world``, ...: the ranks of a test launch
+    share the references' work, all at once, instead of one rank running them all while the others wait for it in
+    the plan's first collective. ``compute`` must give the same result on any rank (a seeded model, fixed batches)."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = {key: compute(key) for index, key in enumerate(keys) if index % world == rank}
+    parts: list[dict[K, R] | None] = [None] * world
+    dist.all_gather_object(parts, mine)
+    return {key: value for part in parts if part is not None for key, value in part.items()}
