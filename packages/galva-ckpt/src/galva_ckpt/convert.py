@@ -28,6 +28,7 @@ from galva_ckpt.writing import atomic_directory, copy_file, write_safetensors
 from galva_schema import SchemaError, write_json_atomic
 from galva_schema._base import load_json_object
 from galva_schema.checkpoint import CheckpointManifest, TensorInfo
+from galva_schema.interrupt import raise_if_interrupted
 from galva_schema.vocabulary import layer_of_module
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "galva_to_hf", "hf_to_galva"]
@@ -145,6 +146,7 @@ def _read_hf_tensors(weights: HFWeights, names: Sequence[str]) -> Iterator[torch
             try:
                 yield handles[path].get_tensor(name)
             except Exception as err:  # safetensors raises its own error type for damaged data
+                raise_if_interrupted()  # Ctrl-C inside the read surfaces as the reader's own error
                 raise CheckpointError(f"{path}: tensor {name}: cannot be read ({err})") from None
 
 

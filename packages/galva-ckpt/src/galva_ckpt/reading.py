@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from galva_ckpt.errors import CheckpointError
 from galva_ckpt.format import TORCH_DTYPE, dtype_name
 from galva_schema.checkpoint import FileInfo, TensorInfo
+from galva_schema.interrupt import raise_if_interrupted
 
 __all__ = ["open_safetensors", "read_header", "read_slice", "read_tensors", "sha256_file", "verify_file"]
 
@@ -70,6 +71,7 @@ def iter_tensors(
             try:
                 tensor = handle.get_tensor(name)
             except (SafetensorError, OSError, ValueError) as err:
+                raise_if_interrupted()  # Ctrl-C inside the read surfaces as the reader's own error
                 raise CheckpointError(f"{path}: tensor {name}: cannot be read ({_first_line(err)})") from None
             yield name, tensor
 

@@ -135,11 +135,25 @@ def forked_worker() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
+_RUNNING: list[_Guard] = []
+"""The :func:`run_command` calls running now (one per command; nested in tests calling ``main``)."""
+
+
+def raise_if_interrupted() -> None:
+    """Raise :class:`Interrupted` again where an error is caught that the interrupt itself may have caused: native
+    code calling back into Python (a safetensors read building its tensor) turns the handler's exception into an
+    error of its own, which would otherwise end the command as a damaged file instead of an interrupted command."""
+    for guard in _RUNNING:
+        if guard.signum is not None:
+            raise Interrupted(guard.signum)
+
+
 class _Guard:
     """The state of one :func:`run_command` call: its handlers, its wakeup socket and the thread reading it."""
 
     def __init__(self, prog: str) -> None:
         self.prog = prog
+        self.signum: int | None = None  # the signal the handler raised for
         self.handled = threading.Event()  # the main thread ran the handler: it is unwinding in Python
         self.done = threading.Event()  # the body returned or raised
         self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
@@ -151,6 +165,7 @@ class _Guard:
         self.thread = threading.Thread(target=self._watch, name="galva-interrupt", daemon=True)
 
     def install(self) -> None:
+        _RUNNING.append(self)
         for signum in SIGNALS:
             self.old_handlers[signum] = signal.signal(signum, self._handler)
         self.old_wakeup_fd = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
@@ -160,6 +175,8 @@ class _Guard:
         """Stop watching; with ``finished`` (the command's process, its work done) the signals are ignored from now
         on instead of handed back: the exit status stays the command's through the interpreter's shutdown."""
         self.done.set()
+        if self in _RUNNING:
+            _RUNNING.remove(self)
         with contextlib.suppress(OSError):
             self.writer.send(b"\0")  # wakes the thread; signal numbers are never 0
         self.thread.join(timeout=1.0)
@@ -173,6 +190,7 @@ class _Guard:
         if self.handled.is_set():
             return  # a second signal while the first unwinds: the thread holds the deadline
         self.handled.set()
+        self.signum = int(signum)
         raise Interrupted(signum)
 
     def say(self, signum: int) -> None:
