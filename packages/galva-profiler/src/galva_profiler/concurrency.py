@@ -10,10 +10,11 @@ Rank 0 alone computes with the intra-op threads of the process that launched the
 computes with), the ranks together with their own; ``galva run`` gives both one rank's share of the cores.
 
 What makes the figure repeat run after run on a shared machine (it read 2.55, 1.65 and 2.14 in three quickstarts
-of one quiet hour when the loop was the overlap test's, sized by a communication time of 16-30 ms):
+of one quiet hour when the loop was the overlap test's, sized by its communication time: 30, 16 and 22 ms alone,
+the shortest loop reading lowest):
 
 * the loop has a fixed length, :data:`LOOP_MS` on rank 0 alone, long against the scheduler's slices: on 4 ranks
-  over 2 cores a short loop lets a rank that was woken late find the others' loops already done;
+  over 2 cores a short loop can let a rank that was woken late find the others' loops nearly done;
 * every rank at once is timed from the barrier to the last rank's end (:func:`galva_profiler.timing.span_ms`), as
   a step that waits for every rank sees it, not each rank from its own start;
 * the two alternate round by round (a drift of the machine's load falls on both sides of a ratio), at least
