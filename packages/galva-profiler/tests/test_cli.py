@@ -217,21 +217,21 @@ def test_check_outputs_on_a_disk_that_filled_up_are_one_line_and_none_is_left(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk0"] and [p.name for p in disk.iterdir()] == ["filler"]
 
 
-# a rank's own fault, injected into every rank's interpreter at start-up: rank 1's third timed collective raises
+# a rank's own fault, injected into every rank's interpreter at start-up: rank 1's third timed curve raises
 FAULT = """
 import os
 if os.environ.get("RANK") == "1":
     import galva_profiler.hardware as hardware
 
-    original, calls = hardware.time_collective, []
+    original, calls = hardware.time_curve, []
 
-    def time_collective(*args, **kwargs):
+    def time_curve(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise ValueError("injected fault")
         return original(*args, **kwargs)
 
-    hardware.time_collective = time_collective
+    hardware.time_curve = time_curve
 """
 
 

@@ -43,3 +43,27 @@ def test_timings_that_fall_with_the_batch_are_caught_for_retiming():
     problem = unsteady_timing(spiked)
     assert problem is not None and "falls with the batch size" in problem
     assert unsteady_timing({4: PassTimes(1.0, 2.0)}) is None
+
+
+def test_the_batch_sizes_of_a_fit_are_timed_round_robin_and_keep_their_own_median() -> None:
+    """A drift of the machine's load falls on every point of the fit alike: each repetition (and warm-up) runs every
+    batch size once, in turn; each size's median is of its own passes."""
+    import torch
+
+    from galva_profiler.layer_timing import time_interleaved
+    from galva_profiler.timing import Repeats
+
+    order: list[int] = []
+
+    def forward(batch: int):  # type: ignore[no-untyped-def]
+        weight = torch.ones(batch, 64, requires_grad=True)
+
+        def run() -> torch.Tensor:
+            order.append(batch)
+            return (weight @ torch.ones(64, 64)).sum()
+
+        return run
+
+    times = time_interleaved({1: forward(1), 2: forward(2), 4: forward(4)}, Repeats(warmup=1, repetitions=3))
+    assert order == [1, 2, 4] * 4
+    assert sorted(times) == [1, 2, 4] and all(t.forward_ms > 0 and t.backward_ms > 0 for t in times.values())

@@ -18,7 +18,7 @@ from galva_profiler.hardware import (
     run_sweep,
 )
 from galva_profiler.progress import Progress
-from galva_profiler.timing import Repeats
+from galva_profiler.timing import Repeats, span_ms
 from galva_schema import HardwareProfile
 from galva_schema.reference import read_galvatron_hardware, write_galvatron_hardware
 
@@ -31,6 +31,8 @@ TINY = SweepOptions(
     overlap_matmul=64,
     overlap_calls=2,
     optimizer_parameters=100_000,
+    rounds=2,
+    concurrency_ms=5.0,
     runtime_modules=(),  # the forked ranks hold pytest's imports already; importing the runtime would only be slow
 )
 
@@ -50,8 +52,8 @@ def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None
     steps = plan_sweep(8, TINY)
     bandwidth = [(s.group_size, s.consecutive) for s in steps if s.kind == "bandwidth"]
     assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
-    timed = {(s.collective, s.group_size) for s in steps if s.kind == "time"}
-    assert timed == {(c, n) for c in Collective for n in (2, 4, 8)}
+    timed = [(s.collective, s.group_size) for s in steps if s.kind == "time"]  # one curve each, its sizes round robin
+    assert sorted(timed) == sorted((c, n) for c in Collective for n in (2, 4, 8))
     # every curve's small end (expert dispatch's counts, a small layer's gradient sync or ZeRO gather): a 4 KiB point
     latency = [(s.collective, s.group_size, s.message_mib) for s in steps if s.kind == "latency"]
     assert latency == [(c, n, 4096 / 2**20) for c in TINY.timed for n in (2, 4, 8)]
@@ -70,13 +72,19 @@ def _sweep(rank: int, world_size: int) -> dict:
     steps = plan_sweep(world_size, TINY)
     progress = Progress(len(steps), "test", enabled=False)
     result = run_sweep(world, steps, TINY, progress)
-    return {"profile": hardware_profile(result, world).to_dict(), "report": result.report(), "done": progress.done}
+    # every rank at once is timed from the first rank's start to the last rank's end (rank 3 starts 0.3 s late)
+    span = span_ms(100.0 + 0.1 * rank, 100.5 + 0.2 * rank, world)
+    return {
+        "profile": hardware_profile(result, world).to_dict(), "report": result.report(), "done": progress.done,
+        "span": span,
+    }  # fmt: skip
 
 
 @pytest.mark.distributed
 def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(tmp_path: Path) -> None:
     results = run_distributed(_sweep, 4, timeout=120)
     assert all(r["profile"] == results[0]["profile"] for r in results)  # max over ranks, known to all
+    assert [r["span"] for r in results] == [pytest.approx(1100.0)] * 4
     profile = HardwareProfile.from_dict(results[0]["profile"])
     assert {(e.group_size, e.consecutive) for e in profile.allreduce} == {(2, True), (2, False), (4, True)}
     assert [e.pp for e in profile.p2p] == [2, 4]

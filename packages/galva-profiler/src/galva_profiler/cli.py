@@ -99,8 +99,8 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
     from galva_comm.launch import LaunchError, launch_local
+    from galva_profiler.concurrency import ALONE_THREADS_ENV
     from galva_profiler.hardware_cli import check_hardware_args
-    from galva_profiler.overlap import ALONE_THREADS_ENV
 
     check_hardware_args(args)
     # the threads a lone process computes with here (before the launcher gives each rank its share): the

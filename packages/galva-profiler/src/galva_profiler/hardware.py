@@ -8,8 +8,8 @@ one device, which measures only its base memory and optimizer rate):
 
 * all-reduce bus bandwidth at ``bandwidth_mib``, groups of consecutive ranks and groups strided by ``W/n``
   (galva_comm.layout's two layouts; the world-sized group has one layout);
-* all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups; an
-  alpha-beta line fitted per group size with its residuals;
+* all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups, the sizes
+  of one curve timed round robin; an alpha-beta line fitted per group size with its residuals;
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
   the latency of one send (a 4 KiB send's time less what the bandwidth explains);
 * the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
@@ -29,7 +29,15 @@ import torch
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
 from galva_profiler.base_memory import RUNTIME_MODULES, measure_base_memory
-from galva_profiler.collectives import MIB, Collective, bus_bandwidth_gb_per_s, time_collective, time_p2p
+from galva_profiler.collectives import (
+    MIB,
+    Collective,
+    bus_bandwidth_gb_per_s,
+    time_collective,
+    time_curve,
+    time_p2p,
+)
+from galva_profiler.concurrency import LOOP_MS, MIN_ROUNDS
 from galva_profiler.distributed import World
 from galva_profiler.fitting import Fit, alpha_beta
 from galva_profiler.optimizer_step import measure_optimizer_rate
@@ -60,6 +68,8 @@ class SweepOptions:
     overlap_calls: int = 4
     timed: tuple[Collective, ...] = TIMED
     optimizer_parameters: int = 16_000_000  # parameters of the timed AdamW step
+    rounds: int = MIN_ROUNDS  # timed rounds, at least, of the overlap, concurrency and optimizer tests
+    concurrency_ms: float = LOOP_MS  # the concurrency test's loop on rank 0 alone
     runtime_modules: tuple[str, ...] = RUNTIME_MODULES  # imported before the CPU base memory is read
 
     def __post_init__(self) -> None:
@@ -67,26 +77,30 @@ class SweepOptions:
             raise ValueError("message sizes must be at least 2 distinct ascending values (an alpha-beta fit needs 2)")
         if min(self.message_mib) <= 0 or self.bandwidth_mib <= 0 or self.p2p_mib <= 0 or self.overlap_mib <= 0:
             raise ValueError("message sizes must be positive")
+        if self.rounds < 1 or self.concurrency_ms <= 0:
+            raise ValueError("rounds and the concurrency loop's length must be positive")
 
 
 QUICK = SweepOptions(
     message_mib=(0.25, 0.5, 1, 2, 4),
     bandwidth_mib=4.0,
     p2p_mib=4.0,
-    repeats=Repeats(warmup=1, repetitions=3),
+    repeats=Repeats(warmup=1, repetitions=5),
     overlap_mib=4.0,
     overlap_matmul=256,
     overlap_calls=2,
     optimizer_parameters=2_000_000,
 )
-"""A minute-scale sweep (``--quick``): small messages, few repetitions."""
+"""A minute-scale sweep (``--quick``): small messages, few repetitions (the overlap, concurrency and optimizer
+tests take at least ``rounds``)."""
 
 
 @dataclass(frozen=True)
 class Step:
-    """One measurement: a bandwidth, a timed collective at one size, a p2p degree, or the overlap test."""
+    """One measurement: a bandwidth, a collective's time curve (every message size), the all-to-all's latency point
+    (:data:`P2P_LATENCY_BYTES`), a p2p degree, or the overlap test."""
 
-    kind: str  # "bandwidth" | "time" | "latency" (an all-to-all of P2P_LATENCY_BYTES) | "p2p" | "overlap"
+    kind: str  # "bandwidth" | "time" | "latency" | "p2p" | "overlap"
     group_size: int = 0
     consecutive: bool = True
     collective: Collective = Collective.ALL_REDUCE
@@ -96,7 +110,9 @@ class Step:
         if self.kind == "bandwidth":
             layout = "consecutive" if self.consecutive else "strided"
             return f"all_reduce bandwidth n={self.group_size} {layout}"
-        if self.kind in ("time", "latency"):
+        if self.kind == "time":
+            return f"{self.collective.value} n={self.group_size}"
+        if self.kind == "latency":
             return f"{self.collective.value} n={self.group_size} {self.message_mib:g} MiB"
         if self.kind == "p2p":
             return f"p2p pp={self.group_size}"
@@ -127,12 +143,7 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
         for n in sizes
         for consecutive in ((True, False) if n < world_size else (True,))
     ]
-    steps += [
-        Step("time", n, True, collective, mib)
-        for collective in options.timed
-        for n in sizes
-        for mib in options.message_mib
-    ]
+    steps += [Step("time", n, True, collective) for collective in options.timed for n in sizes]  # every size at once
     # the small end of every curve: expert dispatch's row counts, a small layer's gradient sync or ZeRO gather fall
     # below the smallest swept size, where the fitted line's intercept is the least certain number of the profile
     small = P2P_LATENCY_BYTES / MIB
@@ -203,7 +214,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
     cache.create(sweep_groups(world.size, steps))
     result = SweepResult(world.size, base_memory_mib=measure_base_memory(world, options.runtime_modules))
     result.optimizer_ms_per_million_parameters = measure_optimizer_rate(
-        world, options.optimizer_parameters, options.repeats
+        world, options.optimizer_parameters, options.repeats, options.rounds
     )
     result.processors = node_processors(world)
     for step in steps:
@@ -212,11 +223,14 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.bandwidth_mib * MIB)
             ms = time_collective(Collective.ALL_REDUCE, groups, message, world, cache, options.repeats)
             result.bandwidth[(step.group_size, step.consecutive)] = bus_bandwidth_gb_per_s(message, step.group_size, ms)
-        elif step.kind in ("time", "latency"):
+        elif step.kind == "time":
             groups = layout_groups(world.size, step.group_size, True)
-            repeats = options.repeats
-            if step.kind == "latency":
-                repeats = Repeats(repeats.warmup, max(repeats.repetitions, LATENCY_REPETITIONS))
+            sizes = [int(mib * MIB) for mib in options.message_mib]
+            curve = time_curve(step.collective, groups, sizes, world, cache, options.repeats)
+            result.times.setdefault((step.collective, step.group_size), {}).update(zip(options.message_mib, curve))
+        elif step.kind == "latency":
+            groups = layout_groups(world.size, step.group_size, True)
+            repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, LATENCY_REPETITIONS))
             ms = time_collective(step.collective, groups, int(step.message_mib * MIB), world, cache, repeats)
             result.times.setdefault((step.collective, step.group_size), {})[step.message_mib] = ms
         elif step.kind == "p2p":
@@ -228,8 +242,9 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
         else:
             result.overlap = measure_overlap(
-                world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats
-            )
+                world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats,
+                options.rounds, options.concurrency_ms,
+            )  # fmt: skip
         progress.step(step.describe())
     return result
 

@@ -26,6 +26,8 @@ def sweep_options(args: argparse.Namespace) -> SweepOptions:
     for flag in ("bandwidth_mib", "p2p_mib", "max_group_size", "max_pp"):
         if getattr(args, flag) is not None:
             changes[flag] = getattr(args, flag)
+    if args.repetitions is not None:  # the rounds of the overlap, concurrency and optimizer tests too
+        changes["rounds"] = args.repetitions
     if args.warmup is not None or args.repetitions is not None:
         changes["repeats"] = Repeats(
             warmup=base.repeats.warmup if args.warmup is None else args.warmup,

@@ -12,6 +12,9 @@ from galva_schema import ModelProfile, Precision, write_json_atomic
 from galva_schema.argparsing import positive_ints
 
 DEFAULT_OUTPUT = "{model}_seq{seq}.model_profile.json"
+REPETITIONS = 7
+"""Timed passes per batch size, --quick too: interleaved, they cost a few seconds on a small model, and 3 let one
+disturbed pass in two move a point of the fit."""
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +34,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     sweep.add_argument("--megatron-sp", action="store_true", help="profile activations with Megatron-SP")
     sweep.add_argument("--time-form", choices=("static", "batch", "sequence"), default="batch")
     sweep.add_argument("--warmup", type=int, help="untimed passes (default 2)")
-    sweep.add_argument("--repetitions", type=int, help="timed passes, the median is kept (default 5; --quick 3)")
-    sweep.add_argument("--quick", action="store_true", help="few batch sizes and repetitions")
+    sweep.add_argument(
+        "--repetitions", type=int, help="timed passes, round robin over the batch sizes; the median is kept (default 7)"
+    )
+    sweep.add_argument("--quick", action="store_true", help="few batch sizes (1,2)")
     sweep.add_argument("--timeout", type=float, default=300.0, help="seconds the forked tp ranks may take")
     out = p.add_argument_group("output")
     out.add_argument(
@@ -72,7 +77,7 @@ def run_model(args: argparse.Namespace) -> int:
     batches = args.batch_sizes or ([1, 2] if args.quick else [1, 2, 4, 8])
     repeats = Repeats(
         warmup=args.warmup if args.warmup is not None else 2,
-        repetitions=args.repetitions if args.repetitions is not None else (3 if args.quick else 5),
+        repetitions=args.repetitions if args.repetitions is not None else REPETITIONS,
     )
     options = ModelSweepOptions(
         seq_lengths=tuple(seqs),

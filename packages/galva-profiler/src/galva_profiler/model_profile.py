@@ -29,6 +29,7 @@ from galva_profiler.layer_timing import (
     PassTimes,
     layer_forward,
     split_backward_overhead_ms,
+    time_interleaved,
     time_passes,
     weight_grad_share,
 )
@@ -176,7 +177,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
     runs = model.layer_runs()
     seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
-    total = len(seqs) * (len(runs) * (len(batches) + 1) + 1)
+    total = len(seqs) * (len(runs) * 2 + 1)
     progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
     specs = layer_specs(model, seqs[0])
     layers: list[LayerMeasurement] = []
@@ -192,10 +193,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             layer_seq = specs[measurement.first_index].seq_length
             # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
             time_passes(layer_forward(module, batches[-1], layer_seq, measurement.hidden, dtype), Repeats(0, 1))
-            for batch in batches:
-                run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
-                measurement.times.setdefault(seq, {})[batch] = time_passes(run, options.repeats)
-                progress.step(f"{measurement.name} seq {seq} batch {batch}")
+            measurement.times[seq] = _time_batches(module, batches, layer_seq, measurement.hidden, dtype, options)
+            progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
             measurement.weight_grad_share[seq] = weight_grad_share(
                 module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
             )
@@ -206,10 +205,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                 problem = unsteady_timing(measurement.times[seq])
                 if problem is None:
                     break
-                # a burst of outside load while one batch size was timed: time them all again, in one go
-                for batch in batches:
-                    run = layer_forward(module, batch, layer_seq, measurement.hidden, dtype)
-                    measurement.times[seq][batch] = time_passes(run, options.repeats)
+                # outside load caught the rounds unevenly all the same: time them all again
+                measurement.times[seq] = _time_batches(module, batches, layer_seq, measurement.hidden, dtype, options)
             else:
                 problem = unsteady_timing(measurement.times[seq])
                 if problem is not None:
@@ -239,6 +236,14 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+
+
+def _time_batches(
+    module: torch.nn.Module, batches: list[int], seq: int, hidden: int, dtype: torch.dtype, options: ModelSweepOptions
+) -> dict[int, PassTimes]:
+    """The layer at every batch size, interleaved (:func:`time_interleaved`)."""
+    runs = {batch: layer_forward(module, batch, seq, hidden, dtype) for batch in batches}
+    return time_interleaved(runs, options.repeats)
 
 
 def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:

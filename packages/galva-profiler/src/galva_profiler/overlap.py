@@ -6,14 +6,8 @@ collectives run on their own stream, on gloo in gloo's own threads). The loop is
 same time alone, which is where they interfere most. Each side's slowdown is its time together over its time alone;
 the profile's ``overlap_slowdown`` is the larger of the two (at least 1), as the reference defines it.
 
-A fourth timing gives the **compute slowdown of running every rank at once**: the same loop run by every rank together
-and then by rank 0 alone (the other ranks wait in a barrier), paired repetition by repetition; the median of the
-paired ratios (pairs cancel slow drifts of a shared machine's load). Rank 0 alone runs with the intra-op threads
-of the process that launched the ranks (``GALVA_PROFILE_ALONE_THREADS``, set by ``galva-profile --nproc-per-node``:
-what the single-process model profile computes with), the ranks together with their own (the launcher gives each
-``cores / ranks``): the ratio is then what a job's compute is to the model profile's. Where ranks share cores (4 CPU
-processes on 2 cores, one thread each, against a lone process on both cores) that is about 4; with a device per
-rank it is 1. The profile keeps it as ``compute_slowdown`` (at least 1) and galva-search scales compute by it.
+A fourth measurement, beside it, gives the **compute slowdown of running every rank at once**
+(:mod:`galva_profiler.concurrency`): the profile's ``compute_slowdown``.
 
 Beside it, :func:`node_processors` records the processors the ranks may compute on (CPU ranks: the union of their CPU
 affinity), the profile's ``processors_per_node``: fewer than the ranks, and the ranks share them (a rank idle in a
@@ -23,14 +17,15 @@ pipeline bubble hands its processor to another, which galva-search prices).
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from galva_profiler.concurrency import LOOP_MS, MIN_ROUNDS, measure_concurrency
 from galva_profiler.distributed import World, max_over_ranks, synchronize
 from galva_profiler.timing import Repeats, median_ms
 
@@ -77,9 +72,17 @@ class OverlapResult:
 
 
 def measure_overlap(
-    world: World, message_bytes: int, matmul_size: int, comm_calls: int, repeats: Repeats
+    world: World,
+    message_bytes: int,
+    matmul_size: int,
+    comm_calls: int,
+    repeats: Repeats,
+    rounds: int = MIN_ROUNDS,
+    concurrency_ms: float = LOOP_MS,
 ) -> OverlapResult:
-    """Time compute alone, communication alone and both overlapped; every value is the max over ranks."""
+    """Time compute alone, communication alone and both overlapped, in at least ``rounds`` alternating rounds (each
+    value the max over ranks of the rank's median); then the concurrency test
+    (:func:`galva_profiler.concurrency.measure_concurrency`)."""
     device = world.device
     a = torch.randn(matmul_size, matmul_size, device=device)
     b = torch.randn(matmul_size, matmul_size, device=device)
@@ -97,13 +100,12 @@ def measure_overlap(
         for _ in range(iterations):
             torch.mm(a, b)
 
-    compute_ms = max_over_ranks(median_ms(compute, repeats, device, before=dist.barrier), device)
-    compute_alone_ms, concurrency_ratio = _concurrency(compute, repeats, device)
+    def chain() -> None:
+        for _ in range(comm_calls):
+            dist.all_reduce(buf)
 
-    together_compute, together_comm = [], []
-    for index in range(repeats.warmup + repeats.repetitions):
-        dist.barrier()
-        synchronize(device)
+    def both() -> tuple[float, float]:
+        """(compute ms, communication ms) from one start, the all-reduces in flight while the loop runs."""
         finished: list[float] = []
         start = time.perf_counter()
         works = [dist.all_reduce(buf, async_op=True) for _ in range(comm_calls)]
@@ -115,61 +117,39 @@ def measure_overlap(
         for work in works:
             work.wait()
         stamped.wait()  # the callback has run: ``finished`` holds the completion time
-        comm_done = finished[0]
+        return (compute_done - start) * 1e3, (finished[0] - start) * 1e3
+
+    # the three timings alternate round by round: a drift of a shared machine's load falls on both sides of a ratio
+    sides: dict[str, list[float]] = {"compute": [], "comm": [], "compute_overlapped": [], "comm_overlapped": []}
+    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+        compute_alone = _timed_ms(compute, device)
+        comm_alone = _timed_ms(chain, device)
+        dist.barrier()
+        synchronize(device)
+        together = both()
         if index >= repeats.warmup:
-            together_compute.append((compute_done - start) * 1e3)
-            together_comm.append((comm_done - start) * 1e3)
+            for side, ms in zip(sides, (compute_alone, comm_alone, *together)):
+                sides[side].append(ms)
+    compute_alone_ms, concurrency_ratio = measure_concurrency(world, matmul_size, repeats, rounds, concurrency_ms)
+    slowest = {side: max_over_ranks(statistics.median(times), device) for side, times in sides.items()}
     return OverlapResult(
-        compute_ms=compute_ms,
-        comm_ms=comm_ms,
-        compute_overlapped_ms=max_over_ranks(_median(together_compute), device),
-        comm_overlapped_ms=max_over_ranks(_median(together_comm), device),
+        compute_ms=slowest["compute"],
+        comm_ms=slowest["comm"],
+        compute_overlapped_ms=slowest["compute_overlapped"],
+        comm_overlapped_ms=slowest["comm_overlapped"],
         compute_alone_ms=compute_alone_ms,
         concurrency_ratio=concurrency_ratio,
     )
 
 
 def _timed_ms(run: Callable[[], None], device: torch.device) -> float:
+    """``run()`` on every rank from a barrier, this rank's ms."""
+    dist.barrier()
     synchronize(device)
     start = time.perf_counter()
     run()
     synchronize(device)
     return (time.perf_counter() - start) * 1e3
-
-
-ALONE_THREADS_ENV = "GALVA_PROFILE_ALONE_THREADS"
-
-
-@contextmanager
-def alone_threads() -> Iterator[None]:
-    """Inside the block, torch computes with the launching process's thread count (unchanged where none was set)."""
-    before = torch.get_num_threads()
-    wanted = int(os.environ.get(ALONE_THREADS_ENV, before) or before)
-    torch.set_num_threads(max(1, wanted))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _concurrency(compute: Callable[[], None], repeats: Repeats, device: torch.device) -> tuple[float, float]:
-    """(rank 0 alone ms, median of paired ratios every-rank-at-once / alone); the same values on every rank."""
-    alone, ratios = [], []
-    for index in range(repeats.warmup + repeats.repetitions):
-        dist.barrier()
-        together = max_over_ranks(_timed_ms(compute, device), device)
-        dist.barrier()
-        with alone_threads():
-            one = max_over_ranks(_timed_ms(compute, device) if dist.get_rank() == 0 else 0.0, device)
-        if index >= repeats.warmup:
-            alone.append(one)
-            ratios.append(together / one)
-    return _median(alone), _median(ratios)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def node_processors(world: World) -> int | None:

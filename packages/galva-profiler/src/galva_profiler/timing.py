@@ -1,4 +1,4 @@
-"""Timing one operation: warm-up, repetitions, median.
+"""Timing one operation: warm-up, repetitions, median; and one call on every rank at once, first start to last end.
 
 The median of individually timed repetitions is robust to the occasional slow repetition (another process on a
 shared machine, a page fault), which a mean over a loop is not.
@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from galva_profiler.distributed import synchronize
+from galva_profiler.distributed import World, max_over_ranks, synchronize
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,27 @@ def median_ms(
         synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def span_ms(start: float, end: float, world: World) -> float:
+    """Wall ms from the first rank's ``start`` to the last rank's ``end`` (``time.perf_counter`` stamps), known to
+    every rank: what a step that waits for all of them sees, a rank that was scheduled late included.
+
+    ``perf_counter`` is the machine's monotonic clock, one for all its processes; nodes' clocks differ, so across
+    nodes this is the slowest rank's own time (every rank of a node shares its cores, not another node's).
+    """
+    if world.num_nodes > 1:
+        return max_over_ranks((end - start) * 1e3, world.device)
+    stamps = torch.tensor([-start, end], dtype=torch.float64, device=world.device)
+    dist.all_reduce(stamps, op=dist.ReduceOp.MAX)
+    return float(stamps[1] + stamps[0]) * 1e3
+
+
+def together_ms(run: Callable[[], object], world: World) -> float:
+    """One call of ``run()`` on every rank at once, timed by :func:`span_ms` from a barrier (collective)."""
+    dist.barrier()
+    synchronize(world.device)
+    start = time.perf_counter()
+    run()
+    synchronize(world.device)
+    return span_ms(start, time.perf_counter(), world)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from galva_profiler.activation_memory import saved_bytes
-from galva_profiler.layer_timing import PassTimes, time_passes
+from galva_profiler.layer_timing import PassTimes, time_interleaved
 from galva_profiler.timing import Repeats
 
 STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
@@ -193,6 +193,7 @@ def measure_vocab(
     from galva_comm.testing import run_distributed
 
     result = VocabMeasurement()
+    forwards = {}
     for batch in batches:
         ids, labels = inputs.make(batch)
         between = None if inputs.head_input is None else torch.randn(batch, *inputs.head_input, dtype=dtype)
@@ -204,7 +205,8 @@ def measure_vocab(
             loss_sum, _ = layered.head(embedded, labels)
             return loss_sum
 
-        result.times[batch] = time_passes(forward, repeats)
+        forwards[batch] = forward
+    result.times = time_interleaved(forwards, repeats)  # the batch sizes round robin, as the layers'
     tied = _tied(layered)
     per_degree = {1: _position_bytes(layered.embedding, layered.head, inputs, inputs.head_seq, hidden, dtype, 0, tied)}
     for degree in degrees:
