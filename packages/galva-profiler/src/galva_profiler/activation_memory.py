@@ -93,7 +93,7 @@ OVERHEAD_SAMPLES = 2  # the plain layer's batch when timing a form's overhead (t
 OVERHEAD_REPEATS = (1, 4)  # warm-up, timed repetitions (each form alternately, the fastest kept)
 
 
-def _cpu_passes(module: nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
+def cpu_passes(module: nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
     """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input."""
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
     start = time.thread_time()
@@ -122,7 +122,7 @@ def overhead_ms(
     for index in range(warmup + repeats):
         for k, (module, (b, s)) in enumerate(((plain, plain_shape), (parallel, parallel_shape))):
             module.zero_grad(set_to_none=True)
-            times = _cpu_passes(module, b, s, hidden, dtype)
+            times = cpu_passes(module, b, s, hidden, dtype)
             if index >= warmup:
                 best[k] = [min(a, t) for a, t in zip(best[k], times)]
     return max(0.0, (best[1][0] - best[0][0]) * 1e3), max(0.0, (best[1][1] - best[0][1]) * 1e3)

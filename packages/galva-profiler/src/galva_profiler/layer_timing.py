@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -102,25 +102,11 @@ def weight_grad_share(
     minimum is the least disturbed run of each (medians of a loaded machine compared one burst against another and
     could invert the two, clamping the share to 0).
     """
-    device = device or torch.device("cpu")
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
-    whole: list[float] = []
-    inputs: list[float] = []
-    for index in range(repeats.warmup + repeats.repetitions):
-        for only_input in (False, True):
-            module.zero_grad(set_to_none=True)
-            x.grad = None
-            out = module(x)
-            seed = torch.ones_like(out)
-            synchronize(device)
-            start = time.perf_counter()
-            if only_input:
-                torch.autograd.grad(out, x, seed)
-            else:
-                out.backward(seed)
-            synchronize(device)
-            if index >= repeats.warmup:
-                (inputs if only_input else whole).append(time.perf_counter() - start)
+    whole, inputs = _alternating_backwards(
+        module, x, (lambda out, seed: out.backward(seed), lambda out, seed: torch.autograd.grad(out, x, seed)),
+        repeats, device or torch.device("cpu"), time.perf_counter,
+    )  # fmt: skip
     return min(1.0, max(0.0, 1.0 - min(inputs) / min(whole)))
 
 
@@ -145,23 +131,37 @@ def split_backward_overhead_ms(
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
 
     device = device or torch.device("cpu")
-    clock = time.thread_time if device.type == "cpu" else time.perf_counter
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
-    whole: list[float] = []
-    split: list[float] = []
+    whole, split = _alternating_backwards(
+        module, x,
+        (lambda out, seed: torch.autograd.backward([out], [seed]),
+         lambda out, seed: weight_backward(input_backward([out], [seed], x))),
+        repeats, device, time.thread_time if device.type == "cpu" else time.perf_counter,
+    )  # fmt: skip
+    return max(0.0, statistics.median(s - w for s, w in zip(split, whole)) * 1e3)
+
+
+def _alternating_backwards(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    backwards: tuple[Callable[[torch.Tensor, torch.Tensor], Any], ...],
+    repeats: Repeats,
+    device: torch.device,
+    clock: Callable[[], float],
+) -> list[list[float]]:
+    """Seconds of each of ``backwards(out, seed)`` per timed repetition, each on a fresh forward of ``x``, the
+    variants alternating repetition by repetition (drifts of a shared machine's load hit them alike)."""
+    times: list[list[float]] = [[] for _ in backwards]
     for index in range(repeats.warmup + repeats.repetitions):
-        for is_split in (False, True):
+        for k, backward in enumerate(backwards):
             module.zero_grad(set_to_none=True)
             x.grad = None
             out = module(x)
             seed = torch.ones_like(out)
             synchronize(device)
             start = clock()
-            if is_split:
-                weight_backward(input_backward([out], [seed], x))
-            else:
-                torch.autograd.backward([out], [seed])
+            backward(out, seed)
             synchronize(device)
             if index >= repeats.warmup:
-                (split if is_split else whole).append(clock() - start)
-    return max(0.0, statistics.median(s - w for s, w in zip(split, whole)) * 1e3)
+                times[k].append(clock() - start)
+    return times

@@ -26,21 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from galva_profiler.activation_memory import cpu_passes
+
 SHARDED = ("zero2", "zero3")
 SAMPLES = 2  # per rank, as the tp forms' overhead (activation_memory.OVERHEAD_SAMPLES)
 REPEATS = (1, 4)  # warm-up, timed repetitions (alternating, the fastest kept)
-
-
-def _passes_cpu(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
-    """Main-thread CPU seconds of one forward and of its backward on a fresh ``[SAMPLES, seq, hidden]`` input."""
-    module.zero_grad(set_to_none=True)
-    x = torch.randn(SAMPLES, seq, hidden, dtype=dtype, requires_grad=True)
-    start = time.thread_time()
-    out = module(x)
-    out = out[0] if isinstance(out, tuple) else out
-    middle = time.thread_time()
-    out.backward(torch.ones_like(out))
-    return middle - start, time.thread_time() - middle
 
 
 def _step_cpu(optimizer: torch.optim.Optimizer) -> float:
@@ -67,7 +57,8 @@ def sharded_overhead_ms(
     best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, unit] x [forward, backward]
     for index in range(warmup + repeats):
         for k, module in enumerate((plain, unit.module)):
-            times = _passes_cpu(module, seq, hidden, dtype)
+            module.zero_grad(set_to_none=True)
+            times = cpu_passes(module, SAMPLES, seq, hidden, dtype)
             if index >= warmup:
                 best[k] = [min(a, t) for a, t in zip(best[k], times)]
     sharded = [p for _, p in unit.master_parameters()]
