@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from galva_profiler.layer_timing import cpu_passes
 
 MODES = ("tp", "megatron_sp", "ulysses")
 
@@ -91,17 +92,6 @@ def _measure(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tu
 
 OVERHEAD_SAMPLES = 2  # the plain layer's batch when timing a form's overhead (the form's: 2 x degree, Megatron tp)
 OVERHEAD_REPEATS = (1, 4)  # warm-up, timed repetitions (each form alternately, the fastest kept)
-
-
-def cpu_passes(module: nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
-    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input."""
-    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
-    start = time.thread_time()
-    out = module(x)
-    out = out[0] if isinstance(out, tuple) else out
-    middle = time.thread_time()
-    out.backward(torch.ones_like(out))
-    return middle - start, time.thread_time() - middle
 
 
 def overhead_ms(

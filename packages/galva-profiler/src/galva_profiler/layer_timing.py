@@ -165,3 +165,14 @@ def _alternating_backwards(
             if index >= repeats.warmup:
                 times[k].append(clock() - start)
     return times
+
+
+def cpu_passes(module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
+    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input."""
+    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    start = time.thread_time()
+    out = module(x)
+    out = out[0] if isinstance(out, tuple) else out
+    middle = time.thread_time()
+    out.backward(torch.ones_like(out))
+    return middle - start, time.thread_time() - middle

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from galva_profiler.activation_memory import cpu_passes
+from galva_profiler.layer_timing import cpu_passes
 
 SHARDED = ("zero2", "zero3")
 SAMPLES = 2  # per rank, as the tp forms' overhead (activation_memory.OVERHEAD_SAMPLES)
