@@ -164,10 +164,20 @@ RETIMES = 2
 
 
 def unsteady_timing(times: dict[int, PassTimes]) -> str | None:
-    """Why per-batch forward times cannot be a layer's (None if they can): more samples never take less time, so a
-    fitted slope below zero means the timings caught outside load, not the layer."""
+    """Why per-batch forward and backward times cannot be a layer's (None if they can): more samples never take less
+    time, so a fitted slope below zero means the timings caught outside load, not the layer (the profile keeps both
+    passes' fits since the cost model prices the backward from its own)."""
     if len(times) < 2:
         return None
+    batches = sorted(times)
+    for name, ms in (
+        ("forward", [times[b].forward_ms for b in batches]),
+        ("backward", [times[b].backward_ms for b in batches]),
+    ):
+        slope, _ = alpha_beta(batches, ms).coefficients
+        if slope < 0:
+            return f"{name} time falls with the batch size ({slope:.3f} ms per sample)"
+    return None
     slope, _ = alpha_beta(sorted(times), [times[b].forward_ms for b in sorted(times)]).coefficients
     if slope < 0:
         return f"forward time falls with the batch size ({slope:.3f} ms per sample)"
@@ -340,9 +350,7 @@ def layer_specs(model: MetaModel, seq: int) -> list[Any]:
         raise ProfileError(f"{model.name}: {err}") from None
 
 
-def _forward_time(
-    sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], seq: int, backward: bool = False
-) -> Any:
+def _forward_time(sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], seq: int, backward: bool = False) -> Any:
     """The profile's time model of the forward (or, ``backward``, the backward) in the sweep's form."""
     form = sweep.options.time_form
     if backward:  # the backward's times in the forward's place: one fitting path for both
