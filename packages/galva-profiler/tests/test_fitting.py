@@ -43,6 +43,9 @@ def test_timings_that_fall_with_the_batch_are_caught_for_retiming():
     problem = unsteady_timing(spiked)
     assert problem is not None and "falls with the batch size" in problem
     assert unsteady_timing({4: PassTimes(1.0, 2.0)}) is None
+    # the backward is priced from its own fit: a spike in it alone is caught too
+    backward_spiked = {b: PassTimes(t.forward_ms, 60.0 / b) for b, t in steady.items()}
+    assert "backward time falls" in (unsteady_timing(backward_spiked) or "")
 
 
 def test_the_batch_sizes_of_a_fit_are_timed_round_robin_and_keep_their_own_median() -> None:

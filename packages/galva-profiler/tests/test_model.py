@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from galva_profiler.model_profile import ModelSweepOptions, model_profiles, run_model_sweep, sweep_report
+from galva_profiler.model_profile import ModelSweepOptions, model_profiles, run_model_sweep
+from galva_profiler.model_report import sweep_report
 from galva_profiler.model_source import MetaModel, load_config
 from galva_profiler.timing import Repeats
 
@@ -70,6 +71,14 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     # op dispatched per shard: several times the plain shards' step, never less)
     assert {dp: set(by_degree) for dp, by_degree in layer.sharded_overhead_ms.items()} == {"zero2": {2}, "zero3": {2}}
     assert all(sum(f_b_step[2][:2]) > 0.0 and f_b_step[2][2] > 0.0 for f_b_step in layer.sharded_overhead_ms.values())
+    # the backward measured beside the forward (the search's coefficient only stands in without it), and galva-hp's
+    # optimizer step timed on the layer's own tensors: another layer's tensors always add work to the step
+    assert layer.backward_time is not None and layer.backward_time.forward_ms(2, SEQ) > 0.0
+    assert profile.vocab.backward_time is not None
+    step = layer.optimizer_step_ms
+    assert step is not None and step[0] + step[1] * layer.parameter_mib * 2**20 / 4 / 1e6 > 0.0
+    assert profile.vocab.optimizer_step_ms is not None and profile.optimizer_call_ms is not None
+    assert report["layers"][0]["optimizer_step"]["per_module_ms"] == layer.optimizer_step_ms[0]
 
 
 def test_an_image_model_s_vocabulary_takes_images_and_the_last_layer_s_shape() -> None:

@@ -20,6 +20,7 @@ from galva_schema import (
     PipelineSchedule,
     Precision,
     SchemaError,
+    StaticTime,
 )
 from galva_search.collectives import Collectives
 from galva_search.cost_model import CostModel, CostSettings, VocabOption, pipeline_time
@@ -249,6 +250,45 @@ def test_a_zero_layers_measured_overhead_per_call_and_per_step(make_model, tiny_
     after = evaluate_strategy(CostModel(tiny_hw, measured, CostSettings()), strategy)
     assert after.detail.optimizer_s - before.detail.optimizer_s == pytest.approx(4 * 0.5 * k)
     assert after.iteration_time_s - before.iteration_time_s == pytest.approx(4 * (1.0 + 2.0 + 0.5) * k)
+
+
+def test_a_measured_backward_and_optimizer_step_replace_the_coefficient_and_the_rate(make_model, tiny_hw):
+    """backward_time prices the layers' and the vocabulary's backward where profiled (recomputation repeats the
+    forward, zb-h1's share is of it); optimizer_step_ms prices each layer's part of the step, a fixed part whatever
+    its shards and a part per element of the rank's shard (tp, ZeRO), the vocabulary's likewise and the call's own
+    once per stage, in place of the hardware's rate per parameter."""
+    from galva_schema import BatchTime, LayerStrategy, Strategy
+    from galva_search.evaluation import evaluate_strategy
+
+    plain = make_model(precision="fp32")
+    layer = plain.layer_types[0].model_copy(update={
+        "backward_time": BatchTime(slope_ms_per_sample=3.0, intercept_ms=1.0), "optimizer_step_ms": (0.5, 2.0)})
+    vocab = plain.vocab.model_copy(update={"backward_time": StaticTime(ms_per_sample=0.5),
+                                           "optimizer_step_ms": (0.25, 4.0)})
+    measured = plain.model_copy(update={"layer_types": (layer,), "vocab": vocab, "optimizer_call_ms": 1.5})
+    cands = [Candidate(1, 1, 4), Candidate(1, 2, 2), Candidate(1, 1, 4, checkpoint=True),
+             Candidate(1, 1, 4, dp_type=ZERO3)]
+    k = 1e-3 * CostSettings().factors.compute * tiny_hw.compute_slowdown
+    got = CostModel(tiny_hw, measured, CostSettings()).layer_terms(0, cands, 8, 1)
+    base = CostModel(tiny_hw, plain, CostSettings()).layer_terms(0, cands, 8, 1)
+    assert got.forward_s == pytest.approx(base.forward_s, **EXACT)
+    # 2 samples' work per rank (tp 2 over dp 2: 4 samples, half of each): 3 * 2 + 1; a checkpointed layer adds its
+    # 4 ms forward again
+    assert got.backward_s == pytest.approx(np.array([7.0, 7.0, 11.0, 7.0]) * k, **EXACT)
+    assert got.weight_grad_s == pytest.approx(0.5 * np.array([7.0, 7.0, 7.0, 7.0]) * k, **EXACT)
+    million = 64 * 2**20 / 4 / 1e6  # the layer's parameters: the tp 2 and the ZeRO-3 (over 4) ranks step a share
+    assert got.step_s == pytest.approx((0.5 + 2.0 * million / np.array([1, 2, 1, 4])) * k, **EXACT)
+    assert not base.step_s.any()
+    vocab_terms = CostModel(tiny_hw, measured, CostSettings()).vocab_terms(1, VocabOption(), 8, 1, [1.0])[0]
+    base_vocab = CostModel(tiny_hw, plain, CostSettings()).vocab_terms(1, VocabOption(), 8, 1, [1.0])[0]
+    assert vocab_terms.micro_batch_s - base_vocab.micro_batch_s == pytest.approx(2 * (0.5 - 2 * 1.0) * k, **EXACT)
+    vocab_million = 400 * 2**20 / 16 / 1e6  # the profile's 400 MiB of fp32 states at 16 bytes a parameter
+    assert vocab_terms.step_s == pytest.approx((0.25 + 4.0 * vocab_million) * k, **EXACT)
+    strategy = Strategy(world_size=4, pp=1, pp_division=[4], global_batch_size=8, num_micro_batches=1,
+                        mixed_precision="fp32", layers=[LayerStrategy(tp=1)] * 4)
+    after = evaluate_strategy(CostModel(tiny_hw, measured, CostSettings()), strategy)
+    expected = 1.5 * k + 4 * float(got.step_s[0]) + vocab_terms.step_s
+    assert after.detail.optimizer_s == pytest.approx(expected, **EXACT)  # the rate prices nothing measured
 
 
 def test_in_flight_micro_batches(tiny, tiny_hw):

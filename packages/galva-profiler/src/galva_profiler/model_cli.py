@@ -62,7 +62,8 @@ def output_paths(template: str, model: str, seqs: list[int]) -> dict[int, Path]:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from galva_profiler.model_profile import ModelSweepOptions, model_profiles, run_model_sweep, sweep_report
+    from galva_profiler.model_profile import ModelSweepOptions, model_profiles, run_model_sweep
+    from galva_profiler.model_report import sweep_report
     from galva_profiler.model_source import MetaModel, load_config
 
     config, name = load_config(args.preset, args.model_config)

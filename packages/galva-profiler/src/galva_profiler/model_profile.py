@@ -25,6 +25,7 @@ from galva_profiler.attention_core import measure_attention_core
 from galva_profiler.errors import ProfileError
 from galva_profiler.experts import experts_module, measure_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
+from galva_profiler.layer_step import StepCost, step_cost
 from galva_profiler.layer_timing import (
     PassTimes,
     layer_forward,
@@ -96,6 +97,7 @@ class LayerMeasurement:
     split_overhead_ms: dict[int, float] = field(default_factory=dict)  # seq -> zb-h1's split cost per call
     experts: dict[int, ExpertProfile] = field(default_factory=dict)  # seq -> routed experts (MoE layer types)
     attention_core: AttentionCoreProfile | None = None  # over every profiled length at once
+    step: StepCost | None = None  # galva-hp's optimizer step over the layer's tensors
 
 
 @dataclass
@@ -108,6 +110,7 @@ class ModelSweep:
     vocab: dict[int, VocabMeasurement]  # seq -> measurement
     degrees: dict[str, list[int]]
     vocab_degrees: list[int]
+    vocab_step: StepCost | None = None  # the vocabulary layers' optimizer step, as a layer's
 
     def batch_fit(self, times: dict[int, PassTimes], backward: bool = False) -> Fit:
         batches = sorted(times)
@@ -161,10 +164,20 @@ RETIMES = 2
 
 
 def unsteady_timing(times: dict[int, PassTimes]) -> str | None:
-    """Why per-batch forward times cannot be a layer's (None if they can): more samples never take less time, so a
-    fitted slope below zero means the timings caught outside load, not the layer."""
+    """Why per-batch forward and backward times cannot be a layer's (None if they can): more samples never take less
+    time, so a fitted slope below zero means the timings caught outside load, not the layer (the profile keeps both
+    passes' fits since the cost model prices the backward from its own)."""
     if len(times) < 2:
         return None
+    batches = sorted(times)
+    for name, ms in (
+        ("forward", [times[b].forward_ms for b in batches]),
+        ("backward", [times[b].backward_ms for b in batches]),
+    ):
+        slope, _ = alpha_beta(batches, ms).coefficients
+        if slope < 0:
+            return f"{name} time falls with the batch size ({slope:.3f} ms per sample)"
+    return None
     slope, _ = alpha_beta(sorted(times), [times[b].forward_ms for b in sorted(times)]).coefficients
     if slope < 0:
         return f"forward time falls with the batch size ({slope:.3f} ms per sample)"
@@ -194,6 +207,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
             time_passes(layer_forward(module, batches[-1], layer_seq, measurement.hidden, dtype), Repeats(0, 1))
             measurement.times[seq] = _time_batches(module, batches, layer_seq, measurement.hidden, dtype, options)
+            if measurement.step is None:  # the tensors do not depend on the sequence length
+                measurement.step = step_cost(module, options.repeats)
             progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
             measurement.weight_grad_share[seq] = weight_grad_share(
                 module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
@@ -225,9 +240,9 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             if profiled is not None:
                 measurement.experts[seq] = profiled
     _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats)
-    model.embedding(dtype).train()
-    model.head(dtype).train()
+    vocab_modules = torch.nn.ModuleList([model.embedding(dtype).train(), model.head(dtype).train()])
     tie(model.layered)
+    vocab_step = step_cost(vocab_modules, options.repeats)  # a tied weight once, as galva-hp's home record
     vocab = {}
     for seq in seqs:
         vocab[seq] = measure_vocab(
@@ -235,7 +250,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             options.megatron_sp, options.repeats, options.timeout_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
-    return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
+    return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
 
 
 def _time_batches(
@@ -335,8 +350,11 @@ def layer_specs(model: MetaModel, seq: int) -> list[Any]:
         raise ProfileError(f"{model.name}: {err}") from None
 
 
-def _forward_time(sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], seq: int) -> Any:
+def _forward_time(sweep: ModelSweep, per_seq: dict[int, dict[int, PassTimes]], seq: int, backward: bool = False) -> Any:
+    """The profile's time model of the forward (or, ``backward``, the backward) in the sweep's form."""
     form = sweep.options.time_form
+    if backward:  # the backward's times in the forward's place: one fitting path for both
+        per_seq = {s: {b: PassTimes(t.backward_ms, t.backward_ms) for b, t in ts.items()} for s, ts in per_seq.items()}
     if form == "static":
         largest = max(per_seq[seq])
         return StaticTime(ms_per_sample=per_seq[seq][largest].forward_ms / largest, batch_size=largest)
@@ -384,6 +402,8 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                     },
                     sharded_overhead_ms={dp: dict(by_degree) for dp, by_degree in acts.sharded_overhead_ms.items()},
                     split_backward_overhead_ms=m.split_overhead_ms.get(seq, 0.0),
+                    backward_time=_forward_time(sweep, m.times, seq, backward=True),
+                    optimizer_step_ms=_step_ms(m.step),
                 )
             )
         vocab = sweep.vocab[seq]
@@ -406,49 +426,16 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                 memory_pp_off=memory["pp_off"],
                 memory_pp_first=memory["pp_first"],
                 memory_pp_last=memory["pp_last"],
+                backward_time=_forward_time(sweep, {s: v.times for s, v in sweep.vocab.items()}, seq, backward=True),
+                optimizer_step_ms=_step_ms(sweep.vocab_step),
             ),
             constraints=constraints,
+            # the call's own work: the layers' measurement (the first type's: one call, whatever the type)
+            optimizer_call_ms=sweep.layers[0].step.per_call_ms if sweep.layers[0].step else None,
         )
     return profiles
 
 
-def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
-    """JSON-ready: every time with its fits and residuals, backward/forward ratios, every activation measurement."""
-    layers = []
-    for m in sweep.layers:
-        per_seq = {}
-        for seq, times in m.times.items():
-            fwd, bwd = sweep.batch_fit(times), sweep.batch_fit(times, backward=True)
-            per_seq[seq] = {
-                "forward_ms": {b: t.forward_ms for b, t in times.items()},
-                "backward_ms": {b: t.backward_ms for b, t in times.items()},
-                "forward_batch_fit": fwd.to_dict(),
-                "backward_batch_fit": bwd.to_dict(),
-                "backward_over_forward": _ratio(times),
-                "activations": m.activations[seq].to_dict(),
-                "experts": m.experts[seq].model_dump(mode="json") if seq in m.experts else None,
-            }
-        seq_fit = sweep.sequence_fit(m.times)
-        layers.append(
-            {
-                "name": m.name,
-                "num_layers": m.num_layers,
-                "built_layer_index": m.first_index,
-                "parameter_bytes": m.parameter_bytes,
-                "by_seq_length": per_seq,
-                "sequence_fit": seq_fit.to_dict() if seq_fit else None,
-            }
-        )
-    return {
-        "model": sweep.model.name,
-        "built_modules": list(sweep.model.built),
-        "degrees": sweep.degrees,
-        "vocab_degrees": sweep.vocab_degrees,
-        "layers": layers,
-        "vocab": {seq: v.to_dict() for seq, v in sweep.vocab.items()},
-    }
-
-
-def _ratio(times: dict[int, PassTimes]) -> float:
-    largest = max(times)
-    return times[largest].backward_ms / max(times[largest].forward_ms, 1e-9)
+def _step_ms(step: StepCost | None) -> tuple[float, float] | None:
+    """A module's share of the optimizer step as the profile keeps it: (ms per module, ms per million)."""
+    return None if step is None else (step.per_module_ms, step.per_million_ms)

@@ -210,6 +210,19 @@ class LayerTypeProfile(GalvaModel):
         "weight gradients, as galva-hp runs the two) than as one autograd call, at the largest profiled batch: the "
         "split's graph analysis and one autograd call per parameter group. 0: not profiled.",
     )
+    backward_time: ForwardTime | None = Field(
+        None,
+        description="Backward time of ONE layer (ms) as a function of batch, measured beside forward_time (the "
+        "backward of the layer's output seeded with ones). None: not profiled (the search takes "
+        "--backward-coefficient times forward_time).",
+    )
+    optimizer_step_ms: tuple[NonNegativeFloat, NonNegativeFloat] | None = Field(
+        None,
+        description="(ms per layer, ms per million parameters) ONE layer adds to galva-hp's optimizer step (the "
+        "gradient norm, clipping and AdamW, as the runtime runs them), timed on copies of the layer's own tensors: "
+        "the first is the per-tensor work that does not shrink when a rank holds shards, the second the work per "
+        "element. None: not profiled (the hardware profile's rate per parameter).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LayerTypeProfile:
@@ -245,6 +258,17 @@ class VocabProfile(GalvaModel):
     memory_pp_off: VocabMemory = Field(description="All vocabulary layers on one stage (pp = 1).")
     memory_pp_first: VocabMemory = Field(description="First stage of a pipeline (embedding).")
     memory_pp_last: VocabMemory = Field(description="Last stage of a pipeline (norm, head, loss).")
+    backward_time: ForwardTime | None = Field(
+        None,
+        description="Backward time of all vocabulary layers together (ms), measured beside forward_time. None: "
+        "not profiled (--backward-coefficient times forward_time).",
+    )
+    optimizer_step_ms: tuple[NonNegativeFloat, NonNegativeFloat] | None = Field(
+        None,
+        description="(ms, ms per million parameters) all vocabulary layers together add to galva-hp's optimizer "
+        "step (as LayerTypeProfile.optimizer_step_ms); a pipeline stage holding half of them pays half the first. "
+        "None: not profiled (the hardware profile's rate per parameter).",
+    )
 
 
 class ModelProfile(GalvaFile):
@@ -260,6 +284,12 @@ class ModelProfile(GalvaFile):
         None,
         description="What the model can run (heads, unsupported forms, shared parameters): the planner proposes "
         "nothing else. Null: no model constraints known (only the strategy's own rules apply).",
+    )
+    optimizer_call_ms: NonNegativeFloat | None = Field(
+        None,
+        description="ms of galva-hp's optimizer step that every rank pays once per iteration whatever it holds (the "
+        "optimizer's and the learning-rate schedule's own per-call work), beside what each layer adds "
+        "(LayerTypeProfile.optimizer_step_ms). None: not profiled (0).",
     )
 
     @model_validator(mode="after")

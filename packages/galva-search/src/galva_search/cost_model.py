@@ -124,6 +124,12 @@ class CostModel:
         rate_ms = self.hardware.optimizer_ms_per_million_parameters
         return parameters / 1e6 * rate_ms * 1e-3 * self.settings.factors.compute
 
+    def optimizer_call_s(self) -> float:
+        """Seconds of the optimizer step every rank pays once whatever it holds (the model profile's measured
+        ``optimizer_call_ms``, 0 without it), scaled as compute; each layer's share is ``LayerTerms.step_s``."""
+        ms = self.model.optimizer_call_ms or 0.0
+        return ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+
     # ----------------------------------------------------------------------------------------------- pipeline
     def in_flight(
         self, pp: int, num_micro_batches: int, schedule: PipelineSchedule | None = None, virtual_stages: int = 1

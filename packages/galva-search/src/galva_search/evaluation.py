@@ -101,7 +101,11 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     states_list = [vt.states_mib for vt in task.vocab_terms]
     act_list = [vt.activation_mib for vt in task.vocab_terms]
     transient_list = [0.0] * pp
-    step_list = [0.0] * pp  # ZeRO layers' sharded optimizer step beyond the rate's (LayerTerms.step_s)
+    # the optimizer step: measured per layer type and for the vocabulary where profiled (LayerTerms.step_s, a ZeRO
+    # layer's sharded step included; VocabTerms.step_s), else the hardware's rate on the states it covers
+    step_list = [cost.optimizer_call_s() + vt.step_s for vt in task.vocab_terms]
+    measured_vocab = cost.model.vocab.optimizer_step_ms is not None
+    rate_states = [0.0 if measured_vocab else vt.states_mib for vt in task.vocab_terms]
     parts: dict[str, list[float]] = {k: [0.0] * pp for k in kinds}
     parts["compute"] = list(u_list)
     candidate_of: dict[int, int] = {}
@@ -129,6 +133,8 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
                 w_list[stage] += float(terms.weight_grad_s[s])
             if len(terms.step_s):
                 step_list[stage] += float(terms.step_s[s])
+            if cost.model.layer_types[t].optimizer_step_ms is None:
+                rate_states[stage] += float(terms.states_mib[s])
             mem_list[stage] += float(terms.states_mib[s] + in_flight[stage] * terms.activation_mib[s])  # memory_mib
             states_list[stage] += float(terms.states_mib[s])
             act_list[stage] += float(terms.activation_mib[s])
@@ -158,7 +164,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             u_list, parts["compute"], e_list, c, shared, task.schedule, task.virtual_stages, w_list
         )
     # every stage steps its optimizer once the pipeline has drained; the iteration waits for the slowest
-    optimizer = max(cost.optimizer_s(states) + step for states, step in zip(states_list, step_list))
+    optimizer = max(cost.optimizer_s(states) + step for states, step in zip(rate_states, step_list))
     return PlanCost(
         timing.total + optimizer,
         mem_list,

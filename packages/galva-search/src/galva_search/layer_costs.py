@@ -64,8 +64,9 @@ class LayerTerms:
     # expert dispatch / combine (and etp gathers): the part of tp_comm_s that is the experts' all-to-alls
     expert_comm_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ring_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # context parallelism: ring transfers exposed
-    # once per iteration: AdamW on a ZeRO layer's sharded (DTensor) parameters beyond the plain tensors the
-    # optimizer rate prices (the profile's sharded_overhead_ms); part of the optimizer step
+    # once per iteration, part of the optimizer step: the rank's share of the layer (the profile's measured
+    # optimizer_step_ms; without it the hardware's rate prices the states) and AdamW on a ZeRO layer's sharded
+    # (DTensor) parameters beyond plain tensors of the same shards (the profile's sharded_overhead_ms)
     step_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
@@ -92,6 +93,7 @@ class _LayerStatic:
     penalty: np.ndarray
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
     sharded_ms: np.ndarray  # [candidate][forward, backward, step]: a ZeRO unit's own cost (FSDP2, DTensor step)
+    step_ms: np.ndarray  # [candidate]: the optimizer step of the rank's share of the layer (measured; else 0)
 
     def rows(self, index: np.ndarray, comm_groups: list) -> _LayerStatic:
         """These costs for the candidates ``index`` (in that order), whose own collective groups are ``comm_groups``:
@@ -104,7 +106,7 @@ class _LayerStatic:
             states=self.states[:, index], activation_per_sample=self.activation_per_sample[index],
             recompute_per_sample=self.recompute_per_sample[index], gather_mib=self.gather_mib[index],
             redistribution_per_sample=self.redistribution_per_sample[pairs], penalty=self.penalty[pairs],
-            overhead_ms=self.overhead_ms[index], sharded_ms=self.sharded_ms[index],
+            overhead_ms=self.overhead_ms[index], sharded_ms=self.sharded_ms[index], step_ms=self.step_ms[index],
         )  # fmt: skip
 
 
@@ -211,6 +213,7 @@ class LayerCosts:
         sync = np.zeros(n)
         gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
+        step_ms = np.zeros(n)
         pp = candidates[0].pp if candidates else 1
         stage_size = ranks_per_stage(self.world_size, pp)
         for i, c in enumerate(candidates):
@@ -234,6 +237,12 @@ class LayerCosts:
             if pp > 1:
                 shards = sequence_shards(c.tp, ulysses=c.ulysses, megatron_sp=s.megatron_sp) * c.cp
                 p2p_per_byte[i] = comm.p2p(pp, 1.0) / shards
+            if layer.optimizer_step_ms is not None:  # the layer's tensors (a fixed cost), the elements this rank steps
+                fixed, per_million = layer.optimizer_step_ms
+                own = elements[i] / (d if c.dp_type in (ZERO2, ZERO3) else 1)
+                zero_experts = expert_costs.expert_dp_type(c) in (ZERO2, ZERO3)
+                own += expert_elements[i] / (edp if zero_experts else 1)
+                step_ms[i] = fixed + per_million * own / 1e6
         zero3 = np.array([c.dp_type is ZERO3 for c in candidates])
         expert_zero3 = np.array([expert_costs.expert_dp_type(c) is ZERO3 for c in candidates]) & (expert_mib > 0)
         total_state_bytes = sum(s.state_bytes)
@@ -290,6 +299,7 @@ class LayerCosts:
                  for c in candidates],
                 dtype=float,
             ).reshape(n, 3),
+            step_ms=step_ms,
         )
         return static
 
@@ -311,12 +321,23 @@ class LayerCosts:
             layer, candidates, local / st.cp
         )
         forward = np.maximum(0.0, forward) * compute_factor
+        # the layer's backward: measured beside its forward where profiled (the experts' extra at the coefficient),
+        # else the coefficient's multiple of the forward
+        weight_grad = (
+            (
+                np.maximum(0.0, forward_seconds(layer.backward_time, local / (st.tp * st.cp), layer.seq_length))
+                + s.backward_coefficient * expert_costs.extra_forward_seconds(layer, candidates, local / st.cp)
+            )
+            * compute_factor
+            if layer.backward_time is not None
+            else s.backward_coefficient * forward
+        )
         # a parallel form's own cost per call beyond the plain layer's F(b/tp) (the profile's measured overhead)
         extra_forward, extra_backward = (st.overhead_ms * 1e-3 * compute_factor).T
         # a ZeRO unit's own work per call (FSDP2's hooks and copies around its collectives), not recomputed: its
         # hooks are on the unit, outside the checkpointed module
         sharded_forward, sharded_backward = (st.sharded_ms[:, :2] * 1e-3 * compute_factor).T
-        weight_grad = s.backward_coefficient * forward  # the matmuls' share: the overhead is not deferrable work
+        # weight_grad is the matmuls' share: the overhead below is not deferrable work
         forward = forward + extra_forward
         recompute = np.where(st.checkpoint, forward, 0.0)
         forward = forward + sharded_forward
@@ -364,7 +385,7 @@ class LayerCosts:
             weight_grad_s=share * weight_grad,
             expert_comm_s=expert_comm,
             ring_s=ring,
-            step_s=st.sharded_ms[:, 2] * 1e-3 * compute_factor,
+            step_s=(st.sharded_ms[:, 2] + st.step_ms) * 1e-3 * compute_factor,
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

@@ -46,6 +46,7 @@ class VocabTerms:
     states_mib: float = 0.0
     activation_mib: float = 0.0  # activations of ONE micro-batch
     weight_grad_s: float = 0.0  # weight-gradient (W) share of the backward per micro-batch (zb-h1)
+    step_s: float = 0.0  # once per iteration: the optimizer step of these layers' parameters (measured; else 0)
 
 
 class VocabCosts:
@@ -103,6 +104,11 @@ class VocabCosts:
         f = s.factors
         compute_scale = f.compute * self.hardware.compute_slowdown  # the model profile ran alone (docs §3)
         forward = float(forward_seconds(vocab.forward_time, local / (k * cp), types[-1].seq_length)) * compute_scale
+        backward = (  # measured beside the forward where profiled, else the coefficient's multiple of it
+            float(forward_seconds(vocab.backward_time, local / (k * cp), types[-1].seq_length)) * compute_scale
+            if vocab.backward_time is not None
+            else s.backward_coefficient * forward
+        )
         dp_type = ZERO3 if option.zero3 else s.default_dp_type
         shard, consecutive = sharding_group_shape(stage_ranks, k, True, option.sp)  # vocabulary groups are blocks
         accumulating = num_micro_batches > 1
@@ -112,8 +118,7 @@ class VocabCosts:
         def position(
             memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: float
         ) -> VocabTerms:
-            fwd = forward * share
-            bwd = s.backward_coefficient * fwd
+            fwd, bwd = forward * share, backward * share
             tp_time = 0.0
             if k > 1 and not option.sp:
                 tp_time = tp_messages * float(comm.allreduce(k, True, local * seq / cp * hidden * e)) * f.tp_comm
@@ -138,7 +143,12 @@ class VocabCosts:
                 micro = fwd + bwd + tp_time
                 exposed = float(comm.overlapped(bwd, sync)) - bwd
             act = memory.activation_mib_per_sample[k] / cp * local * f.activations
-            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd)
+            step = 0.0
+            if vocab.optimizer_step_ms is not None:  # its tensors' share, and the elements this rank steps
+                fixed, per_million = vocab.optimizer_step_ms
+                local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
+                step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * compute_scale
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step)
 
         first, last = types[0], types[-1]
         if pp == 1:
