@@ -14,7 +14,9 @@ A step is forward + backward + global-norm clipping + AdamW (``galva_hp.train_st
 in the same four forked gloo ranks, interleaved step by step; the reported time is the median over the measured
 steps. The prediction is ``galva_search.evaluate_strategy`` on profiles of this machine: ``--profile`` writes them
 (``galva-profile model`` of a GPT-2 config of the same sizes, ``galva-profile hardware --nproc-per-node PP``) under
-``benchmarks/runtime/.work/``; without them the column says so.
+``benchmarks/runtime/.work/``; without them the column says so. ``--trace N``: N more steps of each galva case with
+the executor's ops timed per rank (``schedule_trace.py``), printed as a per-op decomposition beside replays of the
+schedule with the measured op durations.
 """
 
 from __future__ import annotations
