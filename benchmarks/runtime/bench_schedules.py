@@ -14,17 +14,22 @@ A step is forward + backward + global-norm clipping + AdamW (``galva_hp.train_st
 in the same four forked gloo ranks, interleaved step by step; the reported time is the median over the measured
 steps. The prediction is ``galva_search.evaluate_strategy`` on profiles of this machine: ``--profile`` writes them
 (``galva-profile model`` of a GPT-2 config of the same sizes, ``galva-profile hardware --nproc-per-node PP``) under
-``benchmarks/runtime/.work/``; without them the column says so.
+``benchmarks/runtime/.work/``; without them the column says so. ``--trace N``: N more steps of each galva case with
+the executor's ops timed per rank (``schedule_trace.py``), printed as a per-op decomposition beside replays of the
+schedule with the measured op durations.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from bench_dp import _clip_global, _time  # same directory: the global-norm clip and the interleaved step timer
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
@@ -136,7 +141,22 @@ def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore
     runs["torch-interleaved-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 2)
     if args.cases:
         runs = {name: run for name, run in runs.items() if name in args.cases}
-    return _time(runs, args)
+    times = _time(runs, args)
+    if not args.trace:
+        return times
+    import schedule_trace
+
+    schedule_trace.install()  # after the timed steps: they ran the runtime untouched
+    traces: dict[str, list] = {name: [] for name in runs if name.startswith("galva")}
+    for _ in range(args.trace):
+        for name in traces:
+            dist.barrier()
+            schedule_trace.take()
+            start = time.perf_counter()
+            runs[name]()
+            wall = time.perf_counter() - start
+            traces[name].append((start, wall, schedule_trace.take()))
+    return {"times": times, "trace": traces}
 
 
 # ------------------------------------------------------------------------------------------------ prediction
@@ -148,6 +168,9 @@ def profile(args) -> None:  # type: ignore[no-untyped-def]
     config = GPT2Config(
         n_embd=args.hidden, n_layer=args.layers, n_head=4, vocab_size=VOCAB, n_positions=args.seq,
         tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+        # the benchmarked tiny_gpt's layer: exact GELU, no dropout (GPT-2's defaults, tanh GELU and dropout 0.1,
+        # made the profiled forward 1.7x and backward 1.25x the benchmarked one's, CPU time, batch 2)
+        activation_function="gelu", resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0,
     )  # fmt: skip
     config.save_pretrained(WORK / "gpt")
     micro = args.batch // args.micro_batches
@@ -210,6 +233,61 @@ def table(result: dict[str, float], predicted: dict[str, float] | None, args) ->
     )
 
 
+def decomposition(traces: list[dict[str, list]], args) -> str:  # type: ignore[no-untyped-def]
+    """Per case and rank, the median over the traced steps of ms per kind of op (wall, and CPU in brackets), and the
+    replay of the stages' orders with the measured op durations and instant messages (schedule_trace.replay)."""
+    import schedule_trace
+
+    from galva_hp.pipeline_schedules import schedule_order
+    from galva_schema import PipelineSchedule
+
+    kinds = ["F", "B", "I", "W", "recv", "send", "wait-sends", "grad-sync", "clip", "optimizer", "zero-grad", "other"]
+    lines = [
+        "| case | rank | step | " + " | ".join(kinds) + " | recv wait | replay |",
+        "|---" * (len(kinds) + 5) + "|",
+    ]
+    notes: list[str] = []
+    cpu_ms: dict[str, float] = {}
+    for name in traces[0]:
+        schedule, v = SCHEDULES[name.removeprefix("galva-")]
+        orders = [
+            schedule_order(PipelineSchedule(schedule), s, args.pp, args.micro_batches, v) for s in range(args.pp)
+        ]
+        replays, cpu_replays, per_rank, delays = [], [], [], []
+        for step in range(args.trace):
+            events = [traces[rank][name][step][2] for rank in range(args.pp)]
+            for out, clock in ((replays, "wall"), (cpu_replays, "cpu")):
+                durations = [{(e.kind, e.chunk, e.micro_batch): getattr(e, clock) for e in ev if e.kind in "FBIW"}
+                             for ev in events]  # fmt: skip
+                out.append(schedule_trace.replay(orders, durations, args.pp * v))
+            delays.extend(schedule_trace.message_delays(events))
+        replay_ms = statistics.median(replays) * 1e3
+        cpu_ms[name] = statistics.median(cpu_replays) * 1e3
+        if delays:
+            notes.append(
+                f"{name}: {len(delays) / args.trace:.0f} messages a step reach a waiting receiver, delay median "
+                f"{statistics.median(delays) * 1e3:.2f} ms, mean {statistics.mean(delays) * 1e3:.2f} ms, "
+                f"max {max(delays) * 1e3:.2f} ms"
+            )
+        for rank in range(args.pp):
+            rows = [schedule_trace.summary(ev, start, wall) for start, wall, ev in traces[rank][name]]
+            med = {key: statistics.median(r.get(key, 0.0) for r in rows) for key in {k for r in rows for k in r}}
+            per_rank.append(med)
+            cells = [
+                f"{med.get(k, 0.0):.1f}" + (f" ({med[k + ' cpu']:.1f})" if k + " cpu" in med else "") for k in kinds
+            ]
+            lines.append(
+                f"| {name} | {rank} | {med['step']:.1f} | " + " | ".join(cells)
+                + f" | {med['recv wait']:.1f} | {replay_ms:.1f} |"
+            )
+    if "galva-1f1b" in cpu_ms:
+        notes.append(
+            "replay of the ops' CPU times (instant messages, no load), ratio to 1F1B: "
+            + ", ".join(f"{name} {ms / cpu_ms['galva-1f1b']:.3f} ({ms:.0f} ms)" for name, ms in cpu_ms.items())
+        )
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pp", type=int, default=4, help="stages = ranks (one rank per stage)")
@@ -223,14 +301,21 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="(re)write the profiles for the prediction column")
     parser.add_argument("--cases", nargs="+", help="only these cases (galva-1f1b always included), e.g. galva-zb-h1")
     parser.add_argument("--write-readme", action="store_true")
+    parser.add_argument(
+        "--trace", type=int, default=0, metavar="STEPS",
+        help="after the timed steps, trace STEPS more of each galva case and print where each rank's time went",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.cases:
         args.cases = sorted({"galva-1f1b", *args.cases})
     if args.profile:
         profile(args)
-    result = run_distributed(bench, args.pp, args, timeout=1800, threads_per_rank=1)[0]
+    ranks = run_distributed(bench, args.pp, args, timeout=1800, threads_per_rank=1)
+    result = ranks[0]["times"] if args.trace else ranks[0]
     text = table(result, predictions(args), args)
     print(text)
+    if args.trace:
+        print(decomposition([r["trace"] for r in ranks], args))
     if args.write_readme:
         readme = README.read_text()
         mark = f"<!-- schedules pp{args.pp} -->"

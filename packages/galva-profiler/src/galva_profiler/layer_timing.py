@@ -110,7 +110,7 @@ def weight_grad_share(
     return min(1.0, max(0.0, 1.0 - min(inputs) / min(whole)))
 
 
-def split_backward_overhead_ms(
+def split_backward_overhead_share(
     module: torch.nn.Module,
     batch: int,
     seq: int,
@@ -119,14 +119,16 @@ def split_backward_overhead_ms(
     repeats: Repeats,
     device: torch.device | None = None,
 ) -> float:
-    """What zb-h1's split backward costs beyond one backward, ms per call of the layer.
+    """What zb-h1's split backward costs beyond one backward, as a share of that backward.
 
     Each repetition times, on fresh forwards, the whole backward (one ``torch.autograd.backward``) and the split
     as galva-hp's pipeline runs it (:func:`galva_hp.pipeline.input_backward`, then
     :func:`galva_hp.pipeline.weight_backward`: the graph analysis and one autograd call per parameter group); the
-    overhead is the median of the paired differences (split less whole, repetition by repetition: pairs cancel slow
+    share is the median of the paired ratios less one (split over whole, repetition by repetition: pairs cancel slow
     drifts), at least 0. On CPU both are the calling thread's CPU time (autograd runs CPU work on it, and outside load
-    adds little to it), on a device wall time.
+    adds little to it), on a device wall time. The caller prices it on the layer's backward as the profile times it,
+    so the overhead and the layer's times share one clock (in milliseconds of CPU time the overhead weighed half its
+    share beside wall times a loaded machine had doubled).
     """
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
 
@@ -138,7 +140,7 @@ def split_backward_overhead_ms(
          lambda out, seed: weight_backward(input_backward([out], [seed], x))),
         repeats, device, time.thread_time if device.type == "cpu" else time.perf_counter,
     )  # fmt: skip
-    return max(0.0, statistics.median(s - w for s, w in zip(split, whole)) * 1e3)
+    return max(0.0, statistics.median(s / w - 1.0 for s, w in zip(split, whole) if w > 0.0))
 
 
 def _alternating_backwards(

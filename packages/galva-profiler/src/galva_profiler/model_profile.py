@@ -29,7 +29,7 @@ from galva_profiler.layer_step import StepCost, step_cost
 from galva_profiler.layer_timing import (
     PassTimes,
     layer_forward,
-    split_backward_overhead_ms,
+    split_backward_overhead_share,
     time_interleaved,
     time_passes,
     weight_grad_share,
@@ -213,7 +213,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             measurement.weight_grad_share[seq] = weight_grad_share(
                 module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
             )
-            measurement.split_overhead_ms[seq] = split_backward_overhead_ms(
+            split_share = split_backward_overhead_share(
                 module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
             )
             for _ in range(RETIMES):
@@ -231,6 +231,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
                         file=sys.stderr,
                         flush=True,
                     )
+            # on the backward the profile keeps, in its clock (layer_timing.split_backward_overhead_share)
+            measurement.split_overhead_ms[seq] = split_share * measurement.times[seq][batches[-1]].backward_ms
             measurement.activations[seq] = measure_layer(
                 module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
                 degrees, options.timeout_s,
