@@ -179,7 +179,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
     total = len(seqs) * (len(runs) * 2 + 1)
     progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
-    specs = layer_specs(model, seqs[0])
+    specs = layer_specs(model.at_length(seqs[0]), seqs[0])
     layers: list[LayerMeasurement] = []
     for kind, first, count in runs:
         module = model.layer(first, dtype).train()
@@ -187,7 +187,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
         layers.append(LayerMeasurement(kind, first, count, hidden, parameter_bytes))
     for seq in seqs:
-        specs = layer_specs(model, seq)
+        specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
             module = model.layer(measurement.first_index, dtype)
             layer_seq = specs[measurement.first_index].seq_length
@@ -231,7 +231,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     vocab = {}
     for seq in seqs:
         vocab[seq] = measure_vocab(
-            model.layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches, vocab_degrees,
+            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches, vocab_degrees,
             options.megatron_sp, options.repeats, options.timeout_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
@@ -253,6 +253,9 @@ def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs
     first, last = specs[0], specs[-1]
     changed = (last.seq_length, last.hidden_size) != (first.seq_length, first.hidden_size)
     head_input = (last.seq_length, last.hidden_size) if changed else None
+    decoder = model.decoder_length(seq)
+    if decoder is not None:  # an encoder-decoder embeds [encoder ; decoder] ids and scores the decoder's tokens
+        return VocabInputs.of(model.config, first.seq_length, dtype, False, head_input, decoder)
     return VocabInputs.of(model.config, seq, dtype, _reads_images(model), head_input)
 
 
@@ -328,8 +331,12 @@ def _windows(model: MetaModel, first_index: int) -> tuple[int | None, int]:
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
-    """The adapter's spec of every layer at sequence length ``seq`` (hidden size, heads, ...)."""
+    """The adapter's spec of every layer at sequence length ``seq`` (hidden size, heads, ...; an encoder-decoder's
+    boundary carries both streams)."""
+    decoder = model.decoder_length(seq)
     try:
+        if decoder is not None:
+            return list(model.adapter.layer_specs(model.config, seq, decoder))
         return list(model.adapter.layer_specs(model.config, seq))
     except ValueError as err:
         raise ProfileError(f"{model.name}: {err}") from None
