@@ -129,12 +129,14 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
     """Degrees per mode (tp, megatron_sp, ulysses) every layer type can run, and the vocabulary tp degrees.
 
     A degree is kept when the model's constraints allow the form and the heads split (galva-schema's rule) and,
-    for the sequence-splitting forms, when it divides every profiled sequence length.
+    for the sequence-splitting forms, when it divides the tokens every layer type passes at every profiled length
+    (the constraints' ``seq_length`` where a type states its own, as an encoder-decoder's ``[encoder ; decoder]``).
     """
     from galva_schema import ParallelForm
     from galva_schema.constraints import supported_degrees
 
     constraints = model.constraints(seq_lengths[0])
+    tokens = [t.seq_length or s for s in seq_lengths for t in model.constraints(s).layer_types]
     candidates = [2**i for i in range(MAX_TP.bit_length()) if 2**i <= max_tp]
     out: dict[str, list[int]] = {}
     for mode, form, ulysses in (
@@ -150,7 +152,7 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
                 kept = [1]
             kept = [d for d in kept if d in supported_degrees(layer_type, kept, ulysses)]
         if mode != "tp":
-            kept = [d for d in kept if all(s % d == 0 for s in seq_lengths)]
+            kept = [d for d in kept if all(n % d == 0 for n in tokens)]
         out[mode] = kept
     vocab = [1] if ParallelForm.VOCAB_TP in constraints.vocab_unsupported else candidates
     return out, vocab
