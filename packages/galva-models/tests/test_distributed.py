@@ -231,8 +231,7 @@ ENC_SEQ = 12
 
 def _family_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
     """Per step: (HF keyword inputs, Galva inputs, Galva labels)."""
-    from galva_models.data import RandomSeq2SeqSource
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     out = []
     for step in range(STEPS):

@@ -177,8 +177,7 @@ def stock_config(family: str, p: float):
 
 
 def _batches(family: str, config) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from galva_models.data import RandomSeq2SeqSource
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     if family == "gpt2":
         ids, labels = batch()
@@ -310,8 +309,7 @@ def save_checkpoint(family: str, directory: str) -> None:
 
 def _learnable_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
     """Two fixed global batches of 8 (cycled): (Hugging Face keyword inputs, Galva inputs, Galva labels)."""
-    from galva_models.data import RandomSeq2SeqSource
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     out = []
     for step in range(2):

@@ -233,8 +233,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     vocab = {}
     for seq in seqs:
         vocab[seq] = measure_vocab(
-            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches, vocab_degrees,
-            options.megatron_sp, options.repeats, options.timeout_s,
+            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches,
+            vocab_degrees, options.megatron_sp, options.repeats, options.timeout_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees)
