@@ -144,11 +144,13 @@ def test_an_encoder_decoder_is_profiled_planned_and_checked(profiles: Path, tmp_
             "--preset", "tiny-t5", "--strategy", str(plans), "--search", "--steps", "1", "--warmup", "0",
             "-o", "check.json"]
     _profile(args, tmp_path)
-    rows = {r["strategy"]: r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
-    assert set(rows) == {"ulysses2", "galva-search"}
+    rows = {(r["strategy"], r["stage"]): r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
+    assert {name for name, _ in rows} == {"ulysses2", "galva-search"}
     for row in rows.values():
         assert abs(row["errors"]["states"]) < 0.03, row
-        assert abs(row["errors"]["activations"]) < 0.1, row
+    # one micro-batch's activations with both streams on every rank's slice: -3.1% (the encoder's last layer also
+    # holds the encoder's final norm, which the first layer measured lacks); the searched plan's depend on its form
+    assert abs(rows["ulysses2", 0]["errors"]["activations"]) < 0.04, rows["ulysses2", 0]
 
 
 @pytest.mark.distributed
