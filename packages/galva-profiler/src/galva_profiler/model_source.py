@@ -131,6 +131,9 @@ class MetaModel:
         """This model cut for ``seq_length``: an encoder-decoder is cut again (the same modules, so what was made
         real stays real, and shared weights read the real tensors); any other model is returned as it is."""
         if self.encoder_decoder and seq_length != self.seq_length:
+            # making a module real gave it new parameters, so Hugging Face's tied weights (T5's token table in the
+            # encoder, decoder and head) are no longer one tensor: tied again, as the cut needs them
+            self.hf_model.tie_weights()
             self.layered = self._cut(seq_length)
         return self
 
