@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -133,7 +133,7 @@ class MetaModel:
         if self.encoder_decoder and seq_length != self.seq_length:
             # making a module real gave it new parameters, so Hugging Face's tied weights (T5's token table in the
             # encoder, decoder and head) are no longer one tensor: tied again, as the cut needs them
-            self.hf_model.tie_weights()
+            cast(Any, self.hf_model).tie_weights()
             self.layered = self._cut(seq_length)
         return self
 
