@@ -231,8 +231,7 @@ ENC_SEQ = 12
 
 def _family_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
     """Per step: (HF keyword inputs, Galva inputs, Galva labels)."""
-    from galva_models.cli.train import _Seq2SeqRandom
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     out = []
     for step in range(STEPS):
@@ -240,7 +239,7 @@ def _family_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch
             b = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5).batch(step)
             out.append(({"input_ids": b.inputs, "labels": b.labels}, b.inputs, b.labels))
         elif family == "t5":
-            b = _Seq2SeqRandom(config, ENC_SEQ, 6, 8, seed=5).batch(step)
+            b = RandomSeq2SeqSource(config, ENC_SEQ, 6, 8, seed=5).batch(step)
             out.append(({"input_ids": b.inputs[:, :ENC_SEQ], "labels": b.labels}, b.inputs, b.labels))
         else:
             b = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5).batch(step)

@@ -177,8 +177,7 @@ def stock_config(family: str, p: float):
 
 
 def _batches(family: str, config) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from galva_models.cli.train import _Seq2SeqRandom
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     if family == "gpt2":
         ids, labels = batch()
@@ -186,7 +185,7 @@ def _batches(family: str, config) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if family == "bert":
         source = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5)
     elif family == "t5":
-        source = _Seq2SeqRandom(config, ENC_SEQ, 6, 8, seed=5)
+        source = RandomSeq2SeqSource(config, ENC_SEQ, 6, 8, seed=5)
     else:
         source = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5)
     return [(b.inputs, b.labels) for b in (source.batch(s) for s in range(STEPS))]
@@ -310,8 +309,7 @@ def save_checkpoint(family: str, directory: str) -> None:
 
 def _learnable_batches(family: str, config) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
     """Two fixed global batches of 8 (cycled): (Hugging Face keyword inputs, Galva inputs, Galva labels)."""
-    from galva_models.cli.train import _Seq2SeqRandom
-    from galva_models.data import RandomImageSource, RandomMaskedTokenSource
+    from galva_models.data import RandomImageSource, RandomMaskedTokenSource, RandomSeq2SeqSource
 
     out = []
     for step in range(2):
@@ -325,7 +323,7 @@ def _learnable_batches(family: str, config) -> list[tuple[dict, torch.Tensor, to
             b = RandomMaskedTokenSource(config.vocab_size, ENC_SEQ, 8, mask_token_id=3, seed=5).batch(step)
             hf = {"input_ids": b.inputs, "labels": b.labels}
         elif family == "t5":
-            b = _Seq2SeqRandom(config, ENC_SEQ, DEC_SEQ, 8, seed=5).batch(step)
+            b = RandomSeq2SeqSource(config, ENC_SEQ, DEC_SEQ, 8, seed=5).batch(step)
             hf = {"input_ids": b.inputs[:, :ENC_SEQ], "labels": b.labels}
         else:
             b = RandomImageSource(config.image_size, config.num_channels, config.num_labels, 8, seed=5).batch(step)

@@ -108,6 +108,52 @@ def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_pat
 
 
 @pytest.mark.distributed
+def test_an_encoder_decoder_is_profiled_planned_and_checked(profiles: Path, tmp_path: Path) -> None:
+    """tiny-t5 (2 encoder + 2 decoder layers; encoder 8 tokens, decoder 6): the profile builds the first layer of each
+    stack with its stack's relative-position table (a shared weight at home there) and measures each on the
+    [encoder ; decoder] stream the runtime passes (14 tokens; the sequence forms give each rank 7, one rank rows of
+    both streams); galva-search plans on it and galva-hp trains its plan and a Ulysses one (it was a traceback:
+    'decompose needs encoder_seq_length')."""
+    enc_seq, dec_seq, hidden = 8, 6, 64
+    model_args = ["--model", "tiny-t5", "--seq-lengths", str(enc_seq), "--decoder-seq-length", str(dec_seq),
+                  "--batch-sizes", "1,2", "--max-tp", "2", "--repetitions", "1", "--quiet"]
+    _profile(["model", *model_args, "-o", "t5.json", "--report", "t5-report.json"], tmp_path)
+    profile = ModelProfile.load(tmp_path / "t5.json")
+    report = json.loads((tmp_path / "t5-report.json").read_text())
+    assert report["built_modules"] == ["layers.0", "layers.2", "embedding", "head"]
+    assert report["degrees"] == {"tp": [1, 2], "megatron_sp": [1, 2], "ulysses": [1, 2]}
+    enc, dec = profile.layer_types
+    assert (enc.name, enc.num_layers, dec.name, dec.num_layers) == ("t5_encoder", 2, "t5_decoder", 2)
+    assert enc.seq_length == dec.seq_length == enc_seq  # the profile's length is the encoder's
+    assert profile.constraints is not None and profile.constraints.layer_types[1].seq_length == enc_seq + dec_seq
+    # the decoder's cross-attention: 4 more hidden x hidden projections and its norm
+    assert (dec.parameter_mib - enc.parameter_mib) * 2**20 == (4 * hidden * hidden + hidden) * 4
+    # checkpointed, a layer keeps its input alone: the whole stream, exactly
+    assert enc.checkpoint_activation_mib_per_sample * 2**20 == (enc_seq + dec_seq) * hidden * 4
+    for layer in (enc, dec):
+        assert set(layer.parallel_overhead_ms) == {"tp", "megatron_sp", "ulysses"}
+        assert layer.megatron_sp_activation_mib_per_sample[2] > 0 and layer.ulysses_activation_mib_per_sample[2] > 0
+    # one token table, tied to lm_head: on one stage 16 bytes per parameter (and the decoder's final norm)
+    assert profile.vocab.vocab_size == 128
+    assert profile.vocab.memory_pp_off.model_states_mib[1] * 2**20 == (128 * hidden + hidden) * 16
+
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    _strategy(2, 1, [{"tp": 2, "ulysses": True}] * 4).save(plans / "ulysses2.json")
+    args = ["check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile", str(tmp_path / "t5.json"),
+            "--preset", "tiny-t5", "--strategy", str(plans), "--search", "--steps", "1", "--warmup", "0",
+            "-o", "check.json"]
+    _profile(args, tmp_path)
+    rows = {(r["strategy"], r["stage"]): r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
+    assert {name for name, _ in rows} == {"ulysses2", "galva-search"}
+    for row in rows.values():
+        assert abs(row["errors"]["states"]) < 0.03, row
+    # one micro-batch's activations with both streams on every rank's slice: -2.9% (the encoder's last layer also
+    # holds the encoder's final norm, which the first layer measured lacks); the searched plan's depend on its form
+    assert abs(rows["ulysses2", 0]["errors"]["activations"]) < 0.04, rows["ulysses2", 0]
+
+
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_calibration_changes_predictions_as_it_says(profiles: Path) -> None:
     """A compute factor of 2 doubles the predicted time of a plan that is compute only (one rank's worth of work

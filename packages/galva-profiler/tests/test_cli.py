@@ -126,6 +126,22 @@ def test_max_tp_must_be_a_power_of_two(tmp_path: Path, max_tp: str, capsys: pyte
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--preset", "tiny-llama", "--decoder-seq-length", "8"],
+         "--decoder-seq-length: tiny-llama has no decoder stream; use --seq-lengths"),
+        (["--preset", "tiny-t5", "--decoder-seq-length", "1"], "--decoder-seq-length must be >= 2, got 1"),
+    ],
+)  # fmt: skip
+def test_a_decoder_length_needs_an_encoder_decoder(tmp_path: Path, args: list[str], expected: str, capsys) -> None:
+    """--decoder-seq-length (galva-train's flag) for a model without a decoder stream, or too short: one line."""
+    out = tmp_path / "m.json"
+    line = _in_process(["model", *args, "--seq-lengths", "16", "--quiet", "-o", str(out)], capsys)
+    assert expected in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_refuses_the_profile_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 32-layer llama-7b-like profile checked against tiny-llama: predictions of one model, measurements of
     another."""

@@ -117,3 +117,30 @@ def test_the_profile_records_which_layers_attend_within_a_sliding_window(family,
         expected = (8, config.layer_types.count("sliding_attention"))
         assert 0 < expected[1] < n
     assert _windows(model, 0) == expected
+
+
+def test_an_encoder_decoder_is_cut_again_for_each_length_holding_what_was_made_real() -> None:
+    """T5's layers pass [encoder ; decoder], so its cut depends on the length: each profiled length cuts the same
+    modules again. What was made real stays real and is read: each stack's relative-position table (a shared weight
+    at home in the stack's first layer), the token table tied across encoder, decoder and head (making modules real
+    gave each holder its own tensor, and the cut refused a model whose encoder table no module held)."""
+    import torch
+
+    from galva_profiler.vocab import tie
+
+    config, _ = load_config("tiny-t5", None)
+    model = MetaModel.build(config, "tiny-t5", seq_length=8, decoder_seq_length=6)
+    layer = model.layer(2, torch.float32)  # the decoder stack's first layer: its table's home
+    home = "layer.layer.0.SelfAttention.relative_attention_bias.weight"
+    assert model.layered.shared[1].param is layer.get_parameter(home)
+    model.embedding(torch.float32)
+    model.head(torch.float32)
+    tie(model.layered)
+    model.at_length(16)
+    assert [layer.encoder_length for layer in model.layered.layers] == [16] * 4
+    assert model.decoder_length(16) == 6 and model.constraints(16).layer_types[0].seq_length == 22
+    table = model.layered.shared[1].param
+    assert not table.is_meta and model.layered.layers[3].bias.table.param is table
+    assert model.built == ["layers.2", "embedding", "head"]  # nothing more made real (the decoder's table: its home)
+    out = model.layered.layers[2](torch.randn(1, 22, HIDDEN))
+    assert out.shape == (1, 22, HIDDEN) and bool(out.isfinite().all())

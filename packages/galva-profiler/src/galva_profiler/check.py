@@ -45,6 +45,7 @@ class CheckOptions:
     seed: int = 1234
     timeout_s: float = 600.0
     backward_coefficient: float = 2.0
+    decoder_seq_length: int | None = None  # an encoder-decoder's (seq_length is its encoder's)
 
 
 @dataclass
@@ -179,7 +180,7 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     import torch
 
     from galva_hp import BuildOptions, GalvaOptimizer, OptimConfig, build
-    from galva_models.data import RandomTokenSource
+    from galva_models.tables.family import length_options
     from galva_models.tables.registry import adapter_for
     from galva_profiler.base_memory import measure_base_memory
     from galva_profiler.distributed import World
@@ -191,10 +192,11 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     torch.manual_seed(options.seed)
     hf_model = adapter.build_model(config, attn_implementation="sdpa")
     build_options = BuildOptions(seq_len=options.seq_length, measure_activations=True)
-    model = build(adapter.decompose(hf_model), strategy, build_options)
+    lengths = length_options(adapter.task, options.seq_length, options.decoder_seq_length)
+    model = build(adapter.decompose(hf_model, **lengths), strategy, build_options)
     del hf_model
     optimizer = GalvaOptimizer(model.param_records(), OptimConfig(lr=1e-4))
-    source = RandomTokenSource(int(config.vocab_size), options.seq_length, strategy.global_batch_size, options.seed)
+    source = _token_source(config, adapter, strategy.global_batch_size, options)
     sampling = {"on": False, "max": 0}
 
     def sample(*_: Any) -> None:
@@ -232,6 +234,17 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     return RankMeasurement(
         rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss, by_unit, peak, base_mib
     )
+
+
+def _token_source(config: Any, adapter: Any, batch: int, options: CheckOptions) -> Any:
+    """Random batches of the model's task: next tokens, or an encoder-decoder's ``[encoder ; decoder]`` ids."""
+    from galva_models.data import RandomSeq2SeqSource, RandomTokenSource
+    from galva_models.tables.family import Task
+
+    if adapter.task is Task.SEQ2SEQ_LM:
+        decoder = options.decoder_seq_length or options.seq_length
+        return RandomSeq2SeqSource(config, options.seq_length, decoder, batch, options.seed)
+    return RandomTokenSource(int(config.vocab_size), options.seq_length, batch, options.seed)
 
 
 def measure(config: Any, strategy: Strategy, options: CheckOptions) -> list[RankMeasurement]:

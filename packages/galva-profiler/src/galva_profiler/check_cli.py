@@ -11,6 +11,7 @@ from galva_profiler.errors import ProfileError
 from galva_profiler.outputs import check_writable_file, writing
 
 if TYPE_CHECKING:
+    from galva_profiler.model_source import MetaModel
     from galva_schema import HardwareProfile, ModelProfile, Strategy
 
 
@@ -86,10 +87,11 @@ def run_check(args: argparse.Namespace) -> int:
     except SchemaError as err:
         raise ProfileError(str(err)) from None
     seq = model.layer_types[0].seq_length
-    _check_same_model(config, args, model)
+    meta = _check_same_model(config, args, model)
     options = CheckOptions(
-        args.steps, args.warmup, seq, timeout_s=args.timeout, backward_coefficient=args.backward_coefficient
-    )
+        args.steps, args.warmup, seq, timeout_s=args.timeout, backward_coefficient=args.backward_coefficient,
+        decoder_seq_length=meta.decoder_length(seq),
+    )  # fmt: skip
     if args.top:
         top = _top(hardware, model, args)
         named += [(f"galva-search-top{i + 1}", strategy) for i, strategy in enumerate(top)]
@@ -155,15 +157,16 @@ def write_outputs(args: argparse.Namespace, data: dict[str, Any], text: str, cal
         raise
 
 
-def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfile) -> None:
+def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfile) -> MetaModel:
     """The model profile must describe the model the check trains: per layer type the count, hidden size and
     parameters of one layer (0.1%: the same layer counted by another tool), and the vocabulary. Otherwise one model's
     predictions would be compared with another's measurements, silently. Layer type names are labels (a profile
-    converted from reference files has its own), so they are shown, not compared."""
+    converted from reference files has its own), so they are shown, not compared. Returns the model (on the meta
+    device) at the profile's lengths."""
     from galva_profiler.model_profile import layer_specs
     from galva_profiler.model_source import MetaModel
 
-    meta = MetaModel.build(config, "")  # on the meta device: no weights
+    meta = MetaModel.of_profile(config, profile)  # on the meta device: no weights
     specs = layer_specs(meta, profile.layer_types[0].seq_length)
     built = [
         (kind, count, specs[first].hidden_size, sum(p.numel() for p in meta.layered.layers[first].parameters()) * 4)
@@ -185,6 +188,7 @@ def _check_same_model(config: Any, args: argparse.Namespace, profile: ModelProfi
             f"--model-profile {args.model_profile}: profiles {profile.model_name!r} with a vocabulary of "
             f"{profile.vocab.vocab_size}, but {flag} has {vocab}: give the profile of the model being checked"
         )
+    return meta
 
 
 def _layers(types: list[tuple[str, int, int, float]]) -> str:

@@ -25,8 +25,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     src.add_argument("--model-config", metavar="DIR", help="a Hugging Face config or checkpoint directory")
     src.add_argument(
-        "--seq-lengths", type=positive_ints, required=True, help="comma-separated, e.g. 128 or 128,256,512"
-    )
+        "--seq-lengths", type=positive_ints, required=True,
+        help="comma-separated, e.g. 128 or 128,256,512 (an encoder-decoder's: the encoder's)",
+    )  # fmt: skip
+    src.add_argument(
+        "--decoder-seq-length", type=int, metavar="N",
+        help="encoder-decoder models: the decoder's length at every profiled length (default: the encoder's)",
+    )  # fmt: skip
     sweep = p.add_argument_group("sweep")
     sweep.add_argument("--batch-sizes", type=positive_ints, help="comma-separated (default 1,2,4,8; --quick 1,2)")
     sweep.add_argument("--max-tp", type=int, default=8, help="largest tp / Ulysses / vocab tp degree measured")
@@ -90,7 +95,9 @@ def run_model(args: argparse.Namespace) -> int:
         repeats=repeats,
         timeout_s=args.timeout,
     )
-    model = MetaModel.build(config, name)
+    if args.decoder_seq_length is not None and args.decoder_seq_length < 2:
+        raise ProfileError(f"--decoder-seq-length must be >= 2, got {args.decoder_seq_length}")
+    model = MetaModel.build(config, name, seq_length=seqs[0], decoder_seq_length=args.decoder_seq_length)
     _check_lengths(model, seqs)
     sweep = run_model_sweep(model, options, progress_enabled=not args.quiet)
     profiles = model_profiles(sweep)

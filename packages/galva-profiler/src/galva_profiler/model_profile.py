@@ -132,12 +132,14 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
     """Degrees per mode (tp, megatron_sp, ulysses) every layer type can run, and the vocabulary tp degrees.
 
     A degree is kept when the model's constraints allow the form and the heads split (galva-schema's rule) and,
-    for the sequence-splitting forms, when it divides every profiled sequence length.
+    for the sequence-splitting forms, when it divides the tokens every layer type passes at every profiled length
+    (the constraints' ``seq_length`` where a type states its own, as an encoder-decoder's ``[encoder ; decoder]``).
     """
     from galva_schema import ParallelForm
     from galva_schema.constraints import supported_degrees
 
     constraints = model.constraints(seq_lengths[0])
+    tokens = [t.seq_length or s for s in seq_lengths for t in model.constraints(s).layer_types]
     candidates = [2**i for i in range(MAX_TP.bit_length()) if 2**i <= max_tp]
     out: dict[str, list[int]] = {}
     for mode, form, ulysses in (
@@ -153,7 +155,7 @@ def degrees_for(model: MetaModel, max_tp: int, seq_lengths: tuple[int, ...]) -> 
                 kept = [1]
             kept = [d for d in kept if d in supported_degrees(layer_type, kept, ulysses)]
         if mode != "tp":
-            kept = [d for d in kept if all(s % d == 0 for s in seq_lengths)]
+            kept = [d for d in kept if all(n % d == 0 for n in tokens)]
         out[mode] = kept
     vocab = [1] if ParallelForm.VOCAB_TP in constraints.vocab_unsupported else candidates
     return out, vocab
@@ -192,7 +194,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
     total = len(seqs) * (len(runs) * 2 + 1)
     progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
-    specs = layer_specs(model, seqs[0])
+    specs = layer_specs(model.at_length(seqs[0]), seqs[0])
     layers: list[LayerMeasurement] = []
     for kind, first, count in runs:
         module = model.layer(first, dtype).train()
@@ -200,7 +202,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
         layers.append(LayerMeasurement(kind, first, count, hidden, parameter_bytes))
     for seq in seqs:
-        specs = layer_specs(model, seq)
+        specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
             module = model.layer(measurement.first_index, dtype)
             layer_seq = specs[measurement.first_index].seq_length
@@ -248,8 +250,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     vocab = {}
     for seq in seqs:
         vocab[seq] = measure_vocab(
-            model.layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches, vocab_degrees,
-            options.megatron_sp, options.repeats, options.timeout_s,
+            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches,
+            vocab_degrees, options.megatron_sp, options.repeats, options.timeout_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
@@ -270,6 +272,9 @@ def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs
     first, last = specs[0], specs[-1]
     changed = (last.seq_length, last.hidden_size) != (first.seq_length, first.hidden_size)
     head_input = (last.seq_length, last.hidden_size) if changed else None
+    decoder = model.decoder_length(seq)
+    if decoder is not None:  # an encoder-decoder embeds [encoder ; decoder] ids and scores the decoder's tokens
+        return VocabInputs.of(model.config, first.seq_length, dtype, False, head_input, decoder)
     return VocabInputs.of(model.config, seq, dtype, _reads_images(model), head_input)
 
 
@@ -345,8 +350,12 @@ def _windows(model: MetaModel, first_index: int) -> tuple[int | None, int]:
 
 
 def layer_specs(model: MetaModel, seq: int) -> list[Any]:
-    """The adapter's spec of every layer at sequence length ``seq`` (hidden size, heads, ...)."""
+    """The adapter's spec of every layer at sequence length ``seq`` (hidden size, heads, ...; an encoder-decoder's
+    boundary carries both streams)."""
+    decoder = model.decoder_length(seq)
     try:
+        if decoder is not None:
+            return list(model.adapter.layer_specs(model.config, seq, decoder))
         return list(model.adapter.layer_specs(model.config, seq))
     except ValueError as err:
         raise ProfileError(f"{model.name}: {err}") from None

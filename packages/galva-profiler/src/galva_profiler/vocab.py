@@ -81,16 +81,20 @@ class VocabInputs:
     head_input: tuple[int, int] | None = None
     """``(sequence, hidden)`` the head reads where the layers change them (Swin's patch merging); None: the
     embedding's output."""
+    label_seq: int | None = None
+    """Tokens a sample's loss scores where fewer than it embeds (an encoder-decoder embeds ``[encoder ; decoder]``
+    ids and scores the decoder's); None: ``seq``."""
 
     @classmethod
     def of(
-        cls, config: Any, seq: int, dtype: torch.dtype, images: bool, head_input: tuple[int, int] | None = None
-    ) -> VocabInputs:
+        cls, config: Any, seq: int, dtype: torch.dtype, images: bool, head_input: tuple[int, int] | None = None,
+        label_seq: int | None = None,
+    ) -> VocabInputs:  # fmt: skip
         """The inputs of ``config``'s model: images (an image classifier's task) or tokens."""
         if images:
             image = (int(config.num_channels), int(config.image_size))
             return cls(seq, int(config.num_labels), image, dtype, head_input)
-        return cls(seq, int(config.vocab_size), None, dtype, head_input)
+        return cls(seq, int(config.vocab_size), None, dtype, head_input, label_seq)
 
     @property
     def head_seq(self) -> int:
@@ -107,7 +111,8 @@ class VocabInputs:
             channels, size = self.image
             pixels = torch.randn(batch, channels, size, size, dtype=self.dtype)
             return pixels, torch.randint(0, self.vocab, (batch,))
-        return torch.randint(0, self.vocab, (batch, self.seq)), torch.randint(0, self.vocab, (batch, self.seq))
+        labels = torch.randint(0, self.vocab, (batch, self.label_seq or self.seq))
+        return torch.randint(0, self.vocab, (batch, self.seq)), labels
 
     def labels_of(self, labels: Tensor, offset: int, local_seq: int) -> Tensor:
         """A rank's labels when its head sees ``local_seq`` positions from ``offset`` (a label per sample: all)."""

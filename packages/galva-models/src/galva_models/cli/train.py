@@ -24,7 +24,13 @@ from galva_models.stderr import quiet_transformers
 
 def make_source(cfg: TrainConfig) -> Any:
     """The global-batch source for the run's task: indexed data with --data-path, else seeded random data."""
-    from galva_models.data import IndexedTokenSource, RandomImageSource, RandomMaskedTokenSource, RandomTokenSource
+    from galva_models.data import (
+        IndexedTokenSource,
+        RandomImageSource,
+        RandomMaskedTokenSource,
+        RandomSeq2SeqSource,
+        RandomTokenSource,
+    )
     from galva_models.tables.family import Task
 
     c, gbs = cfg.model_config, cfg.global_batch_size
@@ -36,27 +42,8 @@ def make_source(cfg: TrainConfig) -> Any:
         mask_id = getattr(c, "mask_token_id", None) or c.vocab_size - 1
         return RandomMaskedTokenSource(c.vocab_size, cfg.seq_length, gbs, mask_id, cfg.seed)
     if cfg.task is Task.SEQ2SEQ_LM:
-        return _Seq2SeqRandom(c, cfg.seq_length, cfg.decoder_seq_length or cfg.seq_length, gbs, cfg.seed)
+        return RandomSeq2SeqSource(c, cfg.seq_length, cfg.decoder_seq_length or cfg.seq_length, gbs, cfg.seed)
     return RandomImageSource(c.image_size, c.num_channels, c.num_labels, gbs, cfg.seed)
-
-
-class _Seq2SeqRandom:
-    """T5 batches: ``inputs = [encoder ids ; labels shifted right]``, ``labels`` random (see tables/t5.py)."""
-
-    def __init__(self, config: Any, enc: int, dec: int, gbs: int, seed: int) -> None:
-        self.config, self.enc, self.dec, self.global_batch_size, self.seed = config, enc, dec, gbs, seed
-
-    def batch(self, step: int) -> Any:
-        import torch
-
-        from galva_models.data import Batch, step_generator
-
-        gen = step_generator(self.seed, step)
-        v = self.config.vocab_size
-        enc = torch.randint(0, v, (self.global_batch_size, self.enc), generator=gen)
-        labels = torch.randint(0, v, (self.global_batch_size, self.dec), generator=gen)
-        start = torch.full((self.global_batch_size, 1), self.config.decoder_start_token_id or 0)
-        return Batch(torch.cat([enc, start, labels[:, :-1]], dim=1), labels)
 
 
 def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
@@ -123,10 +110,9 @@ def build_model(cfg: TrainConfig) -> Any:
 
 
 def _decompose_options(cfg: TrainConfig) -> dict[str, Any]:
-    if cfg.decoder_seq_length is None:
-        return {}
-    # an encoder-decoder: where the [encoder ; decoder] boundary splits
-    return {"encoder_seq_length": cfg.seq_length, "decoder_seq_length": cfg.decoder_seq_length}
+    from galva_models.tables.family import length_options
+
+    return length_options(cfg.task, cfg.seq_length, cfg.decoder_seq_length)
 
 
 def checkpoint_io(cfg: TrainConfig, model: Any, optimizer: Any) -> Any:

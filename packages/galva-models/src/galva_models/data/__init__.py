@@ -9,7 +9,13 @@ share with :func:`~galva_models.data.loader.dp_share`: data-parallel rank ``r`` 
 
 from galva_models.data.indexed import IndexedTokenSource, TokenWindows
 from galva_models.data.loader import Batch, GlobalBatchSource, dp_share, micro_batches
-from galva_models.data.random import RandomImageSource, RandomMaskedTokenSource, RandomTokenSource, step_generator
+from galva_models.data.random import (
+    RandomImageSource,
+    RandomMaskedTokenSource,
+    RandomSeq2SeqSource,
+    RandomTokenSource,
+    step_generator,
+)
 
 __all__ = [
     "Batch",
@@ -17,6 +23,7 @@ __all__ = [
     "IndexedTokenSource",
     "RandomImageSource",
     "RandomMaskedTokenSource",
+    "RandomSeq2SeqSource",
     "RandomTokenSource",
     "TokenWindows",
     "dp_share",

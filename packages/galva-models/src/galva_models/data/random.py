@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,3 +73,19 @@ class RandomImageSource:
         pixels = torch.randn((self.global_batch_size, self.num_channels, size, size), generator=gen)
         labels = torch.randint(0, self.num_labels, (self.global_batch_size,), generator=gen)
         return Batch(pixels, labels)
+
+
+class RandomSeq2SeqSource:
+    """Encoder-decoder (T5) batches: ``inputs = [encoder ids ; labels shifted right]`` (the decoder's inputs, from
+    the config's ``decoder_start_token_id``), ``labels`` random ``[B, decoder length]`` (see tables/t5.py)."""
+
+    def __init__(self, config: Any, enc: int, dec: int, gbs: int, seed: int = 1234) -> None:
+        self.config, self.enc, self.dec, self.global_batch_size, self.seed = config, enc, dec, gbs, seed
+
+    def batch(self, step: int) -> Batch:
+        gen = step_generator(self.seed, step)
+        v = self.config.vocab_size
+        enc = torch.randint(0, v, (self.global_batch_size, self.enc), generator=gen)
+        labels = torch.randint(0, v, (self.global_batch_size, self.dec), generator=gen)
+        start = torch.full((self.global_batch_size, 1), self.config.decoder_start_token_id or 0)
+        return Batch(torch.cat([enc, start, labels[:, :-1]], dim=1), labels)

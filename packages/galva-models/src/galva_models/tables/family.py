@@ -80,6 +80,15 @@ class FamilyAdapter:
     sets the head size itself, like T5's ``d_kv``)."""
 
 
+def length_options(task: Task, seq_length: int | None, decoder_seq_length: int | None = None) -> dict[str, int]:
+    """What a model's ``decompose`` needs to know of the run's lengths: an encoder-decoder (:attr:`Task.SEQ2SEQ_LM`)
+    the split of its ``[encoder ; decoder]`` stream (the decoder as long as the encoder unless given); any other
+    model nothing. galva-train and galva-profile both ask this."""
+    if task is not Task.SEQ2SEQ_LM or not seq_length:
+        return {}
+    return {"encoder_seq_length": seq_length, "decoder_seq_length": decoder_seq_length or seq_length}
+
+
 def galva_named_parameters(model: LayeredModel) -> list[tuple[str, nn.Parameter]]:
     """Every (Galva name, parameter) of a LayeredModel, shared parameters listed under each holder."""
     out: list[tuple[str, nn.Parameter]] = []
