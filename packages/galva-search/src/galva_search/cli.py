@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 # Only what the parser needs is imported here (no numpy, no pydantic): ``--help`` and a bad flag answer at once, and
 # main() settles the process (_settle_process) before the search's modules load, inside run().
@@ -354,7 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _settle_process()
     from galva_schema.interrupt import run_command
 
-    return run_command("galva-search", lambda: _main(argv), end_process=argv is None)
+    status = run_command("galva-search", lambda: _main(argv), end_process=argv is None)
+    if argv is None:
+        _end_process(status)
+    return status
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -384,6 +387,18 @@ def _settle_process() -> None:
     import gc
 
     gc.disable()
+
+
+def _end_process(status: int) -> NoReturn:
+    """End the command's process with ``status`` once its output is flushed, without the interpreter's finalization
+    (a last full collection and every module torn down: ~0.1 s of CPU with numpy and pydantic loaded, a tenth of the
+    command). Its outputs are already whole (written to a temporary name, then renamed); nothing else is pending."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # the output went away (a closed pipe): what Python's own shutdown would end with
+        os._exit(120)
+    os._exit(status)
 
 
 if __name__ == "__main__":
