@@ -64,16 +64,17 @@ class StageLevels {
     p_.memory = std::move(memory);
     p_.inter = std::move(inter);
     p_.budget = 0.0;
-    validate(p_);
+    // layers of one type share their transition block: gather, check and compare each distinct block once
+    const size_t block = static_cast<size_t>(S_) * S_;
+    same_block_.assign(L_, 0);
+    if (p_.inter.size() == block * L_)  // else validate() says what is wrong
+      for (int l = 1; l < L_; ++l)
+        same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
+    validate(p_, &same_block_);
     if (transient.size() != p_.intra.size()) throw std::invalid_argument("transient must have layers*strategies entries");
     for (int l = 0; l < L_; ++l)
       for (int s = 0; s < S_; ++s) check_value(transient[idx(l, s)], "transient", l, s, -1);
     transient_ = std::move(transient);
-    // layers of one type share their transition block: gather and compare each distinct block once
-    const size_t block = static_cast<size_t>(S_) * S_;
-    same_block_.assign(L_, 0);
-    for (int l = 1; l < L_; ++l)
-      same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
     // and their rows (time, memory, transient): a level's bound prices each distinct run of rows once
     same_row_.assign(L_, 0);
     const size_t row = static_cast<size_t>(S_) * sizeof(double);
