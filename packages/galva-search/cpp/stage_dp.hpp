@@ -118,8 +118,10 @@ inline void check_value(double v, const char* array, int a, int b, int c) {
   throw std::invalid_argument(os.str());
 }
 
-// Throws std::invalid_argument naming the array and index of the first bad entry.
-inline void validate(const StageProblem& p) {
+// Throws std::invalid_argument naming the array and index of the first bad entry. ``repeated`` (optional, one entry
+// per layer): layer l's transition block is known to equal layer l - 1's, so it holds the same values (and the same
+// first bad one) and is not scanned again.
+inline void validate(const StageProblem& p, const std::vector<char>* repeated = nullptr) {
   if (p.layers < 0 || p.strategies < 0) throw std::invalid_argument("layer and strategy counts must be >= 0");
   if (p.layers > 0 && p.strategies == 0) throw std::invalid_argument("every layer needs at least one strategy");
   const size_t ls = static_cast<size_t>(p.layers) * p.strategies;
@@ -132,9 +134,11 @@ inline void validate(const StageProblem& p) {
     for (int s = 0; s < p.strategies; ++s) check_value(p.intra_at(l, s), "intra_time", l, s, -1);
   for (int l = 0; l < p.layers; ++l)
     for (int s = 0; s < p.strategies; ++s) check_value(p.memory_at(l, s), "memory_mib", l, s, -1);
-  for (int l = 1; l < p.layers; ++l)  // layer 0's transitions are ignored
+  for (int l = 1; l < p.layers; ++l) {  // layer 0's transitions are ignored
+    if (repeated && l >= 2 && (*repeated)[l]) continue;
     for (int i = 0; i < p.strategies; ++i)
       for (int j = 0; j < p.strategies; ++j) check_value(p.inter_at(l, i, j), "inter_time", l, i, j);
+  }
 }
 
 // Time and memory of a plan, summed layer by layer in the order the DP accumulates them.

@@ -64,16 +64,24 @@ class StageLevels {
     p_.memory = std::move(memory);
     p_.inter = std::move(inter);
     p_.budget = 0.0;
-    validate(p_);
+    // layers of one type share their transition block: gather, check and compare each distinct block once
+    const size_t block = static_cast<size_t>(S_) * S_;
+    same_block_.assign(L_, 0);
+    if (p_.inter.size() == block * L_)  // else validate() says what is wrong
+      for (int l = 1; l < L_; ++l)
+        same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
+    validate(p_, &same_block_);
     if (transient.size() != p_.intra.size()) throw std::invalid_argument("transient must have layers*strategies entries");
     for (int l = 0; l < L_; ++l)
       for (int s = 0; s < S_; ++s) check_value(transient[idx(l, s)], "transient", l, s, -1);
     transient_ = std::move(transient);
-    // layers of one type share their transition block: gather and compare each distinct block once
-    const size_t block = static_cast<size_t>(S_) * S_;
-    same_block_.assign(L_, 0);
+    // and their rows (time, memory, transient): a level's bound prices each distinct run of rows once
+    same_row_.assign(L_, 0);
+    const size_t row = static_cast<size_t>(S_) * sizeof(double);
     for (int l = 1; l < L_; ++l)
-      same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
+      same_row_[l] = std::memcmp(&p_.intra[idx(l, 0)], &p_.intra[idx(l - 1, 0)], row) == 0 &&
+                     std::memcmp(&p_.memory[idx(l, 0)], &p_.memory[idx(l - 1, 0)], row) == 0 &&
+                     std::memcmp(&transient_[idx(l, 0)], &transient_[idx(l - 1, 0)], row) == 0;
     classify();
     build_levels();
   }
@@ -227,6 +235,7 @@ class StageLevels {
           if (a == b || !live_any[a] || !allowed(a)) continue;
           bool le = true, eq = true;
           for (int l = 0; l < L_ && le; ++l) {
+            if (l > 0 && same_row_[l]) continue;  // the same verdict as layer l - 1
             const bool la = std::isfinite(t(l, a)) && std::isfinite(p_.memory_at(l, a));
             const bool lb = std::isfinite(t(l, b)) && std::isfinite(p_.memory_at(l, b));
             const double ta = la ? t(l, a) : kInf, tb = lb ? t(l, b) : kInf;
@@ -323,6 +332,7 @@ class StageLevels {
   bool beats_whole(int a, int b) const {
     bool any_live = false, eq = true;
     for (int l = 0; l < L_; ++l) {
+      if (l > 0 && same_row_[l]) continue;  // the same verdict as layer l - 1
       const bool la = finite_intra(l, a) && std::isfinite(p_.memory_at(l, a));
       const bool lb = finite_intra(l, b) && std::isfinite(p_.memory_at(l, b));
       any_live = any_live || la;
@@ -338,12 +348,14 @@ class StageLevels {
     const std::vector<double>& lams = bound_lambdas();
     lv.priced.assign(lams.size(), 0.0);
     for (size_t k = 0; k < lams.size(); ++k) {
-      double sum = 0.0;
+      double sum = 0.0, least = kInf;
       for (int l = 0; l < L_; ++l) {
-        double least = kInf;
-        for (int s : lv.columns) {
-          const double t = level_intra(l, s, lv.tau), m = p_.memory_at(l, s);
-          if (std::isfinite(t) && std::isfinite(m)) least = std::min(least, t + lams[k] * m);
+        if (l == 0 || !same_row_[l]) {  // else the same rows as layer l - 1: the same least value
+          least = kInf;
+          for (int s : lv.columns) {
+            const double t = level_intra(l, s, lv.tau), m = p_.memory_at(l, s);
+            if (std::isfinite(t) && std::isfinite(m)) least = std::min(least, t + lams[k] * m);
+          }
         }
         sum += least;
       }
@@ -356,6 +368,7 @@ class StageLevels {
   StageProblem p_;
   std::vector<double> transient_;
   std::vector<char> same_block_;  // layer l's transition block equals layer l - 1's
+  std::vector<char> same_row_;    // layer l's time, memory and transient rows equal layer l - 1's
   std::vector<int> class_;
   std::vector<std::vector<int>> members_;
   std::vector<Level> levels_;

@@ -258,7 +258,20 @@ def test_console_script(data_dir, tmp_path):
                            "--output", str(out_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "search:" in done.stderr  # progress
+    assert "predicted" in done.stdout  # the summary, flushed before the process ends without finalization
     Strategy.load(out_path)
+    missing = subprocess.run([exe, "--hardware-profile", str(tmp_path / "none.json"), "--model-profile",
+                              str(tmp_path / "none.json")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "none.json" in missing.stderr
+
+
+def test_parser_loads_neither_numpy_nor_pydantic():
+    """--help and a bad flag answer before the search's modules load (and main() settles the process before they do)."""
+    code = ("import sys; from galva_search.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('numpy', 'pydantic', 'galva_search.search') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_micro_batch_count_that_fits_no_strategy(base, capsys):

@@ -29,9 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import TYPE_CHECKING
 
 from galva_comm.shards import Group, RedistributionPlan, ShardLayout, check_divides, redistribution_plan
-from galva_schema import GroupKind, Strategy
+from galva_schema.vocabulary import GroupKind
+
+if TYPE_CHECKING:  # only annotated here: a planner's layout questions load no pydantic model (galva-search --help)
+    from galva_schema import Strategy
 
 
 def stage_ranks(world_size: int, pp: int, stage: int) -> Group:

@@ -16,6 +16,7 @@ Layers are indexed from 0 in model order; "vocabulary layers" are the embedding,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 
 SCHEMA_VERSION = 1
@@ -40,6 +41,14 @@ class PipelineSchedule(str, Enum):
     # zero-bubble ZB-H1: backward split into input-gradient and weight-gradient passes, weight-gradient work
     # deferred into the bubble; 1F1B's activation memory in flight
     ZB_H1 = "zb-h1"
+
+
+PIPELINE_TYPES: Mapping[str, PipelineSchedule] = {
+    "gpipe": PipelineSchedule.GPIPE,
+    "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
+}
+"""The reference's ``pipeline_type`` names and the schedules they mean: the only schedules it runs, and the names
+every Galva command that speaks the reference's language accepts (:mod:`galva_schema.reference` re-exports it)."""
 
 
 class Precision(str, Enum):

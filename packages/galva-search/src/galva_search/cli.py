@@ -11,28 +11,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from galva_schema import (
-    MAX_BATCH_SIZE,
-    DataParallelType,
-    HardwareProfile,
-    PipelineSchedule,
-    Precision,
-    SchemaError,
-    write_json_atomic,
-    write_text_atomic,
-)
+# Only what the parser needs is imported here (no numpy, no pydantic): ``--help`` and a bad flag answer at once, and
+# main() settles the process (_settle_process) before the search's modules load, inside run().
 from galva_schema.argparsing import OneLineParser, positive_ints
-from galva_schema.reference import PIPELINE_TYPES
-from galva_search.cost_model import CostModel, CostSettings, TermFactors
-from galva_search.profiles import load_hardware, load_model, parse_memory
-from galva_search.search import NoFeasibleStrategy, SearchOptions, SearchResult, batch_size_range, search
-from galva_search.space import PRESETS, SP_SPACES, SpaceOptions
-from galva_search.summary import text_summary
+from galva_schema.vocabulary import PIPELINE_TYPES, DataParallelType, PipelineSchedule, Precision
+from galva_search.space import PRESETS, SP_SPACES
 
 if TYPE_CHECKING:
-    from galva_schema import Calibration
+    from galva_schema import Calibration, HardwareProfile
+    from galva_search.cost_model import TermFactors
+    from galva_search.search import SearchResult
 
 DEFAULT_CONTEXT_MIB = 1024.0  # base memory per device when neither a run nor the hardware profile measured it
 _SCHEDULES: dict[str, tuple[PipelineSchedule, ...]] = {
@@ -159,12 +149,16 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
 
 def _factors(calibration: Calibration | None) -> TermFactors:
     """The calibration's per-term factors (1.0 everywhere without one)."""
+    from galva_search.cost_model import TermFactors
+
     return TermFactors() if calibration is None else TermFactors.from_calibration(calibration)
 
 
 def _context_mib(flag: str | None, calibration: Calibration | None, hardware: HardwareProfile) -> float:
     """Base memory per device: the flag, else what a run measured (calibration), else what the hardware profile
     measured, else the guess older profiles were searched with."""
+    from galva_search.profiles import parse_memory
+
     if flag is not None:
         return parse_memory(flag, allow_zero=True)
     for measured in (calibration.base_memory_mib if calibration else None, hardware.base_memory_mib):
@@ -191,6 +185,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Every numeric flag in its range and every output writable, before any profile is read (exit 2, not 1)."""
     import math
 
+    from galva_schema.strategy import MAX_BATCH_SIZE
+
     for dest, (low, inclusive) in _RANGES.items():
         value = getattr(args, dest)
         if value is None:
@@ -212,7 +208,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             f"{' and '.join(schedule.value for schedule in PIPELINE_TYPES.values())} plans only; "
             f"--pipeline-schedule {args.pipeline_schedule} may choose another schedule"
         )
-    from galva_schema import output_problem
+    from galva_schema.files import output_problem
 
     seen: dict[str, str] = {}
     for dest in _OUTPUTS:
@@ -230,6 +226,12 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    from galva_search.cost_model import CostModel, CostSettings
+    from galva_search.profiles import load_hardware, load_model, parse_memory
+    from galva_search.search import SearchOptions, batch_size_range, search
+    from galva_search.space import SpaceOptions
+    from galva_search.summary import text_summary
+
     hardware = load_hardware(args.hardware_profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     cluster = hardware.cluster
     if (args.nodes is not None and args.nodes != cluster.num_nodes) or (
@@ -327,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_outputs(args: argparse.Namespace, result: SearchResult) -> None:
+    from galva_schema.files import write_json_atomic, write_text_atomic
+
     if args.log:
         write_text_atomic(args.log, "".join(record.line() + "\n" for record in result.log))
     if args.output:
@@ -344,15 +348,24 @@ def _write_outputs(args: argparse.Namespace, result: SearchResult) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``galva-search``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`)."""
+    """Entry point of ``galva-search``; Ctrl-C or SIGTERM end it with one line (:mod:`galva_schema.interrupt`).
+    ``argv`` None: this is the command's own process (:func:`_settle_process`)."""
+    if argv is None:
+        _settle_process()
     from galva_schema.interrupt import run_command
 
-    return run_command("galva-search", lambda: _main(argv), end_process=argv is None)
+    status = run_command("galva-search", lambda: _main(argv), end_process=argv is None)
+    if argv is None:
+        _end_process(status)
+    return status
 
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from galva_schema.errors import SchemaError
+    from galva_search.options import NoFeasibleStrategy
+
     try:
         return run(args)
     except NoFeasibleStrategy as err:
@@ -361,6 +374,31 @@ def _main(argv: Sequence[str] | None) -> int:
     except (SchemaError, ValueError, _UsageError) as err:
         print(f"galva-search: error: {err}", file=sys.stderr)
         return 2
+
+
+def _settle_process() -> None:
+    """Settings for the command's own short-lived process, taken before numpy and pydantic load (a user's own setting
+    of either variable wins): no pydantic plugins (their lookup reads every installed package's metadata; Galva
+    defines none), numpy's BLAS without worker threads (the search multiplies no matrices; its DP threads are its
+    own), and no cyclic garbage collection (the process ends after one search: its ~100 passes cost ~5% of the
+    command's CPU, and the peak memory is the same without them; benchmarks/search/README.md)."""
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import gc
+
+    gc.disable()
+
+
+def _end_process(status: int) -> NoReturn:
+    """End the command's process with ``status`` once its output is flushed, without the interpreter's finalization
+    (a last full collection and every module torn down: ~0.1 s of CPU with numpy and pydantic loaded, a tenth of the
+    command). Its outputs are already whole (written to a temporary name, then renamed); nothing else is pending."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # the output went away (a closed pipe): what Python's own shutdown would end with
+        os._exit(120)
+    os._exit(status)
 
 
 if __name__ == "__main__":

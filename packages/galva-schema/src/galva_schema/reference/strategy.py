@@ -52,14 +52,8 @@ from galva_schema.errors import SchemaError, format_indices
 from galva_schema.files import write_json_atomic
 from galva_schema.reference._io import PathLike, integer, load_json_object
 from galva_schema.strategy import Strategy
-from galva_schema.vocabulary import DataParallelType, PipelineSchedule, Precision
+from galva_schema.vocabulary import PIPELINE_TYPES, DataParallelType, Precision
 
-PIPELINE_TYPES: Mapping[str, PipelineSchedule] = {
-    "gpipe": PipelineSchedule.GPIPE,
-    "pipedream_flush": PipelineSchedule.ONE_F_ONE_B,
-}
-"""The reference's ``pipeline_type`` names and the schedules they mean: the only schedules it runs, and the names
-every Galva command that speaks the reference's language accepts."""
 _SCHEDULE_NAMES = {schedule: name for name, schedule in PIPELINE_TYPES.items()}
 _DP_TYPES = {member.value: member for member in DataParallelType}
 
