@@ -116,7 +116,11 @@ def test_in_process_the_status_is_returned_and_the_handlers_restored(tmp_path):
         print(code, flush=True)
         """
     proc = _start(tmp_path, program)
-    out, err = proc.communicate(timeout=60)
+    # read on through the text stream: readline() above may already hold the program's later output in its buffer,
+    # which communicate() (reading the pipe itself) would miss
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.wait(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip() == "143" and err.splitlines() == ["demo: interrupted (SIGTERM)"]
 
