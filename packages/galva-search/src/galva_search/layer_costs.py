@@ -416,10 +416,11 @@ def _comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate], megat
             count = 6.0 if c.checkpoint else 4.0
             groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
         elif c.ulysses:
-            # 4 all-to-alls (q, k, v, output) forward, 4 backward, 4 more when recomputing; per-rank buffer S/sp
-            groups.setdefault(("all_to_all", c.tp, c.consecutive, False), []).append(
-                (i, 1.0 / c.tp, 12.0 if c.checkpoint else 8.0)
-            )
+            # 2 all-to-alls forward (q, k and v in one message, then the output), 2 backward, 2 more when recomputing
+            # (galva-hp's ``differentiable_all_to_all_many``); per-rank buffer S/sp of 3 and of 1 activations
+            count = 3.0 if c.checkpoint else 2.0
+            group = groups.setdefault(("all_to_all", c.tp, c.consecutive, False), [])
+            group += [(i, 3.0 / c.tp, count), (i, 1.0 / c.tp, count)]
     for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
         groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
     return [
