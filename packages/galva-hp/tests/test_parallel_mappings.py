@@ -79,6 +79,19 @@ def _check_group(members: list[int], tag: str) -> None:
         expected_grad = torch.cat([grad_of(r, out_shape).chunk(n, gather_dim)[me] for r in range(n)], scatter_dim)
         assert_rel_close(gx, expected_grad, TOL, f"differentiable_all_to_all {scatter_dim}->{gather_dim} bwd {where}")
 
+    # several tensors in one exchange (Ulysses' q, k, v; other head counts and head sizes, the last output unused):
+    # exactly what one all-to-all per tensor gives, forward and backward
+    many = [xs[me], _tensor(5000 + members[me], (4, 8, 8, 8)), _tensor(6000 + members[me], (4, 8, 4, 6))]
+    for scatter_dim, gather_dim in ((2, 1), (1, 2)):
+        ins = [t.clone().requires_grad_() for t in many]
+        outs = M.differentiable_all_to_all_many(ins, scatter_dim, gather_dim, group)
+        sum((o * grad_of(me, o.shape)).sum() for o in outs[:2]).backward()
+        for i, (t, out) in enumerate(zip(many, outs)):
+            alone = t.clone().requires_grad_()
+            expected = M.differentiable_all_to_all(alone, scatter_dim, gather_dim, group)
+            (expected * (grad_of(me, expected.shape) if i < 2 else 0)).sum().backward()
+            assert torch.equal(out, expected) and torch.equal(ins[i].grad, alone.grad), f"all_to_all_many {i} {where}"
+
     # uneven rows (token dispatch): member i sends (i + j) % 3 rows to member j, some of them none
     def rows(i: int) -> torch.Tensor:
         return _tensor(4000 + 10 * members[i], (sum((i + j) % 3 for j in range(n)), 5))

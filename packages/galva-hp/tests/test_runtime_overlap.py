@@ -9,6 +9,9 @@ With ``n`` micro-batches:
 - the first one is launched before the marker of the last micro-batch: the stage's later layers are reduced while
   its first layer is still in backward.
 
+The ddp plans reduce one layer per bucket here (``bucket_cap_bytes=0``, as layers of 25 MiB and more do); under the
+default cap this tiny model's layers share one all-reduce, launched in the last backward as well.
+
 With Megatron-SP layers (vocabulary replicated), the gradients of the tp-replicated norms and biases are summed over
 tp once per iteration, after the schedule, not in every micro-batch's backward: no all-reduce before the last
 micro-batch (Megatron-SP activations move by all-gather and reduce-scatter).
@@ -39,6 +42,7 @@ PLANS = {
     "pp2-dp2-ddp-1f1b": dict(world_size=4, pp=2, default_dp_type="ddp", pipeline_schedule="1f1b"),
     "pp2-dp2-ddp-gpipe": dict(world_size=4, pp=2, default_dp_type="ddp", pipeline_schedule="gpipe"),
     "tp2-megatron-sp": dict(world_size=2, layer={"tp": 2}, megatron_sp=True, default_dp_type="ddp"),
+    "dp2-ddp-one-bucket": dict(world_size=2, default_dp_type="ddp"),
 }
 
 
@@ -49,7 +53,8 @@ def trace(rank: int, world_size: int, names: list[str]) -> dict[str, list[str]]:
     for name in names:
         fields = {"num_layers": 6, "global_batch_size": 8, "num_micro_batches": MICRO_BATCHES, **PLANS[name]}
         strategy = Strategy.uniform(mixed_precision="fp32", **fields)
-        built = build(_make(), strategy, BuildOptions(seq_len=SEQ))
+        cap = {} if name.endswith("one-bucket") else {"bucket_cap_bytes": 0}
+        built = build(_make(), strategy, BuildOptions(seq_len=SEQ, **cap))
         first = built.layers[str(built.layer_indices()[0])]
 
         def mark(*_: object) -> None:
@@ -81,7 +86,10 @@ def _marks(events: list[str]) -> list[int]:
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     ("names", "world"),
-    [(["dp2-ddp", "dp2-zero2", "tp2-megatron-sp"], 2), (["pp2-dp2-ddp-1f1b", "pp2-dp2-ddp-gpipe"], 4)],
+    [
+        (["dp2-ddp", "dp2-zero2", "tp2-megatron-sp", "dp2-ddp-one-bucket"], 2),
+        (["pp2-dp2-ddp-1f1b", "pp2-dp2-ddp-gpipe"], 4),
+    ],
 )
 def test_reduction_overlaps_the_last_backward_only(names: list[str], world: int) -> None:
     for rank, traces in enumerate(run_distributed(trace, world, names, timeout=120)):
@@ -93,6 +101,10 @@ def test_reduction_overlaps_the_last_backward_only(names: list[str], world: int)
                 # micro-batch would be a per-micro-batch sum of the tp-replicated norms and biases
                 reduces = _reductions(events, "allreduce")
                 assert reduces and min(reduces) > marks[-2], f"{name} rank {rank}: summed every micro-batch: {events}"
+                continue
+            if name.endswith("one-bucket"):  # the whole stage's gradients, then the loss: two all-reduces
+                reduces = _reductions(events, "allreduce")
+                assert len(reduces) == 2 and min(reduces) > marks[-2], f"{name} rank {rank}: {events}"
                 continue
             kind = "allreduce" if name.endswith(("ddp", "1f1b", "gpipe")) else "reduce_scatter"
             reduces = _reductions(events, kind)

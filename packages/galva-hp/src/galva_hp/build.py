@@ -86,7 +86,8 @@ def build(model: LayeredModel, strategy: Strategy, options: BuildOptions | None 
     for index, plan in layout.boundary_plans():
         if rank in plan.target.ranks:
             out.redistributions[str(index)] = _redistribution(plan, groups, rank)
-    out.reducer = BucketReducer([u for u in out.units if isinstance(u, DdpUnit)])
+    chunk_of = {id(u): c for c in strategy.stage_chunks(out.stage) for u in out.chunk_units(c)}
+    out.reducer = BucketReducer([u for u in out.units if isinstance(u, DdpUnit)], chunk_of, options.bucket_cap_bytes)
     out.sync_shared_weights()
     # a model for training, whatever the modules' source: transformers' from_pretrained hands its modules over in
     # eval mode, which would switch every dropout off silently

@@ -1,18 +1,22 @@
 """Gradient reduction of ddp units overlapped with the last backward of the iteration, as torch DDP does it.
 
-Every ddp unit whose sharding group has more than one rank is one bucket; buckets are ordered in reverse layer order
-(the order in which backward finishes them). During a unit's last micro-batch backward (the runtime *arms* the
-units of a model chunk before that chunk's last backward), a post-accumulate hook on every parameter counts the
-parameters whose gradient is final; when all of a bucket's are, the bucket's gradients are copied into one flat
-buffer (in the reduce dtype) and summed over the group with an asynchronous all-reduce, while backward goes on with
-earlier layers. A split backward's weight pass writes gradients without accumulate hooks; after a chunk's last one
-the runtime launches the chunk's buckets itself (:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before
-the optimizer step) launches what has not been launched (parameters that received no gradient), waits for every
-handle, and writes the sums into the gradients of the master parameters. Earlier micro-batches only accumulate
-gradients locally.
+Every ddp unit whose sharding group has more than one rank goes into a bucket; buckets are ordered in reverse layer
+order (the order in which backward finishes them). Consecutive units of one model chunk reduced over the same group
+in the same dtype share a bucket until it holds :data:`BUCKET_CAP_BYTES` (torch DDP's ``bucket_cap_mb``): each
+collective has a fixed cost (on gloo about a CPU-millisecond per rank, whatever its size), so a model of small layers
+reduces its gradients in one all-reduce, while layers of that size or more keep one bucket each, overlapping the
+backward of earlier ones. During a bucket's last micro-batch backward (the runtime *arms* the units of a model chunk
+before that chunk's last backward), a post-accumulate hook on every parameter counts the parameters whose gradient
+is final; when all of a bucket's are, the bucket's gradients are copied into one flat buffer (in the reduce dtype)
+and summed over the group with an asynchronous all-reduce, while backward goes on with earlier layers. A split
+backward's weight pass writes gradients without accumulate hooks; after a chunk's last one the runtime launches the
+chunk's buckets itself (:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before the optimizer step)
+launches what has not been launched (parameters that received no gradient), waits for every handle, and writes the
+sums into the gradients of the master parameters. Earlier micro-batches only accumulate gradients locally.
 
 Buckets are launched in bucket order on every rank (a ready bucket waits for its predecessors), so every rank
-issues the collectives of a group in the same order.
+issues the collectives of a group in the same order; the ranks of a group hold the same layers with the same shapes,
+so they make the same buckets.
 """
 
 from __future__ import annotations
@@ -25,18 +29,23 @@ import torch.distributed as dist
 from torch import nn
 
 from galva_hp.data_parallel import DdpUnit
+from galva_hp.options import BuildOptions
 
-__all__ = ["Bucket", "BucketReducer"]
+__all__ = ["BUCKET_CAP_BYTES", "Bucket", "BucketReducer"]
+
+BUCKET_CAP_BYTES = BuildOptions.bucket_cap_bytes
+"""Units stop joining a bucket once it holds this many bytes of gradients (torch DDP's default ``bucket_cap_mb``)."""
 
 
 @dataclass
 class Bucket:
-    """One unit's gradients, reduced together over its group."""
+    """Consecutive units' gradients, reduced together over their group."""
 
-    unit: DdpUnit
-    params: list[nn.Parameter]  # compute parameters, in the unit's order
+    units: list[DdpUnit]
+    params: list[nn.Parameter]  # compute parameters of every unit, in unit order
+    nbytes: int = 0  # of the gradients in the reduce dtype
     ready: set[int] = field(default_factory=set)  # ids of params whose gradient is final this iteration
-    armed: bool = False  # the unit's last backward of the iteration has begun
+    armed: bool = False  # the units' last backward of the iteration has begun
     work: dist.Work | None = None
     flat: torch.Tensor | None = None
     present: list[int] = field(default_factory=list)  # indices of the params reduced (those with a gradient)
@@ -45,14 +54,43 @@ class Bucket:
     def launched(self) -> bool:
         return self.flat is not None
 
+    def joins(self, unit: DdpUnit, chunk: int, chunk_of_last: int, nbytes: int, cap: int) -> bool:
+        """Whether ``unit`` (of model chunk ``chunk``) joins this bucket, whose last unit is of ``chunk_of_last``."""
+        last = self.units[-1]
+        return (
+            chunk == chunk_of_last
+            and unit.group is last.group
+            and unit.precision.reduce_dtype == last.precision.reduce_dtype
+            and self.nbytes + nbytes <= cap
+        )
+
 
 class BucketReducer:
-    """Asynchronous, backward-overlapped gradient all-reduce of ``units`` (the ddp units of one stage)."""
+    """Asynchronous, backward-overlapped gradient all-reduce of ``units`` (the ddp units of one stage).
 
-    def __init__(self, units: list[DdpUnit]) -> None:
+    ``chunk_of`` maps ``id(unit)`` to its model chunk (units the runtime arms apart never share a bucket; default:
+    one chunk); ``cap_bytes`` is :data:`BUCKET_CAP_BYTES` unless given."""
+
+    def __init__(
+        self, units: list[DdpUnit], chunk_of: dict[int, int] | None = None, cap_bytes: int = BUCKET_CAP_BYTES
+    ) -> None:
         self.units = units
+        chunk_of = chunk_of or {}
         reduced = [u for u in units if u.group_size > 1 and not u.reduce_every_micro_batch]
-        self.buckets = [Bucket(u, [p for p, _ in u.grads_to_reduce()]) for u in reversed(reduced)]
+        self.buckets: list[Bucket] = []
+        last_chunk = -1
+        for unit in reversed(reduced):
+            params = [p for p, _ in unit.grads_to_reduce()]
+            nbytes = sum(p.numel() for p in params) * unit.precision.reduce_dtype.itemsize
+            chunk = chunk_of.get(id(unit), 0)
+            if self.buckets and self.buckets[-1].joins(unit, chunk, last_chunk, nbytes, cap_bytes):
+                bucket = self.buckets[-1]
+                bucket.units.append(unit)
+                bucket.params += params
+                bucket.nbytes += nbytes
+            else:
+                self.buckets.append(Bucket([unit], params, nbytes))
+            last_chunk = chunk
         self._next = 0  # index of the first bucket not yet launched
         self._handles = []
         for bucket in self.buckets:
@@ -86,7 +124,7 @@ class BucketReducer:
         if units is None:
             return self.buckets
         ids = {id(u) for u in units}
-        return [b for b in self.buckets if id(b.unit) in ids]
+        return [b for b in self.buckets if any(id(u) in ids for u in b.units)]
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets):
@@ -96,7 +134,7 @@ class BucketReducer:
             self._launch(bucket)
 
     def _launch(self, bucket: Bucket) -> None:
-        unit = bucket.unit
+        unit = bucket.units[0]  # the group and reduce dtype of every unit of the bucket
         bucket.present = [i for i, p in enumerate(bucket.params) if p.grad is not None]
         dtype = unit.precision.reduce_dtype
         grads = [bucket.params[i].grad.reshape(-1).to(dtype) for i in bucket.present]  # type: ignore[union-attr]
@@ -122,7 +160,7 @@ class BucketReducer:
     @staticmethod
     def _unpack(bucket: Bucket) -> None:
         assert bucket.flat is not None
-        pairs = bucket.unit.grads_to_reduce()
+        pairs = [pair for unit in bucket.units for pair in unit.grads_to_reduce()]
         offset = 0
         with torch.no_grad():
             for i in bucket.present:

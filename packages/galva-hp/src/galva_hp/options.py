@@ -21,6 +21,8 @@ class BuildOptions:
     - ``measure_activations``: record the bytes autograd saves per layer (``HybridParallelModel.saved_bytes``).
     - ``device``: where this rank's modules, batches and communication buffers live (``"cpu"`` with gloo,
       ``"cuda:<local rank>"`` with NCCL).
+    - ``bucket_cap_bytes``: ddp units of one group share a gradient all-reduce up to this many bytes
+      (:data:`galva_hp.grad_buckets.BUCKET_CAP_BYTES`, torch DDP's default; 0: one all-reduce per unit).
     """
 
     seq_len: int | None = None
@@ -29,3 +31,4 @@ class BuildOptions:
     init_fn: InitFn | None = None
     measure_activations: bool = False
     device: str = "cpu"
+    bucket_cap_bytes: int = 25 * 2**20

@@ -11,7 +11,7 @@ runs, and moves it back.
 
 Names say which is which: the ``differentiable_*`` functions are autograd functions (forward and backward below);
 ``all_reduce_sum``, ``all_gather_along_dim``, ``reduce_scatter_along_dim``, ``chunk_along_dim`` and
-``all_to_all_along`` are plain collectives on tensors, outside autograd.
+``all_to_all_along`` (``all_to_all_many``) are plain collectives on tensors, outside autograd.
 
 ================================  ==========================  ==========================
 autograd function                 forward                     backward
@@ -22,7 +22,8 @@ differentiable_all_gather         all-gather along ``dim``    reduce-scatter alo
 differentiable_reduce_scatter     reduce-scatter along dim    all-gather along ``dim``
 differentiable_split              keep this rank's chunk      all-gather along ``dim``
 differentiable_all_to_all         scatter one dim, gather     the inverse all-to-all
-                                  another
+                                  another (``_many``: several
+                                  tensors, one collective)
 differentiable_gather_replicated  all-gather along ``dim``    keep this rank's chunk
 differentiable_all_to_all_uneven  rows to each rank, uneven   the same exchange reversed
 ================================  ==========================  ==========================
@@ -37,7 +38,7 @@ shard (Megatron-SP norms, row-parallel biases, position embeddings) get their fu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,10 +51,12 @@ __all__ = [
     "all_gather_along_dim",
     "all_reduce_sum",
     "all_to_all_along",
+    "all_to_all_many",
     "all_to_all_uneven",
     "chunk_along_dim",
     "differentiable_all_gather",
     "differentiable_all_to_all",
+    "differentiable_all_to_all_many",
     "differentiable_all_to_all_uneven",
     "differentiable_copy_to_group",
     "differentiable_gather_replicated",
@@ -132,18 +135,34 @@ def chunk_along_dim(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:
 def all_to_all_along(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup | None) -> Tensor:
     """Split ``x`` into ``n`` chunks along ``scatter_dim``, send chunk ``j`` to rank ``j``, and concatenate the
     received chunks along ``gather_dim`` in group-rank order."""
+    return all_to_all_many([x], scatter_dim, gather_dim, group)[0]
+
+
+def all_to_all_many(
+    xs: Sequence[Tensor], scatter_dim: int, gather_dim: int, group: ProcessGroup | None
+) -> list[Tensor]:
+    """:func:`all_to_all_along` of every tensor of ``xs`` (one dtype, any shapes) in one collective: each rank's
+    chunks of all of them travel in one message (Ulysses' q, k and v: one exchange instead of three)."""
     n = group_size(group)
     if n == 1:
-        return x
-    nd = x.dim()
-    scatter_dim, gather_dim = scatter_dim % nd, gather_dim % nd
-    _check_divisible(x.shape[scatter_dim], n, scatter_dim, "all-to-all")
-    # [..., n, c, ...] at scatter_dim, then the n axis to the front: chunk j is then the j-th slab of dim 0
-    send = x.unflatten(scatter_dim, (n, -1)).movedim(scatter_dim, 0).contiguous()
+        return list(xs)
+    sends = []
+    for x in xs:
+        nd = x.dim()
+        dim = scatter_dim % nd
+        _check_divisible(x.shape[dim], n, dim, "all-to-all")
+        # [..., n, c, ...] at scatter_dim, then the n axis to the front: chunk j is then the j-th slab of dim 0
+        sends.append(x.unflatten(dim, (n, -1)).movedim(dim, 0))
+    send = torch.cat([t.reshape(n, -1) for t in sends], dim=1) if len(sends) > 1 else sends[0].contiguous()
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    # recv[j] is rank j's chunk, shaped like x with scatter_dim shrunk; put the rank axis just before gather_dim
-    return recv.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
+    pieces = recv.split([t[0].numel() for t in sends], dim=1) if len(sends) > 1 else [recv]
+    out = []
+    for piece, shape, x in zip(pieces, (t.shape for t in sends), xs):
+        # piece[j] is rank j's chunk, shaped like x with scatter_dim shrunk; the rank axis just before gather_dim
+        dim = gather_dim % x.dim()
+        out.append(piece.reshape(shape).movedim(0, dim).flatten(dim, dim + 1).contiguous())
+    return out
 
 
 def all_to_all_uneven(x: Tensor, send: list[int], receive: list[int], group: ProcessGroup | None) -> Tensor:
@@ -258,6 +277,18 @@ class _AllToAll(torch.autograd.Function):
         return all_to_all_along(grad, gather_dim, scatter_dim, ctx.group), None, None, None
 
 
+class _AllToAllMany(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, scatter_dim: int, gather_dim: int, group: ProcessGroup | None, *xs: Tensor) -> Any:
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return tuple(all_to_all_many(xs, scatter_dim, gather_dim, group))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:  # an unused output's gradient comes as zeros (materialized)
+        scatter_dim, gather_dim = ctx.dims
+        return None, None, None, *all_to_all_many(grads, gather_dim, scatter_dim, ctx.group)
+
+
 class _AllToAllUneven(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, send: list[int], receive: list[int], group: ProcessGroup | None) -> Tensor:
@@ -313,6 +344,14 @@ def differentiable_all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, grou
     """Forward :func:`all_to_all_along`; backward the inverse all-to-all (scatter ``gather_dim``, gather
     ``scatter_dim``)."""
     return x if _trivial(group) else _AllToAll.apply(x, scatter_dim, gather_dim, group)
+
+
+def differentiable_all_to_all_many(
+    xs: Sequence[Tensor], scatter_dim: int, gather_dim: int, group: ProcessGroup | None
+) -> tuple[Tensor, ...]:
+    """:func:`differentiable_all_to_all` of every tensor of ``xs`` in one collective each way
+    (:func:`all_to_all_many`)."""
+    return tuple(xs) if _trivial(group) else _AllToAllMany.apply(scatter_dim, gather_dim, group, *xs)
 
 
 def differentiable_gather_replicated(x: Tensor, dim: int, group: ProcessGroup | None) -> Tensor:

@@ -1,10 +1,10 @@
 """Ulysses sequence parallelism: attention over the whole sequence from sequence-sharded activations.
 
 The layer's input is ``[b, s/sp, hidden]`` on every rank of the sp group, and its weights are replicated (not split)
-over that group: projections, norms and the MLP run on the local tokens. Around the attention, one all-to-all per
-tensor scatters the heads and gathers the sequence (q, k, v: ``[b, s/sp, h, d] -> [b, s, h/sp, d]``), local attention
-(causal, or unmasked with ``causal=False``) runs on ``h/sp`` heads of the full sequence, and one all-to-all takes the
-output back to ``[b, s/sp, h, d]``. Backward runs the inverse all-to-alls.
+over that group: projections, norms and the MLP run on the local tokens. Around the attention, one all-to-all (q, k
+and v together: one exchange, not three) scatters the heads and gathers the sequence (``[b, s/sp, h, d] ->
+[b, s, h/sp, d]``), local attention (causal, or unmasked with ``causal=False``) runs on ``h/sp`` heads of the full
+sequence, and one all-to-all takes the output back to ``[b, s/sp, h, d]``. Backward runs the inverse all-to-alls.
 
 GQA: K/V are exchanged with their own head count when ``kv_heads % sp == 0`` (no repetition, so the all-to-all
 moves ``kv_heads/heads`` of the query volume). Otherwise each K/V head is repeated ``r = lcm(kv_heads, sp)/kv_heads``
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from galva_hp.parallel.attention import HeldHeadsAttention, Rotary
-from galva_hp.parallel.mappings import differentiable_all_to_all, group_size
+from galva_hp.parallel.mappings import differentiable_all_to_all, differentiable_all_to_all_many, group_size
 from galva_schema.constraints import heads_problem
 
 __all__ = ["UlyssesAttention", "ulysses_kv_repeat"]
@@ -79,7 +79,7 @@ class UlyssesAttention(HeldHeadsAttention):
         if self.kv_repeat > 1:
             k = k.repeat_interleave(self.kv_repeat, dim=_HEADS)
             v = v.repeat_interleave(self.kv_repeat, dim=_HEADS)
-        q, k, v = (differentiable_all_to_all(t, _HEADS, _SEQ, self.group) for t in (q, k, v))
+        q, k, v = differentiable_all_to_all_many((q, k, v), _HEADS, _SEQ, self.group)  # one exchange
         out = self.attend(q, k, v, self.group)  # [b, s, heads/sp, d]: this rank's heads
         out = differentiable_all_to_all(out, _SEQ, _HEADS, self.group)  # [b, s/sp, heads, d]
         return self.o_proj(out.reshape(b, s_local, self.heads * d))

@@ -34,7 +34,12 @@ from typing import Any
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from galva_hp.parallel.mappings import differentiable_all_to_all, group_rank, group_size
+from galva_hp.parallel.mappings import (
+    differentiable_all_to_all,
+    differentiable_all_to_all_many,
+    group_rank,
+    group_size,
+)
 from galva_hp.parallel.ring_attention import RingMask, ring_attention
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.ulysses import ulysses_kv_repeat
@@ -126,7 +131,7 @@ def _attention(inner: str) -> Callable[..., tuple[Tensor, Any]]:
             if repeat > 1:
                 key = key.repeat_interleave(repeat, dim=_HEADS)
                 value = value.repeat_interleave(repeat, dim=_HEADS)
-            query, key, value = (differentiable_all_to_all(t, _HEADS, _SEQ, sp) for t in (query, key, value))
+            query, key, value = differentiable_all_to_all_many((query, key, value), _HEADS, _SEQ, sp)
         view: Any = module
         groups = query.shape[_HEADS] // key.shape[_HEADS]
         narrowed = _per_head(module, query.shape[_HEADS], sp) if sp is not None else {}
