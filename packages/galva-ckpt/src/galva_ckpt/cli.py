@@ -7,13 +7,13 @@ Every failure the user can cause (a wrong or damaged input, a non-empty output) 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from galva_ckpt.errors import CheckpointError
 from galva_schema.argparsing import OneLineParser
+from galva_schema.stderr import quiet_transformers
 
 __all__ = ["main"]
 
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config warnings are noise for a file conversion
+    quiet_transformers()  # config notes and advice are noise for a file conversion (also when already imported)
     try:
         return _run(args, parser)
     except CheckpointError as err:

@@ -72,7 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.nproc_per_node is not None and "RANK" not in os.environ:
                 return _launch(args, list(sys.argv[1:] if argv is None else argv))
             return run_hardware(args)
-        from galva_models.stderr import quiet_transformers  # model and check: the 'model' extra
+        from galva_schema.stderr import quiet_transformers
 
         quiet_transformers()
         if args.command == "check":

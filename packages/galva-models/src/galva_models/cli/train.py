@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from galva_models.cli.config import ConfigError, TrainConfig, parse_train_config
-from galva_models.stderr import quiet_transformers
+from galva_schema.stderr import quiet_transformers
 
 
 def make_source(cfg: TrainConfig) -> Any:

@@ -95,7 +95,9 @@ def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
                                                  layer.register_forward_hook(leave))]  # fmt: skip
         ids = torch.arange(_SEQ).remainder(config.vocab_size).unsqueeze(0)
         model.train()
-        model(input_ids=ids, use_cache=False)
+        # an explicit all-ones mask: ids may hold the pad token, and without a mask transformers writes its advice
+        # about padding to the command's stderr (galva-ckpt's one-line errors)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
         for hook in hooks:
             hook.remove()
         torch.stack([out[:, -1].sum() for out in outputs]).sum().backward()
