@@ -136,34 +136,8 @@ def replay(
     orders: Sequence[Sequence[pipeline.Step]], durations: Sequence[dict[tuple[str, int, int], float]], num_chunks: int
 ) -> float:
     """The step the stages' ``orders`` take when each op lasts its measured duration (``durations[s][(kind, chunk,
-    k)]``, seconds) and messages arrive the moment they are sent (blocking receives, non-blocking sends)."""
-    done: dict[tuple[str, int, int], float] = {}
-    clock = [0.0] * len(orders)
-    position = [0] * len(orders)
-    last = num_chunks - 1
+    k)]``, seconds) and messages arrive the moment they are sent (blocking receives, non-blocking sends): galva-hp's
+    own schedule simulation on the measured durations."""
+    from galva_hp.pipeline_schedules import simulate
 
-    def ready(kind: str, chunk: int, k: int) -> float | None:
-        if kind == "F":
-            return 0.0 if chunk == 0 else done.get(("F", chunk - 1, k))
-        if kind == "W":
-            return done.get(("I", chunk, k))
-        if chunk == last:
-            return done.get(("F", chunk, k))
-        up = done.get(("B", chunk + 1, k))
-        return up if up is not None else done.get(("I", chunk + 1, k))
-
-    while any(p < len(o) for p, o in zip(position, orders)):
-        moved = False
-        for s, order in enumerate(orders):
-            while position[s] < len(order):
-                kind, chunk, k = order[position[s]]
-                at = ready(kind, chunk, k)
-                if at is None:
-                    break
-                clock[s] = max(clock[s], at) + durations[s][(kind, chunk, k)]
-                done[(kind, chunk, k)] = clock[s]
-                position[s] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError("replay deadlocked")
-    return max(clock)
+    return max(simulate(orders, num_chunks, duration=lambda s, step: durations[s][step]))

@@ -20,7 +20,7 @@ simulation finishes; the tests simulate every schedule over a range of pp, v and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from galva_schema import PipelineSchedule
@@ -100,11 +100,17 @@ def _zb_h1(stage: int, pp: int, n: int) -> list[Step]:
     return order
 
 
-def simulate(orders: Sequence[Sequence[Step]], num_chunks: int, cost: dict[str, float] | None = None) -> list[float]:
+def simulate(
+    orders: Sequence[Sequence[Step]],
+    num_chunks: int,
+    cost: dict[str, float] | None = None,
+    duration: Callable[[int, Step], float] | None = None,
+) -> list[float]:
     """Run the stages' orders with blocking receives and non-blocking sends; return each stage's finishing time.
 
-    ``cost`` gives the duration of each kind of step (F 1, B 2, I 1, W 1 by default). Raises ``RuntimeError`` on a
-    deadlock (no stage can take its next step) and ``ValueError`` when a step is missing or repeated.
+    ``cost`` gives the duration of each kind of step (F 1, B 2, I 1, W 1 by default); ``duration(stage, step)``, when
+    given, each step's own (a measured trace replayed). Raises ``RuntimeError`` on a deadlock (no stage can take its
+    next step) and ``ValueError`` when a step is missing or repeated.
     """
     cost = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, **(cost or {})}
     done: dict[tuple[str, int, int], float] = {}  # (kind, chunk, micro-batch) -> finishing time
@@ -135,7 +141,7 @@ def simulate(orders: Sequence[Sequence[Step]], num_chunks: int, cost: dict[str, 
                 key = (step.kind, step.chunk, step.micro_batch)
                 if key in done:
                     raise ValueError(f"stage {s} repeats {step}")
-                clock[s] = max(clock[s], at) + cost[step.kind]
+                clock[s] = max(clock[s], at) + (duration(s, step) if duration else cost[step.kind])
                 done[key] = clock[s]
                 position[s] += 1
                 progressed = True
