@@ -149,3 +149,21 @@ def test_families_with_tables_need_no_adapter():
     for family in ("gpt2", "llama", "mistral", "qwen2", "gemma2", "phi3"):
         assert adapter_for(family) is tables.ADAPTER
         assert adapter_for(preset_config(f"tiny-{family}")) is tables.ADAPTER
+
+
+@pytest.mark.parametrize(
+    ("family", "message"),
+    [
+        ("hrm_text", "HrmTextModel has no 'layers', which its pipeline table names as its layers"),
+        ("deepseek_v4", "deepseek_v4: Hugging Face parameters not in any Galva module: model.hc_head.hc_fn"),
+    ],
+)
+def test_a_model_outside_what_galva_runs_is_one_line(family, message):
+    """galva-train prints an :class:`UnsupportedModel` as its one error line (``galva-train: error: ...``)."""
+    from galva_models.presets import tiny_config
+    from galva_models.tables.errors import UnsupportedModel
+
+    adapter = adapter_for(family)
+    with pytest.raises(UnsupportedModel) as info:
+        adapter.decompose(adapter.build_model(tiny_config(family)))
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -711,6 +711,8 @@ def test_a_layer_reading_tokens_outside_attention_is_refused_the_sequence_forms_
     assert _refusals("minimax", "pp2-mixed") == []
     # doge: its attention mask is computed from the layer's values, on a slice under Ulysses
     assert "doge's token-mixing layers" in _refusals("doge", "ulysses2")[0]
+    # axk2: a sparse-attention indexer picks keys by top-k (no gradient) from the layer's own tokens
+    assert "axk2's indexed_attention layers" in _refusals("axk2", "ulysses2")[0]
     # a plain family and a windowed one keep every form
     for family in ("llama", "gemma2"):
         assert all(_refusals(family, plan) == [] for plan in ("ulysses2", "tp2-megatron_sp")), family
@@ -722,10 +724,14 @@ MORE = [
     ("deepseek_v2", "ulysses2"),
     ("doge", "pp2-zero3"),
     ("granite_swa", "ulysses2"),
+    ("beam", "ulysses2"),
+    ("dots1", "ep2-etp2"),
 ]
 """The most different of the new families, each under a form it takes: a hybrid of lightning and softmax attention
 with experts (tp, and a different form per layer over two stages), latent attention under Ulysses, a family with an
-optional router left out, attention sinks (one per head) under Ulysses."""
+optional router left out, attention sinks (one per head) under Ulysses, a per-position query scale the model's
+forward computes for the whole sequence (Beam's ``attention_scaling``, cut to the rank's positions) under Ulysses,
+and a mixture of experts whose routing leaves a rank's experts no token (Dots1 under ep2 x etp2)."""
 
 
 @pytest.mark.distributed

@@ -155,10 +155,17 @@ def tiny_sizes(config: Any, layers: int | None = TINY_SIZES["num_hidden_layers"]
         if hasattr(config, field) and field != "num_hidden_layers":
             _resize(config, field, value)
     experts = any(getattr(config, f, None) for f in ("num_local_experts", "num_experts", "n_routed_experts"))
+    # DeepSeek-style fields left None by a default config that cannot be built so (Dots1's): an expert-parallel table
+    # says the family has experts
+    unset = bool(getattr(config, "base_model_ep_plan", None)) and hasattr(config, "n_routed_experts") and not experts
     for field, value in TINY_EXPERTS.items():
         # experts per token is needed wherever there are experts (DeepSeek-V2 leaves it None by default)
         if getattr(config, field, None) is not None or (field == "num_experts_per_tok" and experts):
             _resize(config, field, value)
+        elif unset and field in ("n_routed_experts", "num_experts_per_tok"):
+            setattr(config, field, value)
+    if unset and getattr(config, "n_shared_experts", 0) is None:
+        config.n_shared_experts = 1
     if getattr(config, "kv_lora_rank", None) is not None:  # latent attention expands keys to every head
         config.num_key_value_heads = config.num_attention_heads
     keep_layers(config, kept, list(lists), overrides, defaults)

@@ -154,8 +154,14 @@ def run(cfg: TrainConfig) -> int:
         return 2
     rank, world = _init_distributed(cfg.collective_timeout_s)
     watchdog = Watchdog(rank=rank, world_size=world, timeout_s=cfg.collective_timeout_s, prog="galva-train").start()
+    from galva_models.tables.errors import UnsupportedModel
+
     try:
         return _run(cfg, rank, world, watchdog)
+    except UnsupportedModel as err:  # every rank finds it in the same place: one of them says it
+        if rank == 0:
+            print(f"galva-train: error: {err}", file=sys.stderr)
+        return 2
     except Exception as err:
         if world > 1 and is_collective_error(err):
             return watchdog.fail(err)  # one line naming the stuck rank (or the one that raised); exits

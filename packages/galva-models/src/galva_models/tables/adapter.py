@@ -248,7 +248,8 @@ def _mixing_refusals(config: Any, tables: ModelTables) -> list[str]:
     where = f" ({', '.join(found.modules)})" if found.modules else ""
     return [
         f"{config.model_type}'s {kind or 'token-mixing'} layers read other tokens outside the attention function"
-        f"{where} (a recurrence, convolution or mask from activations), which a sequence split would cut"
+        f"{where} (a recurrence, a convolution, a selection of keys or a mask from activations), which a sequence "
+        "split would cut"
         if mixes
         else ""
         for kind, mixes in zip(types, found.layers, strict=True)

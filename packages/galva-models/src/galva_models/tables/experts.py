@@ -155,7 +155,8 @@ def _compute(
     all_ids = all_to_all_uneven(ids.repeat(etp), every, sizes_list, etp_group)
     partial = inner(module, gather(rows), all_ids.unsqueeze(1), gather(weights).to(rows.dtype))
     parts = differentiable_all_to_all_uneven(partial, sizes_list, every, etp_group)
-    return parts.view(etp, mine, -1).sum(dim=0)
+    # the width named: a rank that received no rows (dropless routing can send it none) has 0 elements to view
+    return parts.view(etp, mine, *partial.shape[1:]).sum(dim=0)
 
 
 def distinct_tokens(block: nn.Module, tp_group: ProcessGroup) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from galva_hp.model import LayeredModel
 from galva_hp.shared_params import embedding_ties
+from galva_models.tables.errors import UnsupportedModel
 from galva_schema import ModelConstraints
 
 
@@ -129,7 +130,9 @@ def check_full_coverage(hf_model: nn.Module, model: LayeredModel, unused: tuple[
         n for n, p in hf_model.named_parameters() if id(p) not in held and not n.startswith(unused) and p.requires_grad
     ]
     if missing:
-        raise ValueError(f"{model.name}: Hugging Face parameters not in any Galva module: {', '.join(missing[:5])}")
+        raise UnsupportedModel(
+            f"{model.name}: Hugging Face parameters not in any Galva module: {', '.join(missing[:5])}"
+        )
 
 
 def tie_and_check(hf_model: nn.Module, model: LayeredModel) -> LayeredModel:

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from galva_models.tables.errors import UnsupportedModel
+
 __all__ = ["LayerShape", "layer_lists", "layer_stack"]
 
 
@@ -40,11 +42,16 @@ class LayerShape:
 def layer_lists(base: nn.Module, path: str) -> list[tuple[str, nn.ModuleList]]:
     """The layer lists a pipeline-table path names, with their paths: one (``h``, ``encoder.layer``), or, for a
     path with a ``*`` (``encoder.layers.*.blocks``), one per stage, in order."""
-    if "*" not in path:
-        return [(path, base.get_submodule(path))]  # type: ignore[list-item]
-    outer, _, inner = path.partition(".*.")
-    stages: list[nn.Module] = list(base.get_submodule(outer).children())
-    return [(f"{outer}.{i}.{inner}", stage.get_submodule(inner)) for i, stage in enumerate(stages)]  # type: ignore[misc]
+    try:
+        if "*" not in path:
+            return [(path, base.get_submodule(path))]  # type: ignore[list-item]
+        outer, _, inner = path.partition(".*.")
+        stages: list[nn.Module] = list(base.get_submodule(outer).children())
+        return [(f"{outer}.{i}.{inner}", stage.get_submodule(inner)) for i, stage in enumerate(stages)]  # type: ignore[misc]
+    except AttributeError:
+        raise UnsupportedModel(
+            f"{type(base).__name__} has no {path!r}, which its pipeline table names as its layers"
+        ) from None
 
 
 def layer_stack(base: nn.Module, path: str) -> list[nn.Module]:

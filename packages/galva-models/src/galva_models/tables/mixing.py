@@ -6,8 +6,10 @@ the sequence and make only the registered attention function (:mod:`.attention`)
 output at one position reads other positions by another path would compute something else. Which layers do is
 found by running the family's own code, not by its names: a tiny copy of the config (widths cut, every layer kept)
 runs with an attention function that reads no other position, and a layer mixes tokens elsewhere where its last
-position's output has a gradient on its input's earlier positions, or where the mask it hands the attention function
-is computed from its activations.
+position's output has a gradient on its input's earlier positions, where the mask it hands the attention function
+is computed from its activations, or where, run on the sequence's second half as the sequence forms run it (the
+arguments with one entry per position cut to it, :mod:`.positions`), it fails or computes other values than on the
+whole: that also finds what carries no gradient (a top-k selection of keys, DeepSeek's sparse-attention indexer).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from galva_models.tables.positions import cut_to_positions, sequence_axes
 
 __all__ = ["HiddenMixers", "hidden_mixers"]
 
@@ -101,12 +105,13 @@ def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
         for hook in hooks:
             hook.remove()
         torch.stack([out[:, -1].sum() for out in outputs]).sum().backward()
+        sliced = _slice_agrees(model, stack, config.vocab_size)
     except Exception:  # a family the tiny copy cannot run: the build itself will say why
         return None
     masked = [any(getattr(m, "galva_mask_from_activations", False) for m in layer.modules()) for layer in stack]
     mixing = tuple(
-        bool(x.grad is not None and x.grad[:, :-1].abs().max() > 0) or mask
-        for x, mask in zip(inputs, masked, strict=True)
+        bool(x.grad is not None and x.grad[:, :-1].abs().max() > 0) or mask or not agrees
+        for x, mask, agrees in zip(inputs, masked, sliced, strict=True)
     )
     plain = {type(m) for layer, mixes in zip(stack, mixing, strict=True) if not mixes for m in layer.modules()}
     names = sorted(
@@ -120,3 +125,47 @@ def _probe(config_json: str, layers_path: str) -> HiddenMixers | None:
     )
     paths = frozenset(name for layer in stack for name, _ in layer.named_modules() if name)
     return HiddenMixers(mixing, tuple(names), paths)
+
+
+def _slice_agrees(model: nn.Module, stack: list[nn.Module], vocab: int) -> list[bool]:
+    """Per layer, whether it computes on the sequence's second half what it computes there on the whole sequence
+    (its keyword arguments cut to those positions, the probe's attention reading no other position)."""
+    model.eval()
+    with torch.no_grad():
+        whole = _calls(model, stack, _SEQ, vocab)
+        shorter = _calls(model, stack, _SEQ // 2, vocab)
+        half = torch.arange(_SEQ // 2, _SEQ)
+        agrees: list[bool] = []
+        for (hidden, args, kwargs, out), (_, _, other, _) in zip(whole, shorter, strict=True):
+            layer = stack[len(agrees)]
+            try:
+                part = layer(hidden[:, half], *args, **cut_to_positions(kwargs, sequence_axes(kwargs, other), half))
+                part = part[0] if isinstance(part, (tuple, list)) else part
+                agrees.append(bool((part - out[:, half]).abs().max() <= 1e-5 * max(1.0, float(out.abs().max()))))
+            except Exception:  # it cannot take a slice at all (a mask or table sized for the whole sequence)
+                agrees.append(False)
+    return agrees
+
+
+def _calls(model: nn.Module, stack: list[nn.Module], seq: int, vocab: int) -> list[tuple[Any, ...]]:
+    """Each layer's ``(hidden, args, kwargs, output)`` in a forward over ``seq`` tokens."""
+    calls: list[list[Any]] = []
+
+    def enter(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if args:
+            calls.append([args[0], args[1:], kwargs])
+        else:
+            calls.append([kwargs["hidden_states"], (), {k: v for k, v in kwargs.items() if k != "hidden_states"}])
+
+    def leave(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        calls[-1].append(out[0] if isinstance(out, (tuple, list)) else out)
+
+    hooks = [h for layer in stack for h in (layer.register_forward_pre_hook(enter, with_kwargs=True),
+                                             layer.register_forward_hook(leave))]  # fmt: skip
+    ids = torch.arange(seq).remainder(vocab).unsqueeze(0)
+    try:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [tuple(call) for call in calls]

@@ -34,7 +34,9 @@ from galva_hp.parallel.mappings import (
 )
 from galva_hp.parallel.rng import rank_stream
 from galva_hp.parallel.vocab import vocab_parallel_loss_sum
+from galva_models.tables.errors import UnsupportedModel
 from galva_models.tables.hooks import layer_lists, layer_stack
+from galva_models.tables.positions import cut_to_positions, sequence_axes
 from galva_models.tables.sharding import Split, TpRegion, gather_split
 from galva_schema.sharding import sequence_blocks
 
@@ -95,6 +97,11 @@ class _StandIn(nn.Module):
             return getattr(self._real.value, name)
 
     def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if self.index in self.sink:  # Galva runs each layer once, in order
+            raise UnsupportedModel(
+                f"{type(self._real.value).__name__} {self.index} is run more than once by its model's forward (a "
+                "recurrence over the layer stack), which Galva's one pass per layer does not compute"
+            )
         self.sink[self.index] = (hidden_states, args, kwargs)
         if self.index >= self.stop:
             raise _Stop
@@ -186,6 +193,7 @@ class LayerInputs(nn.Module):
         self._embeds = embeds_keyword(inputs)
         self._calls = calls
         self._cache: dict[tuple[Any, ...], dict[int, Any]] = {}
+        self._axes: dict[tuple[Any, ...], dict[int, Any]] = {}
 
     def run(self, stop: int, overrides: dict[str, nn.Module], **inputs: Any) -> dict[int, Any]:
         """Run the base forward with stand-ins for its layers up to layer ``stop``: ``{index: (hidden, args,
@@ -208,16 +216,35 @@ class LayerInputs(nn.Module):
             return self._calls[index]
         key = (batch, seq, dtype, device)
         if key not in self._cache:
-            hidden = self._base.value.config.hidden_size
-            embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
-            base = self._base.value
-            n = len(layer_stack(base, self._layers))
-            # the embedding side may live on another stage (or the meta device): stand-ins of the right width
-            quiet: dict[str, nn.Module] = {n: _Zeros(hidden, dtype, base.get_submodule(n)) for n in self._before}
-            with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
-                recorded = self.run(n - 1, quiet, **{self._embeds: embeds})
-            self._cache = {key: {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}}
+            self._cache = {key: self._record(batch, seq, dtype, device)}
         return self._cache[key][index]
+
+    def local_call(
+        self, index: int, batch: int, seq: int, positions: Tensor, dtype: torch.dtype, device: torch.device
+    ) -> Any:
+        """:meth:`layer_call` for a rank holding ``positions`` of a ``seq``-token sequence: every argument with one
+        entry per position cut to them (:mod:`.positions`: the axes found from a second recording at half the
+        length); masks and other pairwise arguments whole (the attention function sees the whole sequence)."""
+        args, kwargs = self.layer_call(index, batch, seq, dtype, device)
+        key = (batch, seq, dtype, device)
+        if key not in self._axes:
+            # keyword arguments only, as the forward hands position tables and ids (a positional mask stays whole)
+            whole = self._cache[key] if self._calls is None else dict(enumerate(self._calls))
+            # a shorter recording: never past a position table's end
+            other = self._record(batch, seq // 2, dtype, device) if self._calls is None else {}
+            self._axes = {key: {i: sequence_axes(kw, other.get(i, (None, None))[1]) for i, (_, kw) in whole.items()}}
+        return args, cut_to_positions(kwargs, self._axes[key][index], positions)
+
+    def _record(self, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> dict[int, Any]:
+        hidden = self._base.value.config.hidden_size
+        embeds = torch.zeros(batch, seq, hidden, dtype=dtype, device=device)
+        base = self._base.value
+        n = len(layer_stack(base, self._layers))
+        # the embedding side may live on another stage (or the meta device): stand-ins of the right width
+        quiet: dict[str, nn.Module] = {n: _Zeros(hidden, dtype, base.get_submodule(n)) for n in self._before}
+        with torch.no_grad():  # arguments, not activations: nothing here is saved for a backward
+            recorded = self.run(n - 1, quiet, **{self._embeds: embeds})
+        return {i: (args, kwargs) for i, (_, args, kwargs) in recorded.items()}
 
 
 @dataclass
@@ -356,9 +383,10 @@ class TableLayer(_InPlace):
             # the positions attention's inputs hold: this rank's slice under Ulysses (its all-to-all gathers the
             # rest after the rotary embedding); the context-local sequence otherwise (Megatron-SP gathers it first)
             seq, positions = form.positions(local, hidden.device, split=form.ulysses)
-            args, kwargs = self.inputs.layer_call(self.index, batch, seq, hidden.dtype, hidden.device)
-            if positions is not None:
-                kwargs = _local_positions(kwargs, seq, positions)
+            if positions is None:
+                args, kwargs = self.inputs.layer_call(self.index, batch, seq, hidden.dtype, hidden.device)
+            else:
+                args, kwargs = self.inputs.local_call(self.index, batch, seq, positions, hidden.dtype, hidden.device)
         self._begin()
         with self._streams(hidden.device):
             out = first_output(self.layer(hidden, *args, **kwargs))
@@ -366,25 +394,6 @@ class TableLayer(_InPlace):
                 out = getattr(self, self._end_name)(out, *args)
         self._end()
         return out
-
-
-def _local_positions(kwargs: dict[str, Any], seq: int, positions: Tensor) -> dict[str, Any]:
-    """The layer's arguments for a rank holding ``positions`` of a ``seq``-token sequence: every per-position
-    tensor (position embeddings, position ids) is cut to them; masks stay whole (attention, Ulysses or ring, sees
-    the whole sequence and reads each block's part)."""
-
-    def cut(value: Any) -> Any:
-        if isinstance(value, Tensor):
-            if value.dim() >= 2 and value.shape[1] == seq:
-                return value.index_select(1, positions)
-            if value.dim() == 1 and value.shape[0] == seq:
-                return value.index_select(0, positions)
-            return value
-        if isinstance(value, tuple):
-            return tuple(cut(v) for v in value)
-        return value
-
-    return {k: (v if k == "attention_mask" else cut(v)) for k, v in kwargs.items()}
 
 
 def _hidden_output() -> Any:
