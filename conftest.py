@@ -52,6 +52,36 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+ROOT = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def repo_wheels(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[Path]]:
+    """``repo_wheels("galva-schema", ...)``: the wheels pip builds from those ``packages/`` directories, built once
+    per session and shared by the tests that install into a fresh venv. They are built with this environment's build
+    backends (``--no-build-isolation``, as setup.sh installs): no isolated environment that installs hatchling or
+    scikit-build-core again for each directory, and galva-search rebuilds in its persistent build directory (where
+    setup.sh left the compiled core) only what changed."""
+    directory = tmp_path_factory.mktemp("wheels")
+    built: dict[str, Path] = {}
+
+    def build(*names: str) -> list[Path]:
+        missing = [name for name in names if name not in built]
+        if missing:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps",
+                 "--disable-pip-version-check", "--wheel-dir", str(directory),
+                 *(str(ROOT / "packages" / name) for name in missing)],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr[-3000:]
+            for name in missing:
+                (built[name],) = directory.glob(f"{name.replace('-', '_')}-*.whl")
+        return [built[name] for name in names]
+
+    return build
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Import the heavy libraries' lazily loaded parts once, here, before any test forks ranks.
 

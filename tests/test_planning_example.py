@@ -28,30 +28,21 @@ def test_example_profiles_are_the_conversion_of_the_shipped_reference_files() ->
 
 
 @pytest.mark.slow  # a venv, pip resolving and installing, galva-search planning; CI runs slow tests too
-def test_planning_example_runs_in_a_torch_free_venv(tmp_path: Path) -> None:
-    """The README's planner-only install, done exactly (galva-schema and galva-comm are not on the package index, so
-    the three come from the repo), into a fresh venv: no torch comes in, and the example plans (issue #11, #12)."""
+def test_planning_example_runs_in_a_torch_free_venv(tmp_path: Path, repo_wheels) -> None:
+    """The README's planner-only install (galva-schema and galva-comm are not on the package index, so the three come
+    from the repo) into a fresh venv: no torch comes in, and the example plans (issue #11, #12)."""
     readme = (ROOT / "README.md").read_text()
     command = "pip install ./packages/galva-schema ./packages/galva-comm\n./packages/galva-search"
     assert command in readme or command.replace("\n", " ") in readme, "the README must give the install command"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    # galva-search's wheel is built with this environment's build tools into its persistent build directory
-    # (pyproject's build-dir), where setup.sh's editable install left the compiled core: CMake rebuilds only what
-    # changed, not the whole C++ core in an isolated build (~45 s of CPU). The wheel is what pip would build from the
-    # directory; its dependencies are resolved into the fresh venv all the same.
-    wheels = tmp_path / "wheels"
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps", "--wheel-dir",
-         str(wheels), str(ROOT / "packages" / "galva-search")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    (search_wheel,) = wheels.glob("galva_search-*.whl")
+    # the wheels pip builds from the three directories (conftest.py: built once a session with this environment's
+    # build tools; galva-search's C++ core is not rebuilt from nothing, ~45 s of CPU), installed with their
+    # dependencies resolved into the fresh venv as the README's command resolves them
     venv.create(tmp_path / "venv", with_pip=False)
     bin_dir = tmp_path / "venv" / "bin"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet",
-         *(str(ROOT / "packages" / name) for name in PLANNER[:2]), str(search_wheel)],
+         *(str(wheel) for wheel in repo_wheels(*PLANNER))],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     offline = re.search(r"No matching distribution|Could not find a version|network", install.stderr)

@@ -20,12 +20,14 @@ fi
 echo "[setup] venv $VENV, constraints $constraints"
 
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# --no-compile: no byte-compiling of every installed module (torch's and transformers' thousands: about a third of
+# the setup's CPU); Python compiles the modules a command imports on first import and keeps them.
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-compile -c "$constraints")
 
-# torch first: anything that lets pip choose it freely would pull the CUDA build on a CPU machine.
-"${pip[@]}" install -q -c "$constraints" torch numpy
-"${pip[@]}" install -q -c "$constraints" -r requirements/dev.txt
-"${pip[@]}" install -q -c "$constraints" --no-build-isolation \
+# torch first: anything that lets pip choose it freely would pull the CUDA build on a CPU machine; the build
+# backends with it, as the editable installs below build with them (--no-build-isolation).
+"${pip[@]}" torch numpy -r requirements/dev.txt
+"${pip[@]}" --no-build-isolation \
   -e packages/galva-schema \
   -e packages/galva-comm \
   -e packages/galva-search \

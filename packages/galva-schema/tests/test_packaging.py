@@ -35,19 +35,20 @@ def test_importing_galva_schema_imports_no_torch():
 
 
 @pytest.mark.slow
-def test_resolver_installs_no_torch_into_a_fresh_venv(tmp_path):
-    """`pip install --dry-run --report` of the package into a bare venv: the resolved set is pydantic's closure."""
-    venv.create(tmp_path / "venv", with_pip=True)
+def test_resolver_installs_no_torch_into_a_fresh_venv(tmp_path, repo_wheels):
+    """`pip install --dry-run --report` of the package (the wheel pip builds from it, conftest.py) into a bare venv:
+    the resolved set is pydantic's closure. pip runs from this environment against the venv's interpreter
+    (``--python``): the venv needs no pip of its own."""
+    venv.create(tmp_path / "venv", with_pip=False)
     python = tmp_path / "venv" / "bin" / "python"
     report = tmp_path / "report.json"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    (wheel,) = repo_wheels("galva-schema")
     result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report), str(PACKAGE)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--dry-run", "--quiet", "--report",
+         str(report), str(wheel)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
     if result.returncode != 0 and re.search(
         r"No matching distribution|Could not find a version|network", result.stderr
     ):
