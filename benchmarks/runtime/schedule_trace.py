@@ -56,8 +56,8 @@ def install() -> None:
     none = lambda *a, **k: (-1, -1)  # noqa: E731
     stage = pipeline.PipelineStage
     # tag 2c + 1: chunk c's input (forward); 2c + 2: the gradient of chunk c's output (backward)
-    stage._recv = _timed("recv", stage._recv, lambda self, src, tag: ((tag - 1) // 2, tag % 2))  # type: ignore[method-assign]
-    stage._send = _timed("send", stage._send, lambda self, t, dst, tag: ((tag - 1) // 2, tag % 2))  # type: ignore[method-assign]
+    stage._recv = _timed("recv", stage._recv, lambda self, src, tag, *a: ((tag - 1) // 2, tag % 2))  # type: ignore[method-assign]
+    stage._send = _timed("send", stage._send, lambda self, t, dst, tag, *a, **k: ((tag - 1) // 2, tag % 2))  # type: ignore[method-assign]
     stage.wait_sends = _timed("wait-sends", stage.wait_sends, none)  # type: ignore[method-assign]
     _StageHooks.forward = _timed("F", _StageHooks.forward, lambda self, c, r, k: (c, k))  # type: ignore[method-assign]
     pipeline.input_backward = _timed("I", pipeline.input_backward, lambda *a, **k: (_LAST_I[0], _LAST_I[1]))

@@ -125,3 +125,42 @@ def test_schedules_train_like_one_process() -> None:
     failed = {n: d for n, d in results.items() if n in PLANS and max(d["loss"], d["norm"], d["param"]) >= TOL}
     failed |= {n: d for n, d in results.items() if n in BF16_PLANS and any(d[k] >= BF16_TOL[k] for k in BF16_TOL)}
     assert not failed, failed
+
+
+def exchange(rank: int, world_size: int) -> dict[str, object]:
+    """Stage 0 sends activations under shape keys, stage 1 their gradients back; what arrived, and the sends made."""
+    import torch
+
+    from galva_hp.pipeline import PipelineStage
+
+    pipe = PipelineStage(stage=rank, num_stages=2, ranks=(0, 1))
+    sent = [("a", (2, 4, 3)), ("a", (2, 4, 3)), ("b", (2, 5, 3)), ("a", (2, 4, 3)), (None, (1, 7)), (None, (1, 7))]
+    out: dict[str, object] = {"exact": True}
+    for i, (key, shape) in enumerate(sent):
+        value = torch.arange(float(torch.Size(shape).numel())).reshape(shape) / (i + 3)
+        if rank == 0:
+            pipe.send_forward(0, value, key)
+            got, expected = pipe.recv_backward(0, value), value * 2
+        else:
+            got = pipe.recv_forward(1, key)
+            pipe.send_backward(1, got.detach() * 2)
+            expected = value
+        out["exact"] = out["exact"] and got.shape == expected.shape and bool(torch.equal(got, expected))
+    if rank == 0:
+        out["sends"] = len(pipe._pending)  # 6 tensors + a header per new key (a, b) and per keyless send (2)
+        try:  # the same key with another shape is refused before anything is sent
+            pipe.send_forward(0, torch.zeros(2, 6, 3), "a")
+        except ValueError as error:
+            out["refused"] = str(error)
+    pipe.wait_sends()
+    return out
+
+
+@pytest.mark.distributed
+def test_activations_skip_the_header_once_their_shape_is_known() -> None:
+    """A gradient never carries a header, an activation only for a new (chunk, shape key): both ends agree, and the
+    tensors arrive bit for bit."""
+    first, second = run_distributed(exchange, 2, timeout=60)
+    assert first["exact"] and second["exact"]
+    assert first["sends"] == 6 + 4
+    assert "chunk 0's output changed to torch.float32 (2, 6, 3)" in str(first["refused"])

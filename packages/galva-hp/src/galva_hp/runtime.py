@@ -190,8 +190,13 @@ class HybridParallelModel(nn.Module):
 
         hooks = _StageHooks(self, ids_parts, label_parts, tokens)
         order = schedule_order(strategy.pipeline_schedule, self.stage, strategy.pp, n, strategy.virtual_stages)
+        # what fixes a micro-batch's activation shapes under this plan, known on every stage: its inputs' shapes
+        shape_keys = [
+            (tuple(micro_batch(input_ids, k, n).shape), input_ids.dtype, tuple(micro_batch(labels, k, n).shape))
+            for k in range(n)
+        ]
         with defer_param_grad_sums(self.replicated):
-            outputs = run_schedule(self.pipe, order, hooks)
+            outputs = run_schedule(self.pipe, order, hooks, shape_keys)
         self.finish_gradients()
         totals = torch.zeros(2, dtype=torch.float64, device=self.options.device)
         for loss_sum, count in outputs:

@@ -237,7 +237,10 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.p2p_mib * MIB)
             ms = time_p2p(pipeline_groups(world.size, step.group_size), message, world, options.repeats)
             result.p2p[step.group_size] = message / (ms * 1e-3) / 1e9
-            small_ms = time_p2p(pipeline_groups(world.size, step.group_size), P2P_LATENCY_BYTES, world, options.repeats)
+            # the per-message term the cost model charges every send (interleaving's extra ones too): as many
+            # repetitions as the collectives' latency points (the median of --quick's 5 once read 2.6 ms, quiet 0.2-0.3)
+            latency_repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, LATENCY_REPETITIONS))
+            small_ms = time_p2p(pipeline_groups(world.size, step.group_size), P2P_LATENCY_BYTES, world, latency_repeats)
             explained_ms = P2P_LATENCY_BYTES / (result.p2p[step.group_size] * 1e9) * 1e3
             result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
         else:
