@@ -248,7 +248,7 @@ class LayerCosts:
         total_state_bytes = sum(s.state_bytes)
         recompute = np.zeros(n)
         if any(c.checkpoint for c in candidates):
-            plain = [replace(c, checkpoint=False) for c in candidates]
+            plain = [replace(c, checkpoint=False) if c.checkpoint else c for c in candidates]
             full = self.activation_per_sample(type_index, plain)
             recompute = np.where([c.checkpoint for c in candidates], full, 0.0)
         states = np.empty((2, n))
