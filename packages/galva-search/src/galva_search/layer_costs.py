@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 import numpy as np
 
@@ -35,6 +36,8 @@ from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
 from galva_search.states import state_fraction
 from galva_search.transitions import redistribution_per_sample, switch_penalty
+
+_state_fraction = cache(state_fraction)  # a table asks it per candidate of the few (type, shard, ...) there are
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
@@ -255,12 +258,12 @@ class LayerCosts:
         for accumulating in (0, 1):
             for i, c in enumerate(candidates):
                 shard = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)[0]
-                frac = state_fraction(
+                frac = _state_fraction(
                     c.dp_type, shard, bool(accumulating), precision=s.precision, accounting=s.state_accounting
                 )
                 states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
                 if expert_mib[i] > 0:
-                    frac = state_fraction(
+                    frac = _state_fraction(
                         expert_costs.expert_dp_type(c), c.expert_dp, bool(accumulating), precision=s.precision,
                         accounting=s.state_accounting,
                     )
