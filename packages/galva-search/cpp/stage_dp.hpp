@@ -329,19 +329,23 @@ class StageSolver {
       return mem_[idx(l, s)] == layer_min_[l];
     };
     std::vector<double> step(S_);  // intra + lam * memory + w of layer l+1
+    std::vector<int> ahead;        // the allowed candidates of layer l+1, in order (the others' step is +inf)
+    ahead.reserve(S_);
     for (int j = 0; j < S_; ++j)
       if (allowed(L_ - 1, j)) pass.w[idx(L_ - 1, j)] = 0.0;
     for (int l = L_ - 2; l >= 0; --l) {
-      for (int x = 0; x < S_; ++x)
-        step[x] = allowed(l + 1, x)
-                      ? p_.intra_at(l + 1, x) + lam * mem_[idx(l + 1, x)] + pass.w[idx(l + 1, x)]
-                      : kInf;
+      ahead.clear();
+      for (int x = 0; x < S_; ++x) {
+        const bool ok = allowed(l + 1, x);
+        step[x] = ok ? p_.intra_at(l + 1, x) + lam * mem_[idx(l + 1, x)] + pass.w[idx(l + 1, x)] : kInf;
+        if (ok) ahead.push_back(x);
+      }
       for (int j = 0; j < S_; ++j) {
         if (!allowed(l, j)) continue;
         const double* row = p_.inter_row(l + 1, j);
         double best = kInf;
         int arg = -1;
-        for (int x = 0; x < S_; ++x) {
+        for (int x : ahead) {  // a skipped x adds +inf: never below best, as in a scan of every x
           const double v = row[x] + step[x];
           if (v < best) {
             best = v;
