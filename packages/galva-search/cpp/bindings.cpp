@@ -125,13 +125,14 @@ PYBIND11_MODULE(_core, m) {
   py::class_<StageLevels>(m, "StageLevels",
                           "One stage's transient levels, reduced and bounded, with their solutions (stage_levels.hpp)")
       .def(py::init([](int layers, int strategies, const py::buffer& intra, const py::buffer& memory,
-                       const py::buffer& inter, const py::buffer& transient) {
+                       const py::buffer& inter, const py::buffer& transient, std::vector<int> block) {
              return new StageLevels(layers, strategies, copy_buffer(intra, "intra_time"),
                                     copy_buffer(memory, "memory_mib"), copy_buffer(inter, "inter_time"),
-                                    copy_buffer(transient, "transient_mib"));
+                                    copy_buffer(transient, "transient_mib"), std::move(block));
            }),
            py::arg("layers"), py::arg("strategies"), py::arg("intra"), py::arg("memory"), py::arg("inter"),
-           py::arg("transient"))
+           py::arg("transient"), py::arg("block") = std::vector<int>(),
+           "inter: [L][S][S], or with block (one index per layer) the distinct [S][S] blocks")
       .def_property_readonly("levels",
                              [](const StageLevels& s) {
                                py::list out;

@@ -57,20 +57,26 @@ namespace dp {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// One stage's inputs, row-major: intra/memory [L][S], inter [L][S][S] (from i at layer l-1 to j at layer l).
+// One stage's inputs, row-major: intra/memory [L][S], inter [L][S][S] (from i at layer l-1 to j at layer l). Layers
+// of one type share their transitions: with ``block`` (one entry per layer) ``inter`` holds only the distinct [S][S]
+// blocks and layer l's is block[l] (a stage of 32 layers of one type passes 2 blocks, not 32).
 struct StageProblem {
   int layers = 0;
   int strategies = 0;
   std::vector<double> intra;
   std::vector<double> memory;
   std::vector<double> inter;
+  std::vector<int> block;  // empty: inter is [L][S][S]
   double budget = 0.0;
 
   double intra_at(int l, int s) const { return intra[static_cast<size_t>(l) * strategies + s]; }
   double memory_at(int l, int s) const { return memory[static_cast<size_t>(l) * strategies + s]; }
-  double inter_at(int l, int i, int j) const {
-    return inter[(static_cast<size_t>(l) * strategies + i) * strategies + j];
+  size_t block_of(int l) const { return block.empty() ? static_cast<size_t>(l) : static_cast<size_t>(block[l]); }
+  // transitions into layer l from candidate i of layer l - 1: [S] values
+  const double* inter_row(int l, int i) const {
+    return &inter[(block_of(l) * strategies + static_cast<size_t>(i)) * strategies];
   }
+  double inter_at(int l, int i, int j) const { return inter_row(l, i)[j]; }
 };
 
 struct Options {
@@ -127,8 +133,20 @@ inline void validate(const StageProblem& p, const std::vector<char>* repeated = 
   const size_t ls = static_cast<size_t>(p.layers) * p.strategies;
   if (p.intra.size() != ls) throw std::invalid_argument("intra_time must have layers*strategies entries");
   if (p.memory.size() != ls) throw std::invalid_argument("memory_mib must have layers*strategies entries");
-  if (p.inter.size() != ls * p.strategies)
-    throw std::invalid_argument("inter_time must have layers*strategies*strategies entries");
+  const size_t ss = static_cast<size_t>(p.strategies) * p.strategies;
+  std::vector<char> checked;  // per block: already checked at an earlier layer
+  if (p.block.empty()) {
+    if (p.inter.size() != ls * p.strategies)
+      throw std::invalid_argument("inter_time must have layers*strategies*strategies entries");
+  } else {
+    if (p.block.size() != static_cast<size_t>(p.layers)) throw std::invalid_argument("block must have one entry per layer");
+    if (ss == 0 || p.inter.size() % ss != 0)
+      throw std::invalid_argument("inter_time must hold whole strategies*strategies blocks");
+    for (int b : p.block)
+      if (b < 0 || static_cast<size_t>(b) >= p.inter.size() / ss)
+        throw std::invalid_argument("block: an index outside inter_time's blocks");
+    checked.assign(p.inter.size() / ss, 0);
+  }
   if (std::isnan(p.budget)) throw std::invalid_argument("budget_mib is NaN");
   for (int l = 0; l < p.layers; ++l)
     for (int s = 0; s < p.strategies; ++s) check_value(p.intra_at(l, s), "intra_time", l, s, -1);
@@ -136,6 +154,10 @@ inline void validate(const StageProblem& p, const std::vector<char>* repeated = 
     for (int s = 0; s < p.strategies; ++s) check_value(p.memory_at(l, s), "memory_mib", l, s, -1);
   for (int l = 1; l < p.layers; ++l) {  // layer 0's transitions are ignored
     if (repeated && l >= 2 && (*repeated)[l]) continue;
+    if (!p.block.empty()) {  // a block is checked at the first layer (after layer 0) that uses it
+      if (checked[p.block_of(l)]) continue;
+      checked[p.block_of(l)] = 1;
+    }
     for (int i = 0; i < p.strategies; ++i)
       for (int j = 0; j < p.strategies; ++j) check_value(p.inter_at(l, i, j), "inter_time", l, i, j);
   }
@@ -247,9 +269,9 @@ class StageSolver {
     return true;
   }
   bool same_inter(int a, int b) const {  // transition blocks into layers a and b (a, b >= 1)
+    if (p_.block_of(a) == p_.block_of(b)) return true;
     const size_t n = static_cast<size_t>(S_) * S_;
-    return std::memcmp(&p_.inter[static_cast<size_t>(a) * n], &p_.inter[static_cast<size_t>(b) * n],
-                       n * sizeof(double)) == 0;
+    return std::memcmp(p_.inter_row(a, 0), p_.inter_row(b, 0), n * sizeof(double)) == 0;
   }
 
   // Step 1: live_[l*S+s] = 1 unless forbidden (+inf) or dominated at layer l.
@@ -307,19 +329,23 @@ class StageSolver {
       return mem_[idx(l, s)] == layer_min_[l];
     };
     std::vector<double> step(S_);  // intra + lam * memory + w of layer l+1
+    std::vector<int> ahead;        // the allowed candidates of layer l+1, in order (the others' step is +inf)
+    ahead.reserve(S_);
     for (int j = 0; j < S_; ++j)
       if (allowed(L_ - 1, j)) pass.w[idx(L_ - 1, j)] = 0.0;
     for (int l = L_ - 2; l >= 0; --l) {
-      for (int x = 0; x < S_; ++x)
-        step[x] = allowed(l + 1, x)
-                      ? p_.intra_at(l + 1, x) + lam * mem_[idx(l + 1, x)] + pass.w[idx(l + 1, x)]
-                      : kInf;
+      ahead.clear();
+      for (int x = 0; x < S_; ++x) {
+        const bool ok = allowed(l + 1, x);
+        step[x] = ok ? p_.intra_at(l + 1, x) + lam * mem_[idx(l + 1, x)] + pass.w[idx(l + 1, x)] : kInf;
+        if (ok) ahead.push_back(x);
+      }
       for (int j = 0; j < S_; ++j) {
         if (!allowed(l, j)) continue;
-        const double* row = &p_.inter[(static_cast<size_t>(l + 1) * S_ + j) * S_];
+        const double* row = p_.inter_row(l + 1, j);
         double best = kInf;
         int arg = -1;
-        for (int x = 0; x < S_; ++x) {
+        for (int x : ahead) {  // a skipped x adds +inf: never below best, as in a scan of every x
           const double v = row[x] + step[x];
           if (v < best) {
             best = v;
@@ -500,10 +526,10 @@ class StageSolver {
     delta_layer_ = l;
     delta_.assign(static_cast<size_t>(S_) * S_, kInf);
     for (int k = 0; k < S_; ++k) {
-      const double* rk = &p_.inter[(static_cast<size_t>(n) * S_ + k) * S_];
+      const double* rk = p_.inter_row(n, k);
       for (int j = 0; j < S_; ++j) {
         if (j == k) continue;
-        const double* rj = &p_.inter[(static_cast<size_t>(n) * S_ + j) * S_];
+        const double* rj = p_.inter_row(n, j);
         double d = -kInf;
         for (int x = 0; x < S_ && d < kInf; ++x) {
           if (!live_[idx(n, x)] || rk[x] == rj[x]) {
@@ -587,6 +613,7 @@ class StageSolver {
                 [](const Cand& x, const Cand& y) { return x.m < y.m || (x.m == y.m && x.t < y.t); });
       std::vector<Point>& out = pts[l];
       const double limit = budget_ + (l == L_ - 1 ? 0.0 : slack) - suffix_min_mem_[l + 1];
+      const double* into = p_.inter_row(l, 0);  // layer l's [S][S] transitions
       for (int j = 0; j < S_; ++j) {
         off[l][j] = static_cast<int32_t>(out.size());
         if (!live_[idx(l, j)]) continue;
@@ -596,7 +623,7 @@ class StageSolver {
         for (const Cand& c : merged) {
           const double m = c.m + mj;
           if (m > limit) break;
-          const double t = c.t + p_.inter_at(l, c.s, j) + tj;
+          const double t = c.t + into[static_cast<size_t>(c.s) * S_ + j] + tj;
           if (!(t < best)) continue;
           best = t;
           if (bounded && t + bound(l, j, m) >= ub) continue;

@@ -54,22 +54,25 @@ struct Level {
 
 class StageLevels {
  public:
-  // intra/memory/transient [L][S], inter [L][S][S], row-major (stage_dp.hpp's layout). Throws on bad values.
+  // intra/memory/transient [L][S], inter [L][S][S] or, with ``block`` (one entry per layer), its distinct [S][S]
+  // blocks (stage_dp.hpp's StageProblem), row-major. Throws on bad values.
   StageLevels(int layers, int strategies, std::vector<double> intra, std::vector<double> memory,
-              std::vector<double> inter, std::vector<double> transient)
+              std::vector<double> inter, std::vector<double> transient, std::vector<int> block = {})
       : L_(layers), S_(strategies) {
     p_.layers = layers;
     p_.strategies = strategies;
     p_.intra = std::move(intra);
     p_.memory = std::move(memory);
     p_.inter = std::move(inter);
+    p_.block = std::move(block);
     p_.budget = 0.0;
     // layers of one type share their transition block: gather, check and compare each distinct block once
-    const size_t block = static_cast<size_t>(S_) * S_;
+    const size_t ss = static_cast<size_t>(S_) * S_;
     same_block_.assign(L_, 0);
-    if (p_.inter.size() == block * L_)  // else validate() says what is wrong
+    if (p_.block.empty() ? p_.inter.size() == ss * L_ : blocks_in_range())  // else validate() says what is wrong
       for (int l = 1; l < L_; ++l)
-        same_block_[l] = std::memcmp(&p_.inter[l * block], &p_.inter[(l - 1) * block], block * sizeof(double)) == 0;
+        same_block_[l] = p_.block_of(l) == p_.block_of(l - 1) ||
+                         std::memcmp(p_.inter_row(l, 0), p_.inter_row(l - 1, 0), ss * sizeof(double)) == 0;
     validate(p_, &same_block_);
     if (transient.size() != p_.intra.size()) throw std::invalid_argument("transient must have layers*strategies entries");
     for (int l = 0; l < L_; ++l)
@@ -131,20 +134,25 @@ class StageLevels {
       r.strategies = n;
       r.intra.resize(static_cast<size_t>(L_) * n);
       r.memory.resize(static_cast<size_t>(L_) * n);
-      r.inter.resize(static_cast<size_t>(L_) * n * n);
+      r.block.resize(L_);
       const size_t nn = static_cast<size_t>(n) * n;
+      std::unordered_map<size_t, int> reduced_of;  // the stage's block -> the reduced problem's
       for (int l = 0; l < L_; ++l) {
         for (int a = 0; a < n; ++a) {
           r.intra[static_cast<size_t>(l) * n + a] = level_intra(l, c[a], lv.tau);
           r.memory[static_cast<size_t>(l) * n + a] = p_.memory_at(l, c[a]);
         }
-        double* out = &r.inter[l * nn];
-        if (same_block_[l]) {
-          std::memcpy(out, out - nn, nn * sizeof(double));
+        if (l > 0 && same_block_[l]) {  // each distinct block is reduced once
+          r.block[l] = r.block[l - 1];
           continue;
         }
+        const auto [at, fresh] = reduced_of.emplace(p_.block_of(l), static_cast<int>(reduced_of.size()));
+        r.block[l] = at->second;
+        if (!fresh) continue;
+        r.inter.resize(r.inter.size() + nn);
+        double* out = &r.inter[r.inter.size() - nn];
         for (int a = 0; a < n; ++a) {
-          const double* row = &p_.inter[(static_cast<size_t>(l) * S_ + c[a]) * S_];
+          const double* row = p_.inter_row(l, c[a]);
           for (int b = 0; b < n; ++b) out[static_cast<size_t>(a) * n + b] = row[c[b]];
         }
       }
@@ -163,6 +171,13 @@ class StageLevels {
 
  private:
   size_t idx(int l, int s) const { return static_cast<size_t>(l) * S_ + s; }
+  bool blocks_in_range() const {
+    const size_t ss = static_cast<size_t>(S_) * S_;
+    if (p_.block.size() != static_cast<size_t>(L_) || ss == 0 || p_.inter.size() % ss != 0) return false;
+    for (int b : p_.block)
+      if (b < 0 || static_cast<size_t>(b) >= p_.inter.size() / ss) return false;
+    return true;
+  }
   bool finite_intra(int l, int s) const { return std::isfinite(p_.intra_at(l, s)); }
   double level_intra(int l, int s, double tau) const {  // +inf where the candidate's transient exceeds tau
     return multi_ && !(transient_[idx(l, s)] <= tau) ? kInf : p_.intra_at(l, s);
@@ -210,8 +225,8 @@ class StageLevels {
     for (int l = 0; l < L_; ++l) {
       if (same_block_[l]) continue;
       for (int x = 0; x < S_; ++x) {
-        const double* ra = &p_.inter[(static_cast<size_t>(l) * S_ + a) * S_];
-        const double* rb = &p_.inter[(static_cast<size_t>(l) * S_ + b) * S_];
+        const double* ra = p_.inter_row(l, a);
+        const double* rb = p_.inter_row(l, b);
         if (std::memcmp(&ra[x], &rb[x], sizeof(double)) != 0) return false;  // bytes, as tobytes() compares
         const double ia = p_.inter_at(l, x, a), ib = p_.inter_at(l, x, b);
         if (std::memcmp(&ia, &ib, sizeof(double)) != 0) return false;

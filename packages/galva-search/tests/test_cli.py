@@ -274,6 +274,21 @@ def test_parser_loads_neither_numpy_nor_pydantic():
     assert done.stdout.strip() == "[]"
 
 
+def test_command_process_loads_no_plugin_lookup_and_no_sockets(data_dir, tmp_path):
+    """The command's own process (main() settles it) searches and writes its plan without importlib.metadata (pydantic's
+    plugin lookup, disabled), socket or subprocess: their imports were ~5% of the command; the plan is the same."""
+    args = ["--hardware-profile", str(data_dir / "hw_1x8.json"), "--model-profile",
+            str(data_dir / "llama7b_model.json"), "--memory", "36GB", "--global-batch-size", "16", "--quiet"]
+    code = ("import sys; from galva_search import cli; cli._settle_process(); "
+            f"status = cli._main({[*args, '--output', str(tmp_path / 'a.json')]!r}); "
+            "print(status, sorted(m for m in ('importlib.metadata', 'socket', 'subprocess') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 []"
+    assert main([*args, "--output", str(tmp_path / "b.json")]) == 0  # in this process: plugins looked up as usual
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+
+
 def test_micro_batch_count_that_fits_no_strategy(base, capsys):
     expect_error([*base, "--memory", "36GB", "--global-batch-size", "8", "--num-micro-batches", "3"], capsys,
                  "no feasible strategy", "no valid combination", code=1)

@@ -385,6 +385,16 @@ def test_stage_levels_in_the_core_give_each_stage_its_optimum(cutoffs: bool) -> 
         # several stages share one StageLevels (the search's cache); the last asks again under the first budget
         got, _, _ = dp.solve_stages([(levels, b) for b in [*budgets, budgets[0]]], threads=1, cutoffs=cutoffs)
         assert got[0] == got[-1]
+        # the same stage given as its distinct transition blocks (last seen first) and each layer's block
+        distinct: dict[bytes, int] = {}
+        for layer in reversed(range(L)):
+            distinct.setdefault(inter[layer].tobytes(), layer)
+        order = list(distinct.values())
+        block = [order.index(distinct[inter[layer].tobytes()]) for layer in range(L)]
+        by_block = dp.StageLevels(intra, memory, inter[order], transient, block)
+        assert by_block.levels == levels.levels
+        again, _, _ = dp.solve_stages([(by_block, b) for b in [*budgets, budgets[0]]], threads=1, cutoffs=cutoffs)
+        assert again == got
         for budget, sol in zip(budgets, got):
             best = None
             for tau in np.unique(transient[np.isfinite(intra)]):
@@ -400,3 +410,5 @@ def test_stage_levels_in_the_core_give_each_stage_its_optimum(cutoffs: bool) -> 
                 assert m + max(transient[i, s] for i, s in enumerate(sol.choice)) <= budget * (1 + 1e-12)
                 checked += 1
     assert checked > 40
+    with pytest.raises(ValueError, match="block"):  # a layer's block outside the blocks given
+        dp.StageLevels(intra, memory, inter[:1], transient, [0] * (L - 1) + [1])

@@ -24,13 +24,14 @@ import contextlib
 import os
 import select
 import signal
-import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where a child is waited for: a command that starts none never loads it
+    import subprocess
 
 __all__ = [
     "GRACE_S",
@@ -126,7 +127,7 @@ def forking() -> Iterator[None]:
 
 def forked_worker() -> None:
     """First thing in a forked worker (a pool worker, a forked rank; see :func:`forking`): Ctrl-C is left to the
-    parent (ignored here), SIGTERM, the parent's way to stop it, ends it at once, and the parent's wakeup socket is
+    parent (ignored here), SIGTERM, the parent's way to stop it, ends it at once, and the parent's wakeup pipe is
     let go."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -149,7 +150,7 @@ def raise_if_interrupted() -> None:
 
 
 class _Guard:
-    """The state of one :func:`run_command` call: its handlers, its wakeup socket and the thread reading it."""
+    """The state of one :func:`run_command` call: its handlers, its wakeup pipe and the thread reading it."""
 
     def __init__(self, prog: str) -> None:
         self.prog = prog
@@ -157,9 +158,7 @@ class _Guard:
         self.handled = threading.Event()  # the main thread ran the handler: it is unwinding in Python
         self.done = threading.Event()  # the body returned or raised
         self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
-        self.reader, self.writer = socket.socketpair()
-        self.reader.setblocking(False)
-        self.writer.setblocking(False)
+        self.reader, self.writer = _wakeup_pair()
         self.old_handlers: dict[int, Any] = {}
         self.old_wakeup_fd = -1
         self.thread = threading.Thread(target=self._watch, name="galva-interrupt", daemon=True)
@@ -233,6 +232,40 @@ class _Guard:
         os._exit(exit_status(signum))
 
 
+class _PipeEnd:
+    """One end of a non-blocking pipe with the socket methods :class:`_Guard` uses (POSIX)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self.fd, size)
+
+    def send(self, data: bytes) -> int:
+        return os.write(self.fd, data)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _wakeup_pair() -> tuple[Any, Any]:
+    """(reader, writer) of the signal wakeup: a pipe on POSIX (no socket and selectors imported at every command's
+    start-up, ~0.02 s), a socket pair on Windows (where the wakeup fd must be a socket)."""
+    if os.name == "nt":
+        import socket
+
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        return reader, writer
+    read_fd, write_fd = os.pipe()
+    return _PipeEnd(read_fd), _PipeEnd(write_fd)
+
+
 def run_command(prog: str, body: Callable[[], int], *, end_process: bool = False) -> int:
     """Run a command's ``body`` and return its exit status; SIGINT or SIGTERM end it with one line and 128 + signal.
 
@@ -278,6 +311,8 @@ def wait_child(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> int:
     Start the child with ``start_new_session=True``: Ctrl-C at a terminal then reaches this process only, and the
     child gets the signal exactly once, from here.
     """
+    import subprocess
+
     try:
         return proc.wait()
     except BaseException as err:

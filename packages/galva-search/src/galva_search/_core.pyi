@@ -33,7 +33,14 @@ class StageLevels:
     """One stage's transient levels, reduced and bounded, with their solutions (cpp/stage_levels.hpp)."""
 
     def __init__(
-        self, layers: int, strategies: int, intra: Buffer, memory: Buffer, inter: Buffer, transient: Buffer
+        self,
+        layers: int,
+        strategies: int,
+        intra: Buffer,
+        memory: Buffer,
+        inter: Buffer,
+        transient: Buffer,
+        block: Sequence[int] = ...,
     ) -> None: ...
     @property
     def levels(self) -> list[tuple[float, tuple[int, ...]]]: ...

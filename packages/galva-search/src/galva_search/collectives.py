@@ -34,12 +34,20 @@ class Collectives:
         self._all_to_all_curves = {entry.group_size: entry for entry in profile.all_to_all_time}
         self._all_gather_curves = {entry.group_size: entry for entry in profile.all_gather_time}
         self._reduce_scatter_curves = {entry.group_size: entry for entry in profile.reduce_scatter_time}
+        # a search asks for the same few group bandwidths and curves thousands of times: each looked up once
+        self._bandwidths: dict[tuple[int, bool], float] = {}
+        self._curve_arrays: dict[int, _CurveArrays] = {}  # id(curve) -> its arrays and line (the profile keeps it)
 
     # ------------------------------------------------------------------------------------------------ lookups
     def bus_bandwidth_gb_per_s(self, group_size: int, consecutive: bool) -> float:
         """All-reduce bus bandwidth of groups of ``group_size`` (the world-sized group has one layout)."""
+        key = (group_size, consecutive)
+        hit = self._bandwidths.get(key)
+        if hit is not None:
+            return hit
         try:
-            return self.profile.allreduce_bandwidth(group_size, consecutive)
+            hit = self._bandwidths[key] = self.profile.allreduce_bandwidth(group_size, consecutive)
+            return hit
         except SchemaError:
             layout = "consecutive" if group_consecutive(group_size, self.world_size, consecutive) else "strided"
             raise SchemaError(
@@ -74,7 +82,7 @@ class Collectives:
         nbytes = np.asarray(nbytes, dtype=float)
         curve = self._measured(curves, n, consecutive) if n > 1 else None
         if curve is not None:
-            return _curve_seconds(curve, nbytes)
+            return self._curve_seconds(curve, nbytes)
         return 0.5 * self.allreduce(n, consecutive, nbytes)
 
     def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
@@ -101,13 +109,19 @@ class Collectives:
             return np.zeros_like(nbytes)
         curve = self._measured(curves, n, consecutive)
         if curve is not None:
-            return _curve_seconds(curve, nbytes)
+            return self._curve_seconds(curve, nbytes)
         return volume * (n - 1) / n * nbytes / (self.bus_bandwidth_gb_per_s(n, consecutive) * GB)
 
     def _measured(self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool) -> CollectiveTimes | None:
         """The measured curve of groups of ``n``: curves are measured on consecutive groups, which a strided group of
         the whole world is too (:func:`galva_comm.layout.group_consecutive`)."""
         return curves.get(n) if group_consecutive(n, self.world_size, consecutive) else None
+
+    def _curve_seconds(self, curve: CollectiveTimes, nbytes: np.ndarray) -> np.ndarray:
+        arrays = self._curve_arrays.get(id(curve))
+        if arrays is None:
+            arrays = self._curve_arrays[id(curve)] = _curve_arrays(curve)
+        return _curve_seconds(arrays, nbytes)
 
     def p2p_latency(self, pp: int) -> float:
         """Seconds of one send's latency between neighbouring stages (the profile's ``latency_ms``, 0 if absent)."""
@@ -131,12 +145,17 @@ class Collectives:
         return np.minimum(x, y) * self.overlap_slowdown + np.abs(x - y)
 
 
-def _curve_seconds(curve: CollectiveTimes, nbytes: np.ndarray) -> np.ndarray:
+_CurveArrays = tuple[np.ndarray, np.ndarray, float, float]  # sizes MiB, times ms, the line's slope and intercept
+
+
+def _curve_arrays(curve: CollectiveTimes) -> _CurveArrays:
+    return np.asarray(curve.message_mib, dtype=float), np.asarray(curve.time_ms, dtype=float), *curve.linear_fit()
+
+
+def _curve_seconds(curve: _CurveArrays, nbytes: np.ndarray) -> np.ndarray:
     """Measured time at ``nbytes``: linear interpolation inside the measured sizes, the least-squares line outside."""
-    sizes = np.asarray(curve.message_mib, dtype=float)
-    times = np.asarray(curve.time_ms, dtype=float)
+    sizes, times, slope, intercept = curve
     mib = nbytes / MIB
-    slope, intercept = curve.linear_fit()
     inside = np.interp(mib, sizes, times)
     outside = np.maximum(slope * mib + intercept, 0.0)
     ms = np.where((mib >= sizes[0]) & (mib <= sizes[-1]), inside, outside)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -100,6 +100,9 @@ _DECIDING = (
 """The layer terms a plan's time and memory are made of (the rest only split them into parts for reports)."""
 
 
+_NOT_EXPERT = tuple(f.name for f in fields(Candidate) if f.name not in ("ep", "etp", "expert_dp_type"))
+
+
 def undominated_expert_layouts(tables: CostTables) -> np.ndarray | None:
     """Which candidates to keep (None: all) when expert layouts are among them: of the candidates that differ only in
     their expert layout (the same attention layout, dp type and checkpointing, hence the same re-sharding, p2p and
@@ -114,16 +117,20 @@ def undominated_expert_layouts(tables: CostTables) -> np.ndarray | None:
         columns += [np.asarray(getattr(lt, name), dtype=float) for name in _DECIDING if len(getattr(lt, name))]
         columns += [(~tables.allowed[t]).astype(float), (~tables.allowed_at_end[t]).astype(float)]
     m = np.nan_to_num(np.stack(columns, axis=1), nan=np.inf)
-    groups: dict[Candidate, list[int]] = {}
-    for i, c in enumerate(pool):
-        groups.setdefault(replace(c, ep=1, etp=1, expert_dp_type=None), []).append(i)
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(pool):  # the candidate less its expert layout (as replace(c, ep=1, ...) would compare)
+        groups.setdefault(tuple(getattr(c, name) for name in _NOT_EXPERT), []).append(i)
     keep = np.ones(len(pool), dtype=bool)
     for members in groups.values():
-        for i in members:
-            for j in members:
-                if j != i and keep[j] and np.all(m[j] <= m[i]) and (np.any(m[j] < m[i]) or j < i):
-                    keep[i] = False
-                    break
+        if len(members) < 2:
+            continue
+        rows = m[members]  # beats[a, b]: member a matches or beats member b everywhere (of equal ones, the first)
+        beats = (rows[:, None, :] <= rows[None, :, :]).all(axis=2) & (
+            (rows[:, None, :] < rows[None, :, :]).any(axis=2) | np.tri(len(members), k=-1, dtype=bool).T
+        )
+        for b, i in enumerate(members):  # in order: a member dropped before i no longer drops others
+            if any(a != b and keep[j] and beats[a, b] for a, j in enumerate(members)):
+                keep[i] = False
     return keep
 
 

@@ -137,11 +137,30 @@ class StageLevels:
     matter, bounded, solved on demand and their solutions kept for the next task that asks. ``transient_mib``
     ``[L][S]``: what each candidate holds while its layer runs (the level rules are in :mod:`galva_search.stages`)."""
 
-    def __init__(self, intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, transient_mib: Matrix) -> None:
-        flat = _flatten(intra_time, memory_mib, inter_time, 0.0)
+    def __init__(
+        self,
+        intra_time: Matrix,
+        memory_mib: Matrix,
+        inter_time: Tensor3,
+        transient_mib: Matrix,
+        block: Sequence[int] | None = None,
+    ) -> None:
+        """``block`` (one index per layer): ``inter_time`` holds only the distinct ``[S][S]`` transition blocks and
+        layer ``l``'s is ``inter_time[block[l]]`` (layers of one type share theirs: no ``[L][S][S]`` tensor)."""
+        if block is None:
+            flat = _flatten(intra_time, memory_mib, inter_time, 0.0)
+            inter = flat.inter
+        else:
+            flat = _flatten(intra_time, memory_mib, [], 0.0, check_inter=False)
+            blocks = len(inter_time)
+            inter = _flatten_one(inter_time, "inter_time", (blocks, flat.strategies, flat.strategies))
+            block = [int(b) for b in block]
+            if len(block) != flat.layers or any(not 0 <= b < blocks for b in block):
+                raise ValueError(f"block must hold {flat.layers} indices into the {blocks} blocks of inter_time")
         transient = _flatten_one(transient_mib, "transient_mib", (flat.layers, flat.strategies))
-        self.core = _extension().StageLevels(flat.layers, flat.strategies, flat.intra, flat.memory, flat.inter,
-                                             transient)
+        self.core = _extension().StageLevels(
+            flat.layers, flat.strategies, flat.intra, flat.memory, inter, transient, block or []
+        )
 
     @property
     def levels(self) -> list[tuple[float, tuple[int, ...]]]:
@@ -249,7 +268,9 @@ def _flatten_one(x: Any, name: str, shape: tuple[int, ...]) -> Any:
     return _flatten_numpy(x, name, shape) if _is_numpy(x) else _flatten_nested(x, name, shape)
 
 
-def _flatten(intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, budget_mib: float) -> _Flat:
+def _flatten(
+    intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, budget_mib: float, *, check_inter: bool = True
+) -> _Flat:
     try:
         layers = len(intra_time)
     except TypeError:
@@ -268,7 +289,7 @@ def _flatten(intra_time: Matrix, memory_mib: Matrix, inter_time: Tensor3, budget
         strategies,
         _flatten_one(intra_time, "intra_time", (layers, strategies)),
         _flatten_one(memory_mib, "memory_mib", (layers, strategies)),
-        _flatten_one(inter_time, "inter_time", (layers, strategies, strategies)),
+        _flatten_one(inter_time, "inter_time", (layers, strategies, strategies)) if check_inter else array("d"),
         budget,
     )
 

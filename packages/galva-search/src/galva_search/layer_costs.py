@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 import numpy as np
 
@@ -35,6 +36,8 @@ from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
 from galva_search.states import state_fraction
 from galva_search.transitions import redistribution_per_sample, switch_penalty
+
+_state_fraction = cache(state_fraction)  # a table asks it per candidate of the few (type, shard, ...) there are
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
@@ -248,19 +251,19 @@ class LayerCosts:
         total_state_bytes = sum(s.state_bytes)
         recompute = np.zeros(n)
         if any(c.checkpoint for c in candidates):
-            plain = [replace(c, checkpoint=False) for c in candidates]
+            plain = [replace(c, checkpoint=False) if c.checkpoint else c for c in candidates]
             full = self.activation_per_sample(type_index, plain)
             recompute = np.where([c.checkpoint for c in candidates], full, 0.0)
         states = np.empty((2, n))
         for accumulating in (0, 1):
             for i, c in enumerate(candidates):
                 shard = sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)[0]
-                frac = state_fraction(
+                frac = _state_fraction(
                     c.dp_type, shard, bool(accumulating), precision=s.precision, accounting=s.state_accounting
                 )
                 states[accumulating, i] = params_mib[i] / 4.0 * total_state_bytes * frac
                 if expert_mib[i] > 0:
-                    frac = state_fraction(
+                    frac = _state_fraction(
                         expert_costs.expert_dp_type(c), c.expert_dp, bool(accumulating), precision=s.precision,
                         accounting=s.state_accounting,
                     )

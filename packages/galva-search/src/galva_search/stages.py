@@ -31,6 +31,7 @@ from galva_search import dp as dp_core
 from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
+StageParts = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]  # intra, memory, [B][S][S] blocks, [L] block
 Solutions = list[dp_core.StageSolution | None]  # per stage; None: nothing fits the stage's budget
 Level = tuple[tuple, float, "StageArrays | _Lazy", np.ndarray]  # key, budget, reduced arrays, their candidates
 
@@ -56,6 +57,7 @@ class StageSolver:
         self.threads = threads
         self.counts = counts  # "dp_problems" and "dp_reused" are incremented here
         self._problems: dict[tuple, StageArrays] = {}
+        self._parts: dict[tuple, StageParts] = {}
         self._solutions: dict[tuple, list[tuple[float, dp_core.StageSolution | None]]] = {}
         self._transients: dict[tuple, np.ndarray] = {}  # problem key -> transient MiB [L][S]
         self._classes: dict[tuple, np.ndarray] = {}  # problem key -> transition class per candidate
@@ -70,6 +72,15 @@ class StageSolver:
         of a chunk that receives from another chunk pays the backward p2p, the last layer of a chunk that sends to
         another pays the forward p2p; between two chunks of the stage there is no transition (they are not
         neighbours in the model), so the DP's transition there is free."""
+        key, (intra, memory, blocks, block) = self.stage_parts(task, stage)
+        hit = self._problems.get(key)
+        if hit is None:
+            hit = self._problems[key] = (intra, memory, blocks[np.asarray(block, dtype=np.intp)])
+        return key, hit
+
+    def stage_parts(self, task: Task, stage: int) -> tuple[tuple, StageParts]:
+        """:meth:`stage_problem` with the transitions as their distinct ``[S][S]`` blocks and each layer's block
+        (what the C++ core takes: the layers of a type share one block, so no ``[L][S][S]`` tensor is built)."""
         c, pp = task.micro_batches, task.pp
         layers = self.tasks.layers
         indices = layers.stage_layers(task.division, pp)[stage]
@@ -87,7 +98,7 @@ class StageSolver:
         # the first stage receives from the embedding, the last one sends to the head: their layouts matter there
         vocab = (task.vocab.tp, task.vocab.sp) if embedding or head else None
         key = (pp, task.micro_batch, c, in_flight, types, ends, recv, send, breaks, embedding, head, vocab)
-        hit = self._problems.get(key)
+        hit = self._parts.get(key)
         if hit is not None:
             return key, hit
         tables = task.tables
@@ -96,12 +107,12 @@ class StageSolver:
         intra = np.empty((L, S))
         memory = np.empty((L, S))
         transient = np.empty((L, S))
-        inter = np.empty((L, S, S))
-        inter[0] = 0.0
+        blocks = [np.zeros((S, S))]  # block 0: no transition (layer 0, and between two chunks of the stage)
+        block = [0] * L
         # per layer type: what every layer of the type repeats (the stage's layers are mostly of one type)
         rows: dict[int, np.ndarray] = {}
         kept: dict[int, np.ndarray] = {}
-        blocks: dict[int, np.ndarray] = {}
+        block_of_type: dict[int, int] = {}
         for pos, t in enumerate(types):
             terms = tables.terms[t]
             if t not in rows:
@@ -123,14 +134,13 @@ class StageSolver:
             memory[pos] = kept[t]
             transient[pos] = terms.transient_mib
             if pos > 0 and pos not in breaks:
-                if t not in blocks:
-                    blocks[t] = c * tables.redistribution[t] + tables.penalty[t]
-                inter[pos] = blocks[t]
-            elif pos > 0:
-                inter[pos] = 0.0
-        self._problems[key] = (intra, memory, inter)
+                if t not in block_of_type:
+                    block_of_type[t] = len(blocks)
+                    blocks.append(c * tables.redistribution[t] + tables.penalty[t])
+                block[pos] = block_of_type[t]
+        parts = self._parts[key] = (intra, memory, np.stack(blocks), tuple(block))
         self._transients[key] = transient
-        return key, (intra, memory, inter)
+        return key, parts
 
     def levels(self, key: tuple, arrays: StageArrays, budget: float) -> list[Level]:
         """One ``(key, budget, arrays, columns)`` problem per transient level of the stage (see the module docstring),
@@ -206,8 +216,8 @@ class StageSolver:
         items = []
         for task in wave:
             for stage, budget in enumerate(self.tasks.stage_budgets(task)):
-                key, arrays = self.stage_problem(task, stage)
-                items.append((self._stage_levels(key, arrays), budget))
+                key, parts = self.stage_parts(task, stage)
+                items.append((self._stage_levels(key, parts), budget))
         solutions, solved, reused = dp_core.solve_stages(items, threads=self.threads)
         self.counts["dp_problems"] += solved
         self.counts["dp_reused"] += reused
@@ -217,10 +227,11 @@ class StageSolver:
             n += task.pp
         return out
 
-    def _stage_levels(self, key: tuple, arrays: StageArrays) -> dp_core.StageLevels:
+    def _stage_levels(self, key: tuple, parts: StageParts) -> dp_core.StageLevels:
         hit = self._core_levels.get(key)
         if hit is None:
-            hit = self._core_levels[key] = dp_core.StageLevels(*arrays, self._transients[key])
+            intra, memory, blocks, block = parts
+            hit = self._core_levels[key] = dp_core.StageLevels(intra, memory, blocks, self._transients[key], block)
         return hit
 
     def solve_python(self, wave: Sequence[Task]) -> list[Solutions]:
@@ -279,7 +290,7 @@ class StageSolver:
         position in the stage -> candidate; an int is the candidate before position 0): each such first layer then
         pays the exact re-sharding from that layout and the backward p2p in it (a constant, left out) instead of the
         p2p in its own layout that :meth:`stage_problem` assumes."""
-        key, (intra, memory, inter) = self.stage_problem(task, stage)
+        key, (intra, memory, blocks, block) = self.stage_parts(task, stage)
         before = {0: previous} if isinstance(previous, int) else previous
         types = self.tasks.layers.stage_types(task.division, task.pp)[stage]
         c = task.micro_batches
@@ -290,10 +301,11 @@ class StageSolver:
         best: dp_core.StageSolution | None = None
         stage_budget = self.tasks.stage_budgets(task)[stage]
         if dp_core.has_cpp():  # the same levels, solved until none left can win (the fastest; the lowest of equals)
-            levels = dp_core.StageLevels(intra, memory, inter, self._transients[key])
+            levels = dp_core.StageLevels(intra, memory, blocks, self._transients[key], block)
             (best,), solved, _ = dp_core.solve_stages([(levels, stage_budget)], threads=1)
             self.counts["dp_problems"] += solved
             return best
+        inter = self.stage_problem(task, stage)[1][2]
         for _, budget, arrays, columns in self.levels(key, (intra, memory, inter), stage_budget):
             self.counts["dp_problems"] += 1
             sol = expand(dp_core.solve_stage(arrays[0], arrays[1], arrays[2], budget), columns)
@@ -305,10 +317,10 @@ class StageSolver:
         """One candidate for every layer: the one of least ``time_of`` (iteration seconds) that fits every stage."""
         budgets = self.tasks.stage_budgets(task)
         best: tuple[float, list[dp_core.StageSolution]] | None = None
-        problems = [self.stage_problem(task, stage) for stage in range(task.pp)]
+        problems = [self.stage_parts(task, stage) for stage in range(task.pp)]
         for s in range(len(task.tables.candidates)):
             sols = []
-            for (key, (intra, memory, _)), budget in zip(problems, budgets):
+            for (key, (intra, memory, _, _)), budget in zip(problems, budgets):
                 mem = float(memory[:, s].sum() + self._transients[key][:, s].max())
                 if mem > budget or not np.isfinite(intra[:, s]).all():  # too big, or refused by the model
                     break
