@@ -1,18 +1,19 @@
 """Gradient reduction of ddp units overlapped with the last backward of the iteration, as torch DDP does it.
 
 Every ddp unit whose sharding group has more than one rank goes into a bucket; buckets are ordered in reverse layer
-order (the order in which backward finishes them). Which units share one is :func:`galva_comm.buckets.gradient_buckets`
-(consecutive units of one model chunk reduced over the same group in the same dtype, up to the cap), the rule
-galva-search prices them by: each collective has a fixed cost (on gloo about a CPU-millisecond per rank, whatever its
-size), so a model of small layers reduces its gradients in one all-reduce, while layers of the cap's size or more keep
-one bucket each, overlapping the backward of earlier ones. During a bucket's last micro-batch backward (the runtime *arms* the units of a model chunk
-before that chunk's last backward), a post-accumulate hook on every parameter counts the parameters whose gradient
-is final; when all of a bucket's are, the bucket's gradients are copied into one flat buffer (in the reduce dtype)
-and summed over the group with an asynchronous all-reduce, while backward goes on with earlier layers. A split
-backward's weight pass writes gradients without accumulate hooks; after a chunk's last one the runtime launches the
-chunk's buckets itself (:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before the optimizer step)
-launches what has not been launched (parameters that received no gradient), waits for every handle, and writes the
-sums into the gradients of the master parameters. Earlier micro-batches only accumulate gradients locally.
+order (the order in which backward finishes them). Which units share one is
+:func:`galva_comm.buckets.gradient_buckets` (consecutive units of one model chunk reduced over the same group in the
+same dtype, up to the cap), the rule galva-search prices them by: each collective has a fixed cost (on gloo about a
+CPU-millisecond per rank, whatever its size), so a model of small layers reduces its gradients in one all-reduce,
+while layers of the cap's size or more keep one bucket each, overlapping the backward of earlier ones. During a
+bucket's last micro-batch backward (the runtime *arms* the units of a model chunk before that chunk's last
+backward), a post-accumulate hook on every parameter counts the parameters whose gradient is final; when all of a
+bucket's are, the bucket's gradients are copied into one flat buffer (in the reduce dtype) and summed over the group
+with an asynchronous all-reduce, while backward goes on with earlier layers. A split backward's weight pass writes
+gradients without accumulate hooks; after a chunk's last one the runtime launches the chunk's buckets itself
+(:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before the optimizer step) launches what has not been
+launched (parameters that received no gradient), waits for every handle, and writes the sums into the gradients of
+the master parameters. Earlier micro-batches only accumulate gradients locally.
 
 Buckets are launched in bucket order on every rank (a ready bucket waits for its predecessors), so every rank
 issues the collectives of a group in the same order; the ranks of a group hold the same layers with the same shapes,

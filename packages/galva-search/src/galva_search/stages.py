@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from galva_search import dp as dp_core
+from galva_search.sync_buckets import run_share_s
 from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
@@ -105,7 +106,12 @@ class StageSolver:
         for pos, t in enumerate(types):
             terms = tables.terms[t]
             if t not in rows:
-                rows[t] = c * terms.micro_batch_s + terms.exposed_sync_s
+                # a ddp layer's sync as its share of a bucket of the stage's layers of the type (sync_buckets)
+                settings = self.cost.settings
+                exposed = run_share_s(
+                    self.cost.comm, terms, types.count(t), settings.bucket_cap_bytes, settings.factors.dp_comm
+                )
+                rows[t] = c * terms.micro_batch_s + exposed
                 if len(terms.step_s):
                     rows[t] = rows[t] + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
                 kept[t] = terms.memory_mib(in_flight)
