@@ -670,3 +670,29 @@ def test_the_step_pays_the_clip_all_reduce_where_it_is_measured(make_model, tiny
     assert CostModel(hw, stepped, CostSettings()).optimizer_call_s() == pytest.approx(call + 1.25e-3, **EXACT)
     assert CostModel(tiny_hw, stepped, CostSettings()).optimizer_call_s() == pytest.approx(call, **EXACT)
     assert CostModel(hw, make_model(), CostSettings()).optimizer_call_s() == 0.0
+
+
+def test_zero2_gathers_its_parameters_before_every_micro_batch(make_model, tiny_hw):
+    """galva-hp's ZeRO-2 unit all-gathers before each micro-batch's forward (counted: 1, 2 and 4 a layer at 1, 2 and
+    4 micro-batches) and reduce-scatters once: the c - 1 gathers beyond the sync's one are priced, by the score and
+    by the stage DP alike; ddp and ZeRO-3 (whose gathers are in its micro-batch term) are unchanged."""
+    from galva_schema import LayerStrategy, Strategy
+    from galva_search.evaluation import evaluate_strategy
+
+    cost = CostModel(tiny_hw, make_model(), CostSettings())
+    cands = [Candidate(1, 1, 4, dp_type=ZERO2), Candidate(1, 1, 4), Candidate(1, 1, 4, dp_type=ZERO3)]
+    t = cost.layer_terms(0, cands, 4, 2)
+    gather = float(cost.comm.all_gather(4, True, 64 * 2**20 / 4 * 2))  # the bf16 compute copy
+    assert t.regather_s == pytest.approx([gather, 0.0, 0.0], **EXACT)
+
+    def plan(c: int, dp_type: str) -> Strategy:
+        return Strategy(world_size=4, pp=1, pp_division=[4], global_batch_size=8, num_micro_batches=c,
+                        mixed_precision="bf16", layers=[LayerStrategy(tp=1, dp_type=dp_type)] * 4,
+                        default_dp_type=dp_type)
+
+    zero2 = CostModel(tiny_hw, make_model(), CostSettings(default_dp_type=ZERO2))  # the plans' vocabulary dp type
+    vocab = zero2.vocab_terms(1, VocabOption(), 4, 2, [1])[0].regather_s
+    assert vocab > 0.0 and cost.vocab_terms(1, VocabOption(), 4, 2, [1])[0].regather_s == 0.0
+    got = evaluate_strategy(cost, plan(2, "zero2")).detail  # a micro-batch of 4 samples, one a rank
+    assert got.stage_parts_s["dp"][0] == pytest.approx((4 * gather + vocab) / 2, **EXACT)
+    assert evaluate_strategy(cost, plan(1, "zero2")).detail.stage_parts_s["dp"][0] == 0.0

@@ -72,6 +72,9 @@ class LayerTerms:
     # (size, consecutive); bucket_bytes 0 where nothing joins a bucket (ZeRO, one rank, routed experts)
     bucket_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     bucket_group: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    # a ZeRO-2 layer's parameter all-gather, which galva-hp repeats before every micro-batch's forward (sync_s counts
+    # one a iteration): the score and the stage DP add (c - 1) of them, where the micro-batch count is known
+    regather_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -400,6 +403,7 @@ class LayerCosts:
             step_s=(st.sharded_ms[:, 2] + st.step_ms) * 1e-3 * compute_factor,
             bucket_bytes=st.bucket_bytes,
             bucket_group=st.bucket_group,
+            regather_s=np.where(st.zero3, 0.0, gather),
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:

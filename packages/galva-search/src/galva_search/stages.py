@@ -112,6 +112,8 @@ class StageSolver:
                     self.cost.comm, terms, types.count(t), settings.bucket_cap_bytes, settings.factors.dp_comm
                 )
                 rows[t] = c * terms.micro_batch_s + exposed
+                if len(terms.regather_s):  # ZeRO-2's all-gather before every micro-batch but the one priced
+                    rows[t] = rows[t] + (c - 1) * terms.regather_s
                 if len(terms.step_s):
                     rows[t] = rows[t] + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
                 kept[t] = terms.memory_mib(in_flight)

@@ -50,6 +50,7 @@ class VocabTerms:
     # ddp gradient all-reduce as galva-hp buckets it (galva_search.sync_buckets): (bytes per rank, group size,
     # consecutive, backward seconds); None where it is not bucketed (ZeRO, one rank)
     bucket: tuple[float, int, bool, float] | None = None
+    regather_s: float = 0.0  # ZeRO-2: the all-gather repeated before every micro-batch's forward (LayerTerms')
 
 
 class VocabCosts:
@@ -153,7 +154,8 @@ class VocabCosts:
                 fixed, per_million = vocab.optimizer_step_ms
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
                 step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * compute_scale
-            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, bucket)
+            regather = gather if dp_type is ZERO2 else 0.0
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, bucket, regather)
 
         first, last = types[0], types[-1]
         if pp == 1:
