@@ -625,12 +625,12 @@ def test_costs_of_a_list_inside_one_already_priced_are_its_rows(make_model, tiny
 
 def test_ddp_sync_is_priced_per_bucket_as_galva_hp_forms_them(make_model, tiny_hw):
     """Layers of 1 MiB of gradients share one all-reduce (galva_comm.buckets, 25 MiB cap): the score prices one
-    collective of their summed bytes against their summed backward, the vocabulary (400 MiB, over the cap) keeps its
-    own; cap 0 (or layers of half the cap and more) prices one per layer as before. The stage DP's rows take a
-    layer's share of that bucket, so a uniform stage costs the DP what it costs the score."""
+    collective of their summed bytes against their summed backward, the vocabulary keeps its own; cap 0 (or layers of
+    half the cap and more) prices one per layer as before. Each layer is priced its share of its chunk's buckets (the
+    stage DP's rows and the score alike); 5 layers of which 2 fit a bucket: buckets of 2, 2 and 1."""
     from galva_schema import CollectiveTimes, LayerStrategy, Strategy
     from galva_search.evaluation import evaluate_strategy
-    from galva_search.sync_buckets import run_share_s
+    from galva_search.sync_buckets import bucket_share_s
 
     plain = make_model()
     small = plain.model_copy(update={"layer_types": (plain.layer_types[0].model_copy(update={"parameter_mib": 0.5}),)})
@@ -650,8 +650,10 @@ def test_ddp_sync_is_priced_per_bucket_as_galva_hp_forms_them(make_model, tiny_h
     got = evaluate_strategy(bucketed, strategy).detail
     assert got.stage_exposed_s[0] == pytest.approx(vocab + one, **EXACT)
     assert evaluate_strategy(per_layer, strategy).detail.stage_exposed_s[0] == pytest.approx(vocab + 4 * alone)
-    assert run_share_s(comm, terms, 4, 25 * 2**20)[0] == pytest.approx(one / 4, **EXACT)
-    assert run_share_s(comm, terms, 4, 0)[0] == pytest.approx(alone, **EXACT)
+    assert bucket_share_s(comm, terms, 4, 25 * 2**20)[0] == pytest.approx(one / 4, **EXACT)
+    assert bucket_share_s(comm, terms, 4, 0)[0] == pytest.approx(alone, **EXACT)
+    two = float(comm.overlapped(2 * g, comm.allreduce(4, True, 2 * grad_bytes))) - 2 * g
+    assert bucket_share_s(comm, terms, 5, 2.5 * grad_bytes)[0] == pytest.approx((2 * two + alone) / 5, **EXACT)
     # the test model's own 64 MiB layers are over half the cap: one all-reduce each, unchanged
     big = CostModel(hw, plain, CostSettings())
     assert evaluate_strategy(big, strategy).iteration_time_s == pytest.approx(

@@ -6,6 +6,7 @@ and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -15,14 +16,12 @@ from galva_search.convert import candidate_of
 from galva_search.cost_model import (
     CostModel,
     VocabOption,
-    VocabTerms,
     interleaved_chunks_in_flight,
     pipeline_time,
     shared_pipeline_time,
 )
 from galva_search.cost_tables import build_tables
 from galva_search.layer_sequence import LayerSequence
-from galva_search.sync_buckets import SyncUnit, bucket_correction_s
 from galva_search.tasks import Task
 
 
@@ -117,15 +116,12 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     for stage, held in enumerate(layers.stage_layers(task.division, pp)):
         candidate_of.update(zip(held, choices[stage]))
     chunks = layers.chunk_layers(task.division)
-    # each stage's ddp all-reduces in model order, to be priced per bucket as galva-hp forms them
-    sync_units: list[list[SyncUnit]] = [[] for _ in range(pp)]
-    if task.vocab_terms[0].bucket is not None and pp > 1:  # the embedding, first unit of chunk 0
-        sync_units[0].append(_vocab_unit(task.vocab_terms[0], 0))
     # zb-h1 splits the backward on every stage but the first (whose input gradient nobody waits for)
     split = task.schedule is PipelineSchedule.ZB_H1 and pp > 1
     prev: tuple[int, int] | None = None  # (type, candidate) of the layer before in the model
     for chunk, indices in enumerate(chunks):
         stage = chunk % pp
+        count = Counter(layers.type_of[i] for i in indices)  # a ddp layer's sync: its share of its chunk's buckets
         for pos, i in enumerate(indices):
             t, s = layers.type_of[i], candidate_of[i]
             terms = tables.terms[t]
@@ -141,17 +137,11 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
                 regather = float(terms.regather_s[s]) * (c - 1) / c
                 u += regather
                 parts["dp"][stage] += regather
-            e_list[stage] += float(terms.exposed_sync_s[s])
+            e_list[stage] += float(tables.sync_share(cost, t, count[t])[s])
             if len(terms.weight_grad_s):
                 w_list[stage] += float(terms.weight_grad_s[s])
             if len(terms.step_s):
                 step_list[stage] += float(terms.step_s[s])
-            if len(terms.bucket_bytes) and terms.bucket_bytes[s] > 0:
-                size, consecutive = terms.bucket_group[s]
-                sync_units[stage].append(SyncUnit(
-                    chunk, int(size), bool(consecutive), float(terms.bucket_bytes[s]), float(terms.backward_s[s]),
-                    float(terms.exposed_sync_s[s]),
-                ))  # fmt: skip
             if cost.model.layer_types[t].optimizer_step_ms is None:
                 rate_states[stage] += float(terms.states_mib[s])
             mem_list[stage] += float(terms.states_mib[s] + in_flight[stage] * terms.activation_mib[s])  # memory_mib
@@ -174,11 +164,6 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     if prev is not None:
         u_list[-1] += float(to_head[prev[1]])
         parts["redistribution"][-1] += float(to_head[prev[1]])
-    if task.vocab_terms[-1].bucket is not None:  # the head (with one stage: all vocabulary layers), last unit
-        sync_units[-1].append(_vocab_unit(task.vocab_terms[-1], len(chunks) - 1))
-    cap = cost.settings.bucket_cap_bytes
-    for stage, units in enumerate(sync_units):
-        e_list[stage] += bucket_correction_s(cost.comm, units[::-1], cap, cost.settings.factors.dp_comm)
     mem_list = [m + tr for m, tr in zip(mem_list, transient_list)]
     shared = cost.shared_processors(pp)
     if shared is None:
@@ -205,12 +190,6 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
         timing.bubble,
         optimizer,
     )
-
-
-def _vocab_unit(terms: VocabTerms, chunk: int) -> SyncUnit:
-    assert terms.bucket is not None
-    nbytes, size, consecutive, backward = terms.bucket
-    return SyncUnit(chunk, size, consecutive, nbytes, backward, terms.exposed_sync_s)
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ the statement of the rules it follows (the search runs them where the core is no
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from galva_search import dp as dp_core
-from galva_search.sync_buckets import run_share_s
 from galva_search.tasks import Task, TaskEnumerator
 
 StageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # intra [L][S] s, memory [L][S] MiB, inter [L][S][S] s
@@ -99,25 +99,26 @@ class StageSolver:
         transient = np.empty((L, S))
         inter = np.empty((L, S, S))
         inter[0] = 0.0
-        # per layer type: what every layer of the type repeats (the stage's layers are mostly of one type)
-        rows: dict[int, np.ndarray] = {}
+        # per layer type and its count in the layer's chunk: what every such layer repeats (the stage's layers are
+        # mostly of one type); a ddp layer's sync is its share of the buckets of its chunk's layers of its type
+        chunk_of = np.searchsorted(starts, np.arange(L), side="right") - 1
+        count = Counter(zip(chunk_of.tolist(), types))
+        rows: dict[tuple[int, int], np.ndarray] = {}
         kept: dict[int, np.ndarray] = {}
         blocks: dict[int, np.ndarray] = {}
         for pos, t in enumerate(types):
             terms = tables.terms[t]
-            if t not in rows:
-                # a ddp layer's sync as its share of a bucket of the stage's layers of the type (sync_buckets)
-                settings = self.cost.settings
-                exposed = run_share_s(
-                    self.cost.comm, terms, types.count(t), settings.bucket_cap_bytes, settings.factors.dp_comm
-                )
-                rows[t] = c * terms.micro_batch_s + exposed
+            n = count[(int(chunk_of[pos]), t)]
+            if (t, n) not in rows:
+                row = c * terms.micro_batch_s + tables.sync_share(self.cost, t, n)
                 if len(terms.regather_s):  # ZeRO-2's all-gather before every micro-batch but the one priced
-                    rows[t] = rows[t] + (c - 1) * terms.regather_s
+                    row = row + (c - 1) * terms.regather_s
                 if len(terms.step_s):
-                    rows[t] = rows[t] + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+                    row = row + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+                rows[(t, n)] = row
+            if t not in kept:
                 kept[t] = terms.memory_mib(in_flight)
-            row = rows[t]
+            row = rows[(t, n)]
             if pos in recv:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous chunk's stage
             if pos in send:

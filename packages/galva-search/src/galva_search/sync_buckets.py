@@ -1,14 +1,14 @@
-"""ddp gradient sync priced per bucket, as galva-hp reduces it (docs/cost-model.md §3): the layers' and vocabulary
-layers' terms price one all-reduce each; the runtime puts consecutive ddp units of one chunk and group into one
-all-reduce up to the cap (:func:`galva_comm.buckets.gradient_buckets`, the rule both use). A plan's score re-prices
-each bucket of several units as one all-reduce of their summed bytes, overlapped with their summed backward (the
-per-layer form's convention: ``ov(g, t) − g``); a bucket of one unit keeps its own term unchanged. The stage DP's
-rows are per layer: they take a layer's share of a bucket of the stage's layers of its type (:func:`run_share_s`).
+"""ddp gradient sync priced per bucket, as galva-hp reduces it (docs/cost-model.md §3): the runtime puts consecutive
+ddp units of one chunk, group and dtype into one all-reduce up to the cap (:func:`galva_comm.buckets.gradient_buckets`,
+the rule both use). The model prices a ddp layer's sync as its share of the buckets that the layers of its type in its
+model chunk form when they all run its candidate (:func:`bucket_share_s`): one number per layer and candidate, the
+same in the stage DP's rows and in the plan's score (``evaluation.task_cost``), so the search stays exact in its own
+model. The vocabulary layers' all-reduce is priced apart, as a bucket of its own (``VocabTerms.exposed_sync_s``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,51 +20,28 @@ if TYPE_CHECKING:
     from galva_search.layer_costs import LayerTerms
 
 
-@dataclass(frozen=True)
-class SyncUnit:
-    """One ddp unit's gradient all-reduce as its terms price it: the key the runtime buckets by (model chunk, group
-    size, consecutive group), the bytes reduced, the backward it overlaps and the exposed time already priced."""
-
-    chunk: int
-    group_size: int
-    consecutive: bool
-    nbytes: float
-    backward_s: float
-    exposed_s: float
-
-
-def bucket_correction_s(comm: Collectives, units: list[SyncUnit], cap_bytes: float, factor: float = 1.0) -> float:
-    """Seconds to add to a stage's exposed gradient sync (``≤ 0`` when buckets save latencies) for its ``units`` in
-    backward order: each bucket of several units priced as one all-reduce (``factor``: the calibration's dp_comm)
-    instead of one per unit."""
-    keys = [(u.chunk, u.group_size, u.consecutive) for u in units]
-    delta = 0.0
-    for members in gradient_buckets(keys, [u.nbytes for u in units], cap_bytes):
-        if len(members) < 2:
-            continue
-        first = units[members[0]]
-        nbytes = sum(units[i].nbytes for i in members)
-        backward = sum(units[i].backward_s for i in members)
-        sync = float(comm.allreduce(first.group_size, first.consecutive, nbytes)) * factor
-        delta += float(comm.overlapped(backward, sync)) - backward - sum(units[i].exposed_s for i in members)
-    return delta
-
-
-def run_share_s(comm: Collectives, terms: LayerTerms, count: int, cap_bytes: float, factor: float = 1.0) -> np.ndarray:
-    """Per candidate, the exposed sync of one layer for the stage DP, whose rows are per layer: a ddp candidate's
-    share of a bucket of ``k`` such layers (``k`` as many as the cap holds, at most the stage's ``count`` layers of
-    the type), so a stage of one candidate is priced as the score prices its buckets; ``terms.exposed_sync_s``
-    elsewhere (and where ``k`` is 1: layers of half the cap or more)."""
+def bucket_share_s(
+    comm: Collectives, terms: LayerTerms, count: int, cap_bytes: float, factor: float = 1.0
+) -> np.ndarray:
+    """Per candidate, the exposed gradient sync of one of ``count`` layers of a type in one model chunk: for a ddp
+    candidate, the mean over the layers of what the buckets of ``count`` such layers cost (each bucket of ``k`` one
+    all-reduce of ``k`` layers' bytes, scaled by ``factor``, the calibration's dp_comm, overlapped with their ``k``
+    backwards: ``ov(k·g, t_AR(k·G)) − k·g``); so ``count`` layers of one candidate cost what galva-hp's buckets of
+    them cost. ``terms.exposed_sync_s`` where no bucket holds two layers (layers of half the cap or more, cap 0, a
+    single layer) and for every other candidate (ZeRO, one rank, routed experts)."""
     out = np.array(terms.exposed_sync_s, dtype=float)
-    if not len(terms.bucket_bytes):
+    if count < 2 or not len(terms.bucket_bytes):
         return out
     for i in np.flatnonzero(terms.bucket_bytes > 0):
         nbytes = float(terms.bucket_bytes[i])
-        k = max(1, min(count, int(cap_bytes // nbytes)))
-        if k < 2:
+        sizes = Counter(len(m) for m in gradient_buckets([0] * count, [nbytes] * count, cap_bytes))
+        if max(sizes) < 2:
             continue
         size, consecutive = terms.bucket_group[i]
-        backward = k * float(terms.backward_s[i])
-        sync = float(comm.allreduce(int(size), bool(consecutive), k * nbytes)) * factor
-        out[i] = (float(comm.overlapped(backward, sync)) - backward) / k
+        g = float(terms.backward_s[i])
+        total = 0.0
+        for k, n in sorted(sizes.items()):
+            sync = float(comm.allreduce(int(size), bool(consecutive), k * nbytes)) * factor
+            total += n * (float(comm.overlapped(k * g, sync)) - k * g)
+        out[i] = total / count
     return out

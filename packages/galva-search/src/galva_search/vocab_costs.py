@@ -47,9 +47,6 @@ class VocabTerms:
     activation_mib: float = 0.0  # activations of ONE micro-batch
     weight_grad_s: float = 0.0  # weight-gradient (W) share of the backward per micro-batch (zb-h1)
     step_s: float = 0.0  # once per iteration: the optimizer step of these layers' parameters (measured; else 0)
-    # ddp gradient all-reduce as galva-hp buckets it (galva_search.sync_buckets): (bytes per rank, group size,
-    # consecutive, backward seconds); None where it is not bucketed (ZeRO, one rank)
-    bucket: tuple[float, int, bool, float] | None = None
     regather_s: float = 0.0  # ZeRO-2: the all-gather repeated before every micro-batch's forward (LayerTerms')
 
 
@@ -134,13 +131,11 @@ class VocabCosts:
             ) * f.states
             grad_bytes = parameters * s.state_bytes[1]  # reduced in the dtype the runtime keeps gradients in
             sync = gather = 0.0
-            bucket = None
             if shard > 1 and dp_type in (ZERO2, ZERO3):
                 gather = float(comm.all_gather(shard, consecutive, parameters * e)) * f.dp_comm
                 sync = float(comm.reduce_scatter(shard, consecutive, grad_bytes)) * f.dp_comm + gather
             elif shard > 1:
                 sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm
-                bucket = (grad_bytes, shard, consecutive, bwd)
             if dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
                 gather_bwd = float(comm.overlapped(bwd, gather))
                 micro = fwd + tp_time + gather + gather_bwd
@@ -155,7 +150,7 @@ class VocabCosts:
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
                 step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * compute_scale
             regather = gather if dp_type is ZERO2 else 0.0
-            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, bucket, regather)
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, regather_s=regather)
 
         first, last = types[0], types[-1]
         if pp == 1:
