@@ -158,13 +158,15 @@ def test_an_encoder_decoder_is_profiled_planned_and_checked(profiles: Path, tmp_
 def test_calibration_changes_predictions_as_it_says(profiles: Path) -> None:
     """A compute factor of 2 doubles the predicted time of a plan that is compute only (one rank's worth of work
     per rank, no communication: pp 1, dp over 2 ranks has a sync, so the check uses tp 1 dp 2 and compares the
-    compute terms), and the states factor scales model states exactly."""
+    compute terms; the optimizer step's clip all-reduce is a dp_comm term, doubled too), and the states factor scales
+    model states exactly."""
     from galva_search.cost_model import CostModel, CostSettings, TermFactors
     from galva_search.evaluation import evaluate_strategy
 
     hardware, model = HardwareProfile.load(profiles / "hw2.json"), ModelProfile.load(profiles / "m.json")
     plan = _strategy(2, 2, [{"tp": 1}] * 4)  # pp 2, dp 1: compute + p2p only
-    calibration = Calibration.from_dict({"time_factors": {"compute": 2.0, "p2p": 2.0, "redistribution": 2.0},
+    calibration = Calibration.from_dict({"time_factors": {"compute": 2.0, "p2p": 2.0, "redistribution": 2.0,
+                                                          "dp_comm": 2.0},
                                          "memory_factors": {"states": 1.5}})
     base = evaluate_strategy(CostModel(hardware, model, CostSettings(context_mib=0.0)), plan)
     factors = TermFactors.from_calibration(Calibration.from_dict(json.loads(json.dumps(calibration.to_dict()))))

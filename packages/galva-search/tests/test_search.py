@@ -355,3 +355,66 @@ def test_stage_levels_in_the_core_choose_what_the_python_rules_choose(make_hw, m
     assert core.strategy == rules.strategy
     assert core.summary.iteration_time_s == rules.summary.iteration_time_s
     assert core.summary.counts.dp_problems == rules.summary.counts.dp_problems  # the same levels solved
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_stage_dp_prices_every_plan_as_the_score_does_with_bucketed_ddp_layers(make_hw, make_model, pp):
+    """Exact in its own model where galva-hp's ddp buckets matter (layers of 0.5 MiB of gradients under a 1.2 MiB
+    cap: 2 layers a bucket at tp 1, 4 at tp 2, a remainder bucket of 1): over random per-layer plans of a stage
+    (ddp at tp 1, 2, 4, checkpointed or not, mixed), the score (task_cost) of the stage's plan minus the stage DP's
+    objective for it (less its tie-breaking switch penalties) is one constant (the vocabulary, the optimizer call, the
+    other stage), so the plan the DP picks is the one the score ranks first, and its score is the DP's time plus that
+    constant. With two stages, the first one (the second's DP prices the backward p2p it receives in its own first
+    layer's layout until :meth:`StageSolver.solve_after` re-solves it knowing the sender's)."""
+    from galva_schema import CollectiveTimes
+    from galva_search.evaluation import task_cost
+    from galva_search.rules import ModelRules
+    from galva_search.stages import StageSolver
+    from galva_search.tasks import TaskEnumerator
+
+    tiny = make_model(5 * pp)
+    small = tiny.model_copy(update={"layer_types": (tiny.layer_types[0].model_copy(update={"parameter_mib": 0.5}),)})
+    curves = tuple(CollectiveTimes(group_size=n, message_mib=(0.00390625, 4.0), time_ms=(1.0, 2.0)) for n in (2, 4))
+    hw = make_hw(4).model_copy(update={"allreduce_time": curves, "optimizer_ms_per_million_parameters": 0.0})
+    cost = CostModel(hw, small, CostSettings(context_mib=0.0, bucket_cap_bytes=1.2 * 2**20))
+    space = SpaceOptions(disable_sdp=True, disable_vtp=True)
+    by_pp: dict = {}
+    for c in generate_space(4, space):
+        by_pp.setdefault(c.pp, []).append(c)
+    options = SearchOptions(memory_budget_mib=1e6, batch_sizes=(8,), space=space, memory_reserve_mib=0.0,
+                            num_micro_batches=2, partitions=("even",))
+    tasks = TaskEnumerator(cost, options, by_pp, ModelRules(cost.model, cost.settings, 4))
+    solver = StageSolver(tasks, 1, {"dp_problems": 0, "dp_reused": 0})
+    task = next(t for t in tasks.enumerate() if t.pp == pp)
+    terms = task.tables.terms[0]
+    shares = task.tables.sync_share(cost, 0, 5)
+    assert (shares < terms.exposed_sync_s - 1e-6).sum() >= 2  # the buckets matter: ddp candidates pay fewer latencies
+    (solutions,) = solver.solve([task])
+    best = [sol.choice for sol in solutions]
+    rng = np.random.default_rng(0)
+    _, (intra, _, inter) = solver.stage_problem(task, 0)
+    L = intra.shape[0]
+    allowed = np.flatnonzero(np.isfinite(intra).all(axis=0))
+    assert len(allowed) >= 4 and {task.tables.candidates[s].tp for s in allowed} >= {1, 2}
+    penalty = task.tables.penalty[0]
+
+    def dp_time(choice) -> float:
+        return float(sum(intra[i, s] for i, s in enumerate(choice))
+                     + sum(inter[i, choice[i - 1], s] for i, s in enumerate(choice) if i > 0))
+
+    def switches(choice) -> float:
+        return float(sum(penalty[choice[i - 1], s] for i, s in enumerate(choice) if i > 0))
+
+    def score(choice) -> float:
+        got = task_cost(cost, tasks.layers, task, [choice, *best[1:]])
+        if pp == 1:
+            return got.iteration_time_s
+        # a stage's DP objective is its own iteration seconds: c times its micro-batch time, its exposed sync
+        return task.micro_batches * got.stage_time_s[0] + got.stage_exposed_s[0]
+
+    offset = score(best[0]) - dp_time(best[0]) + switches(best[0])
+    plans = [tuple(int(s) for s in rng.choice(allowed, L)) for _ in range(60)] + [(int(s),) * L for s in allowed]
+    for choice in plans:
+        assert score(choice) - dp_time(choice) + switches(choice) == pytest.approx(offset, rel=1e-12, abs=1e-15)
+        assert dp_time(choice) >= solutions[0].time - 1e-12
+    assert dp_time(best[0]) == pytest.approx(solutions[0].time, rel=1e-12)

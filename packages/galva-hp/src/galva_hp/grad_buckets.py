@@ -1,18 +1,19 @@
 """Gradient reduction of ddp units overlapped with the last backward of the iteration, as torch DDP does it.
 
 Every ddp unit whose sharding group has more than one rank goes into a bucket; buckets are ordered in reverse layer
-order (the order in which backward finishes them). Consecutive units of one model chunk reduced over the same group
-in the same dtype share a bucket until it holds :data:`BUCKET_CAP_BYTES` (torch DDP's ``bucket_cap_mb``): each
-collective has a fixed cost (on gloo about a CPU-millisecond per rank, whatever its size), so a model of small layers
-reduces its gradients in one all-reduce, while layers of that size or more keep one bucket each, overlapping the
-backward of earlier ones. During a bucket's last micro-batch backward (the runtime *arms* the units of a model chunk
-before that chunk's last backward), a post-accumulate hook on every parameter counts the parameters whose gradient
-is final; when all of a bucket's are, the bucket's gradients are copied into one flat buffer (in the reduce dtype)
-and summed over the group with an asynchronous all-reduce, while backward goes on with earlier layers. A split
-backward's weight pass writes gradients without accumulate hooks; after a chunk's last one the runtime launches the
-chunk's buckets itself (:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before the optimizer step)
-launches what has not been launched (parameters that received no gradient), waits for every handle, and writes the
-sums into the gradients of the master parameters. Earlier micro-batches only accumulate gradients locally.
+order (the order in which backward finishes them). Which units share one is
+:func:`galva_comm.buckets.gradient_buckets` (consecutive units of one model chunk reduced over the same group in the
+same dtype, up to the cap), the rule galva-search prices them by: each collective has a fixed cost (on gloo about a
+CPU-millisecond per rank, whatever its size), so a model of small layers reduces its gradients in one all-reduce,
+while layers of the cap's size or more keep one bucket each, overlapping the backward of earlier ones. During a
+bucket's last micro-batch backward (the runtime *arms* the units of a model chunk before that chunk's last
+backward), a post-accumulate hook on every parameter counts the parameters whose gradient is final; when all of a
+bucket's are, the bucket's gradients are copied into one flat buffer (in the reduce dtype) and summed over the group
+with an asynchronous all-reduce, while backward goes on with earlier layers. A split backward's weight pass writes
+gradients without accumulate hooks; after a chunk's last one the runtime launches the chunk's buckets itself
+(:meth:`BucketReducer.launch`). :meth:`BucketReducer.finish` (before the optimizer step) launches what has not been
+launched (parameters that received no gradient), waits for every handle, and writes the sums into the gradients of
+the master parameters. Earlier micro-batches only accumulate gradients locally.
 
 Buckets are launched in bucket order on every rank (a ready bucket waits for its predecessors), so every rank
 issues the collectives of a group in the same order; the ranks of a group hold the same layers with the same shapes,
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from galva_comm.buckets import gradient_buckets
 from galva_hp.data_parallel import DdpUnit
 from galva_hp.options import BuildOptions
 
@@ -54,16 +56,6 @@ class Bucket:
     def launched(self) -> bool:
         return self.flat is not None
 
-    def joins(self, unit: DdpUnit, chunk: int, chunk_of_last: int, nbytes: int, cap: int) -> bool:
-        """Whether ``unit`` (of model chunk ``chunk``) joins this bucket, whose last unit is of ``chunk_of_last``."""
-        last = self.units[-1]
-        return (
-            chunk == chunk_of_last
-            and unit.group is last.group
-            and unit.precision.reduce_dtype == last.precision.reduce_dtype
-            and self.nbytes + nbytes <= cap
-        )
-
 
 class BucketReducer:
     """Asynchronous, backward-overlapped gradient all-reduce of ``units`` (the ddp units of one stage).
@@ -77,20 +69,14 @@ class BucketReducer:
         self.units = units
         chunk_of = chunk_of or {}
         reduced = [u for u in units if u.group_size > 1 and not u.reduce_every_micro_batch]
-        self.buckets: list[Bucket] = []
-        last_chunk = -1
-        for unit in reversed(reduced):
-            params = [p for p, _ in unit.grads_to_reduce()]
-            nbytes = sum(p.numel() for p in params) * unit.precision.reduce_dtype.itemsize
-            chunk = chunk_of.get(id(unit), 0)
-            if self.buckets and self.buckets[-1].joins(unit, chunk, last_chunk, nbytes, cap_bytes):
-                bucket = self.buckets[-1]
-                bucket.units.append(unit)
-                bucket.params += params
-                bucket.nbytes += nbytes
-            else:
-                self.buckets.append(Bucket([unit], params, nbytes))
-            last_chunk = chunk
+        reduced.reverse()  # backward order
+        params = [[p for p, _ in unit.grads_to_reduce()] for unit in reduced]
+        nbytes = [sum(p.numel() for p in ps) * u.precision.reduce_dtype.itemsize for u, ps in zip(reduced, params)]
+        keys = [(chunk_of.get(id(u), 0), id(u.group), u.precision.reduce_dtype) for u in reduced]
+        self.buckets = [
+            Bucket([reduced[i] for i in m], [p for i in m for p in params[i]], sum(nbytes[i] for i in m))
+            for m in gradient_buckets(keys, nbytes, cap_bytes)
+        ]
         self._next = 0  # index of the first bucket not yet launched
         self._handles = []
         for bucket in self.buckets:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from galva_comm.buckets import BUCKET_CAP_BYTES
 from galva_hp.deferred_init import InitFn
 
 __all__ = ["BuildOptions"]
@@ -22,7 +23,8 @@ class BuildOptions:
     - ``device``: where this rank's modules, batches and communication buffers live (``"cpu"`` with gloo,
       ``"cuda:<local rank>"`` with NCCL).
     - ``bucket_cap_bytes``: ddp units of one group share a gradient all-reduce up to this many bytes
-      (:data:`galva_hp.grad_buckets.BUCKET_CAP_BYTES`, torch DDP's default; 0: one all-reduce per unit).
+      (:data:`galva_comm.buckets.BUCKET_CAP_BYTES`, torch DDP's default; 0: one all-reduce per unit; the rule
+      is :func:`galva_comm.buckets.gradient_buckets`, which galva-search prices by).
     """
 
     seq_len: int | None = None
@@ -31,4 +33,4 @@ class BuildOptions:
     init_fn: InitFn | None = None
     measure_activations: bool = False
     device: str = "cpu"
-    bucket_cap_bytes: int = 25 * 2**20
+    bucket_cap_bytes: int = BUCKET_CAP_BYTES

@@ -66,6 +66,12 @@ class Collectives:
         """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks."""
         return self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
 
+    def allreduce_latency(self, n: int) -> float:
+        """Seconds of an all-reduce of a few bytes over ``n`` consecutive ranks: the measured curve's smallest size
+        (4 KiB, latency-bound; the line through the swept sizes is least certain there), 0 without a curve."""
+        curve = self._measured(self._allreduce_curves, n, True) if n > 1 else None
+        return 0.0 if curve is None else curve.time_ms[0] * 1e-3
+
     def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank: its measured curve (latency included)
         when the profile has one for consecutive groups of ``n``, else half an all-reduce's bus volume."""

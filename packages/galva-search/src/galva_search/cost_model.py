@@ -126,9 +126,13 @@ class CostModel:
 
     def optimizer_call_s(self) -> float:
         """Seconds of the optimizer step every rank pays once whatever it holds (the model profile's measured
-        ``optimizer_call_ms``, 0 without it), scaled as compute; each layer's share is ``LayerTerms.step_s``."""
-        ms = self.model.optimizer_call_ms or 0.0
-        return ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+        ``optimizer_call_ms``, 0 without it), scaled as compute, and there the clip's all-reduce of the squared
+        gradient norm (one fp64 number over the world: the all-reduce curve's smallest size, 1-6 ms on gloo CPU);
+        each layer's share is ``LayerTerms.step_s``."""
+        if self.model.optimizer_call_ms is None:
+            return 0.0
+        own = self.model.optimizer_call_ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+        return own + self.comm.allreduce_latency(self.world_size) * self.settings.factors.dp_comm
 
     # ----------------------------------------------------------------------------------------------- pipeline
     def in_flight(

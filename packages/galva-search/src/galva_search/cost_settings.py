@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from galva_comm.buckets import BUCKET_CAP_BYTES
 from galva_schema import DataParallelType, PipelineSchedule, Precision, Strategy
 from galva_search.states import state_bytes
 
@@ -49,6 +50,9 @@ class CostSettings:
     state_accounting: str = "galva-hp"
     switch_penalty_s: float = 1e-9  # additive tie-breaker per change of dp type or checkpointing between layers
     factors: TermFactors = TermFactors()  # calibration (galva-search --calibration FILE)
+    # ddp units of one chunk and group share one gradient all-reduce up to this many bytes, as galva-hp forms its
+    # buckets (BuildOptions.bucket_cap_bytes; galva_comm.buckets); 0: one all-reduce per layer
+    bucket_cap_bytes: float = BUCKET_CAP_BYTES
 
     def __post_init__(self) -> None:
         state_bytes(self.precision, self.state_accounting)  # an unknown accounting is refused here, on one line

@@ -12,6 +12,7 @@ import numpy as np
 from galva_search.cost_model import CostModel, LayerTerms, VocabOption
 from galva_search.rules import ModelRules
 from galva_search.space import Candidate
+from galva_search.sync_buckets import bucket_share_s
 
 LAMBDAS = np.concatenate([[0.0], np.logspace(-10, -2, 49)])
 """Multipliers (seconds per MiB) of the Lagrangian lower bound: any value gives a valid bound, more a tighter one."""
@@ -30,6 +31,19 @@ class CostTables:
     allowed_at_end: list[np.ndarray]  # the same for the last layer of the type (its output sequence too)
     dual_cache: dict[tuple[int, float], tuple[np.ndarray, float]] = field(default_factory=dict)  # see dual()
     boundary_cache: dict[tuple[VocabOption, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    sync_cache: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # see sync_share()
+
+    def sync_share(self, cost: CostModel, t: int, count: int) -> np.ndarray:
+        """Per candidate, the exposed gradient sync of a layer of type ``t`` among ``count`` of its type in one model
+        chunk (:func:`galva_search.sync_buckets.bucket_share_s`): what the stage DP's rows and the plan's score both
+        add, kept per (type, count) (read-only)."""
+        key = (t, count)
+        hit = self.sync_cache.get(key)
+        if hit is None:
+            s = cost.settings
+            hit = bucket_share_s(cost.comm, self.terms[t], count, s.bucket_cap_bytes, s.factors.dp_comm)
+            self.sync_cache[key] = hit
+        return hit
 
     def vocab_boundaries(
         self, cost: CostModel, option: VocabOption, micro_batch: int

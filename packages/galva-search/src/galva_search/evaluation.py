@@ -6,6 +6,7 @@ and :func:`evaluate_strategy` for any written :class:`galva_schema.Strategy`, so
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -108,6 +109,9 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     rate_states = [0.0 if measured_vocab else vt.states_mib for vt in task.vocab_terms]
     parts: dict[str, list[float]] = {k: [0.0] * pp for k in kinds}
     parts["compute"] = list(u_list)
+    for stage, vt in enumerate(task.vocab_terms):  # a ZeRO-2 vocabulary gathers again before each micro-batch
+        u_list[stage] += vt.regather_s * (c - 1) / c
+        parts["dp"][stage] += vt.regather_s * (c - 1) / c
     candidate_of: dict[int, int] = {}
     for stage, held in enumerate(layers.stage_layers(task.division, pp)):
         candidate_of.update(zip(held, choices[stage]))
@@ -117,6 +121,7 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     prev: tuple[int, int] | None = None  # (type, candidate) of the layer before in the model
     for chunk, indices in enumerate(chunks):
         stage = chunk % pp
+        count = Counter(layers.type_of[i] for i in indices)  # a ddp layer's sync: its share of its chunk's buckets
         for pos, i in enumerate(indices):
             t, s = layers.type_of[i], candidate_of[i]
             terms = tables.terms[t]
@@ -128,7 +133,11 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
                 parts["compute"][stage] += overhead
             parts["tp"][stage] += float(terms.tp_comm_s[s])
             parts["dp"][stage] += float(terms.zero3_comm_s[s])
-            e_list[stage] += float(terms.exposed_sync_s[s])
+            if len(terms.regather_s) and c > 1:  # ZeRO-2 gathers again before each micro-batch: c - 1 more
+                regather = float(terms.regather_s[s]) * (c - 1) / c
+                u += regather
+                parts["dp"][stage] += regather
+            e_list[stage] += float(tables.sync_share(cost, t, count[t])[s])
             if len(terms.weight_grad_s):
                 w_list[stage] += float(terms.weight_grad_s[s])
             if len(terms.step_s):

@@ -71,6 +71,13 @@ class LayerTerms:
     # optimizer_step_ms; without it the hardware's rate prices the states) and AdamW on a ZeRO layer's sharded
     # (DTensor) parameters beyond plain tensors of the same shards (the profile's sharded_overhead_ms)
     step_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # a ddp layer's gradient all-reduce as galva-hp buckets it (galva_search.sync_buckets): bytes per rank and group
+    # (size, consecutive); bucket_bytes 0 where nothing joins a bucket (ZeRO, one rank, routed experts)
+    bucket_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bucket_group: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    # a ZeRO-2 layer's parameter all-gather, which galva-hp repeats before every micro-batch's forward (sync_s counts
+    # one a iteration): the score and the stage DP add (c - 1) of them, where the micro-batch count is known
+    regather_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def memory_mib(self, in_flight: float) -> np.ndarray:
         return self.states_mib + in_flight * self.activation_mib
@@ -97,6 +104,8 @@ class _LayerStatic:
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
     sharded_ms: np.ndarray  # [candidate][forward, backward, step]: a ZeRO unit's own cost (FSDP2, DTensor step)
     step_ms: np.ndarray  # [candidate]: the optimizer step of the rank's share of the layer (measured; else 0)
+    bucket_bytes: np.ndarray  # [candidate]: ddp gradient bytes a bucket takes (0: not bucketed)
+    bucket_group: np.ndarray  # [candidate][group size, consecutive] of that all-reduce
 
     def rows(self, index: np.ndarray, comm_groups: list) -> _LayerStatic:
         """These costs for the candidates ``index`` (in that order), whose own collective groups are ``comm_groups``:
@@ -110,6 +119,7 @@ class _LayerStatic:
             recompute_per_sample=self.recompute_per_sample[index], gather_mib=self.gather_mib[index],
             redistribution_per_sample=self.redistribution_per_sample[pairs], penalty=self.penalty[pairs],
             overhead_ms=self.overhead_ms[index], sharded_ms=self.sharded_ms[index], step_ms=self.step_ms[index],
+            bucket_bytes=self.bucket_bytes[index], bucket_group=self.bucket_group[index],
         )  # fmt: skip
 
 
@@ -217,6 +227,7 @@ class LayerCosts:
         gather = np.zeros(n)
         p2p_per_byte = np.zeros(n)
         step_ms = np.zeros(n)
+        bucket_bytes, bucket_group = np.zeros(n), np.zeros((n, 2))
         pp = candidates[0].pp if candidates else 1
         stage_size = ranks_per_stage(self.world_size, pp)
         for i, c in enumerate(candidates):
@@ -227,6 +238,8 @@ class LayerCosts:
                     sync[i] = comm.reduce_scatter(d, consecutive, grad_bytes[i]) + gather[i]
                 else:
                     sync[i] = comm.allreduce(d, consecutive, grad_bytes[i])
+                    if layer.experts is None:
+                        bucket_bytes[i], bucket_group[i] = grad_bytes[i], (d, consecutive)
             edp = c.expert_dp if layer.experts is not None else 1
             if edp > 1:  # the experts' own gradient sync over their replicas (strided by ep * etp)
                 strided = c.ep * c.etp == 1
@@ -303,6 +316,8 @@ class LayerCosts:
                 dtype=float,
             ).reshape(n, 3),
             step_ms=step_ms,
+            bucket_bytes=bucket_bytes,
+            bucket_group=bucket_group,
         )
         return static
 
@@ -389,6 +404,9 @@ class LayerCosts:
             expert_comm_s=expert_comm,
             ring_s=ring,
             step_s=(st.sharded_ms[:, 2] + st.step_ms) * 1e-3 * compute_factor,
+            bucket_bytes=st.bucket_bytes,
+            bucket_group=st.bucket_group,
+            regather_s=np.where(st.zero3, 0.0, gather),
         )
 
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
@@ -408,15 +426,19 @@ def _comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate], megat
     candidates of each group, their buffer scale (times the ``[local, seq, hidden]`` activation bytes) and calls."""
     groups: dict[tuple[str, int, bool, bool], list[tuple[int, float, float]]] = {}  # last: expert dispatch
     for i, c in enumerate(candidates):
+        # recomputation stops once every tensor the backward saved is back (torch's non-reentrant checkpoint): the
+        # layer's last collective, whose output only the next layer reads, is not repeated (galva-hp, counted)
         if c.tp > 1 and not c.ulysses and megatron_sp:
-            # 2 all-gather + reduce-scatter pairs forward, 2 backward, 2 more when recomputing, each priced by its
-            # own measured curve (latency included); without the curves a pair is one all-reduce, as below
-            count = 6.0 if c.checkpoint else 4.0
-            groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, count))
-            groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+            # 2 all-gather + reduce-scatter pairs forward, 2 backward; recomputing, 2 all-gathers and 1
+            # reduce-scatter more; each priced by its own measured curve (latency included), without the curves a
+            # pair is one all-reduce, as below
+            gathers = 6.0 if c.checkpoint else 4.0
+            groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, gathers))
+            scatters = 5.0 if c.checkpoint else 4.0
+            groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, scatters))
         elif c.tp > 1 and not c.ulysses:
-            # 2 all-reduces forward, 2 backward, 2 more when recomputing
-            count = 6.0 if c.checkpoint else 4.0
+            # 2 all-reduces forward, 2 backward, 1 more when recomputing
+            count = 5.0 if c.checkpoint else 4.0
             groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
         elif c.ulysses:
             # 2 all-to-alls forward (q, k and v in one message, then the output), 2 backward, 2 more when recomputing

@@ -22,6 +22,7 @@ the statement of the rules it follows (the search runs them where the core is no
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -109,18 +110,26 @@ class StageSolver:
         transient = np.empty((L, S))
         blocks = [np.zeros((S, S))]  # block 0: no transition (layer 0, and between two chunks of the stage)
         block = [0] * L
-        # per layer type: what every layer of the type repeats (the stage's layers are mostly of one type)
-        rows: dict[int, np.ndarray] = {}
+        # per layer type and its count in the layer's chunk: what every such layer repeats (the stage's layers are
+        # mostly of one type); a ddp layer's sync is its share of the buckets of its chunk's layers of its type
+        chunk_of = np.searchsorted(starts, np.arange(L), side="right") - 1
+        count = Counter(zip(chunk_of.tolist(), types))
+        rows: dict[tuple[int, int], np.ndarray] = {}
         kept: dict[int, np.ndarray] = {}
         block_of_type: dict[int, int] = {}
         for pos, t in enumerate(types):
             terms = tables.terms[t]
-            if t not in rows:
-                rows[t] = c * terms.micro_batch_s + terms.exposed_sync_s
+            n = count[(int(chunk_of[pos]), t)]
+            if (t, n) not in rows:
+                row = c * terms.micro_batch_s + tables.sync_share(self.cost, t, n)
+                if len(terms.regather_s):  # ZeRO-2's all-gather before every micro-batch but the one priced
+                    row = row + (c - 1) * terms.regather_s
                 if len(terms.step_s):
-                    rows[t] = rows[t] + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+                    row = row + terms.step_s  # once per iteration: a ZeRO layer's sharded optimizer step
+                rows[(t, n)] = row
+            if t not in kept:
                 kept[t] = terms.memory_mib(in_flight)
-            row = rows[t]
+            row = rows[(t, n)]
             if pos in recv:
                 row = row + c * terms.p2p_s  # backward gradient sent to the previous chunk's stage
             if pos in send:

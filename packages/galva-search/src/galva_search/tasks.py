@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -205,13 +205,7 @@ class TaskEnumerator:
             base = self._vocab_base.get(base_key)
             if base is None:
                 base = self._vocab_base[base_key] = self.cost.vocab_terms(pp, option, micro, c, [0] * pp)
-            hit = [
-                VocabTerms(
-                    vt.micro_batch_s, vt.exposed_sync_s, vt.states_mib + vt.activation_mib * n, vt.states_mib,
-                    vt.activation_mib, vt.weight_grad_s,
-                )
-                for vt, n in zip(base, in_flight)
-            ]
+            hit = [replace(vt, memory_mib=vt.states_mib + vt.activation_mib * n) for vt, n in zip(base, in_flight)]
             self._vocab[key] = hit
         return hit
 

@@ -47,6 +47,7 @@ class VocabTerms:
     activation_mib: float = 0.0  # activations of ONE micro-batch
     weight_grad_s: float = 0.0  # weight-gradient (W) share of the backward per micro-batch (zb-h1)
     step_s: float = 0.0  # once per iteration: the optimizer step of these layers' parameters (measured; else 0)
+    regather_s: float = 0.0  # ZeRO-2: the all-gather repeated before every micro-batch's forward (LayerTerms')
 
 
 class VocabCosts:
@@ -148,7 +149,8 @@ class VocabCosts:
                 fixed, per_million = vocab.optimizer_step_ms
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
                 step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * compute_scale
-            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step)
+            regather = gather if dp_type is ZERO2 else 0.0
+            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, regather_s=regather)
 
         first, last = types[0], types[-1]
         if pp == 1:
