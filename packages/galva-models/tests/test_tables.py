@@ -726,12 +726,16 @@ MORE = [
     ("granite_swa", "ulysses2"),
     ("beam", "ulysses2"),
     ("dots1", "ep2-etp2"),
+    ("inkling_text", "tp2"),
+    ("qwen3_5_text", "tp2"),
 ]
 """The most different of the new families, each under a form it takes: a hybrid of lightning and softmax attention
 with experts (tp, and a different form per layer over two stages), latent attention under Ulysses, a family with an
 optional router left out, attention sinks (one per head) under Ulysses, a per-position query scale the model's
 forward computes for the whole sequence (Beam's ``attention_scaling``, cut to the rank's positions) under Ulysses,
-and a mixture of experts whose routing leaves a rank's experts no token (Dots1 under ep2 x etp2)."""
+a mixture of experts whose routing leaves a rank's experts no token (Dots1 under ep2 x etp2), a token table
+whose own forward norms its rows (Inkling's ``embed_norm``, whose gradient vocabulary tp sums), and a gated
+delta-net whose input and output projections both gather (Qwen 3.5's linear attention under tp)."""
 
 
 @pytest.mark.distributed

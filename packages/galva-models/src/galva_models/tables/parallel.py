@@ -238,8 +238,9 @@ class TableParallelizer:
             whole = sequence_parallel and (table is None or self.tables.whole_embedding)
             if table is not None:
                 split_embedding(module.get_submodule(table), group, sequence_parallel and not whole, table)
+            sliced = sequence_parallel and not whole
             module.form = ModuleForm(
-                grad_sums=_slice_sums(module, group) if sequence_parallel and not whole else [],
+                grad_sums=_slice_sums(module, group) if sliced else _table_sums(module, table, group),
                 seq_group=group if sequence_parallel else None,
                 seq_shards=tp if sequence_parallel else 1,  # learned positions: this rank's slice (GPT-2's wpe)
                 whole=whole,
@@ -289,6 +290,16 @@ def _follow_ties(head: TableHead, path: str) -> None:
             if one.startswith(path + "."):
                 owner, _, attribute = other.rpartition(".")
                 head.get_submodule(owner)._parameters[attribute] = head.get_parameter(one)
+
+
+def _table_sums(module: nn.Module, table: str | None, group: ProcessGroup) -> list[tuple[str, ProcessGroup]]:
+    """Under vocabulary tp, a parameter the token table's own forward applies after its lookup (Inkling's
+    ``embed_tokens.embed_norm``) sees only the rows this rank holds, the output being summed after that forward:
+    its gradient is summed over tp."""
+    if table is None:
+        return []
+    split = _split_names(module)
+    return [(n, group) for n, _ in module.named_parameters() if n.startswith(table + ".") and n not in split]
 
 
 def _slice_sums(module: nn.Module, group: ProcessGroup) -> list[tuple[str, ProcessGroup]]:

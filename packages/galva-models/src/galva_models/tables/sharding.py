@@ -102,6 +102,16 @@ class TpRegion:
         self._last = (x, y)
         return y
 
+    def interior(self, x: Tensor) -> Tensor:
+        """The input of a column-parallel module whose output is gathered: the block's own entered input as it is;
+        anything computed inside the block (whole on every rank) enters here, so that its gradient, partial on each
+        rank behind the module's shard, is summed before the computation that made it (Qwen 3.5's gated delta-net,
+        whose output projection gathers too: the input projections' gathers would otherwise take a slice of a
+        partial gradient)."""
+        if self._last is not None and x is self._last[1]:
+            return x
+        return differentiable_copy_to_group(x, self.group)
+
     def leave(self, partial: Tensor) -> Tensor:
         if self.sequence_parallel:
             return differentiable_reduce_scatter(partial, SEQ_DIM, self.group)
@@ -167,6 +177,7 @@ def shard_linear(
         if transposed:
             setattr(linear, "nf", out_features // tp)  # noqa: B010 - Conv1D shapes its output from nf
         if style == "colwise_gather_output":
+            linear.register_forward_pre_hook(lambda m, args: (region.interior(args[0]), *args[1:]))
             linear.register_forward_hook(lambda m, a, out: differentiable_gather_replicated(out, -1, group))
         return []
     if style in ("rowwise", "rowwise_split_input", "packed_rowwise"):
