@@ -20,9 +20,9 @@ fi
 echo "[setup] venv $VENV, constraints $constraints"
 
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-# --no-compile: no byte-compiling of every installed module (torch's and transformers' thousands: about a third of
-# the setup's CPU); Python compiles the modules a command imports on first import and keeps them.
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-compile -c "$constraints")
+# byte-compiled at install (pip's default): where PYTHONDONTWRITEBYTECODE is set (this project's machines set it),
+# Python keeps no bytecode of its own, and every process would compile torch's and transformers' modules again
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check install -q -c "$constraints")
 
 # torch first: anything that lets pip choose it freely would pull the CUDA build on a CPU machine; the build
 # backends with it, as the editable installs below build with them (--no-build-isolation).
