@@ -91,6 +91,7 @@ class TpRegion:
     def __init__(self, group: ProcessGroup, sequence_parallel: bool) -> None:
         self.group, self.sequence_parallel = group, sequence_parallel
         self._last: tuple[Tensor, Tensor] | None = None
+        self._gathered = False  # a gathered column-parallel output has been computed since the block entered
 
     def enter(self, x: Tensor) -> Tensor:
         if self._last is not None and self._last[0] is x:
@@ -100,17 +101,23 @@ class TpRegion:
         else:
             y = differentiable_copy_to_group(x, self.group)
         self._last = (x, y)
+        self._gathered = False
         return y
 
     def interior(self, x: Tensor) -> Tensor:
-        """The input of a column-parallel module whose output is gathered: the block's own entered input as it is;
-        anything computed inside the block (whole on every rank) enters here, so that its gradient, partial on each
-        rank behind the module's shard, is summed before the computation that made it (Qwen 3.5's gated delta-net,
-        whose output projection gathers too: the input projections' gathers would otherwise take a slice of a
-        partial gradient)."""
-        if self._last is not None and x is self._last[1]:
+        """The input of a column-parallel module inside the block. After a gathered output (Qwen 3.5's gated
+        delta-net: input projections gathered, then an output projection on what they computed), the module's input
+        is whole on every rank while its gradient behind the shard is partial, and a gather's backward before it would
+        take a slice of that partial gradient: the input enters here, so the gradient is summed first. Before any
+        gather (or the block's own entered input) it stays as it is: a partial gradient flowing back only through the
+        block's whole computation is summed once, where the block entered."""
+        if not self._gathered or (self._last is not None and x is self._last[1]):
             return x
         return differentiable_copy_to_group(x, self.group)
+
+    def gathered(self) -> None:
+        """A column-parallel output was gathered back to every feature (``colwise_gather_output``)."""
+        self._gathered = True
 
     def leave(self, partial: Tensor) -> Tensor:
         if self.sequence_parallel:
@@ -176,9 +183,14 @@ def shard_linear(
             _replace(linear, "bias", _part(bias, 0, group, blocks), Split(0, group, out_features, blocks))
         if transposed:
             setattr(linear, "nf", out_features // tp)  # noqa: B010 - Conv1D shapes its output from nf
+        linear.register_forward_pre_hook(lambda m, args: (region.interior(args[0]), *args[1:]))
         if style == "colwise_gather_output":
-            linear.register_forward_pre_hook(lambda m, args: (region.interior(args[0]), *args[1:]))
-            linear.register_forward_hook(lambda m, a, out: differentiable_gather_replicated(out, -1, group))
+
+            def gather(module: nn.Module, args: tuple[Any, ...], out: Tensor) -> Tensor:
+                region.gathered()
+                return differentiable_gather_replicated(out, -1, group)
+
+            linear.register_forward_hook(gather)
         return []
     if style in ("rowwise", "rowwise_split_input", "packed_rowwise"):
         in_features = weight.shape[in_dim]
