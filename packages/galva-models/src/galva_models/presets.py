@@ -154,6 +154,10 @@ def tiny_sizes(config: Any, layers: int | None = TINY_SIZES["num_hidden_layers"]
     for field, value in TINY_SIZES.items():  # the fields the family has (GPT-2: no key/value heads, no head size)
         if hasattr(config, field) and field != "num_hidden_layers":
             _resize(config, field, value)
+    for field, value in defaults.items():
+        # a second token table's vocabulary (Gemma 3n's and Gemma 4's per-layer inputs: 262,144 rows x layers)
+        if field.startswith("vocab_size_") and isinstance(value, int) and value > TINY_SIZES["vocab_size"]:
+            setattr(config, field, TINY_SIZES["vocab_size"])
     experts = any(getattr(config, f, None) for f in ("num_local_experts", "num_experts", "n_routed_experts"))
     # DeepSeek-style fields left None by a default config that cannot be built so (Dots1's): an expert-parallel table
     # says the family has experts
