@@ -238,7 +238,7 @@ def decomposition(traces: list[dict[str, list]], args) -> str:  # type: ignore[n
     replay of the stages' orders with the measured op durations and instant messages (schedule_trace.replay)."""
     import schedule_trace
 
-    from galva_hp.pipeline_schedules import schedule_order
+    from galva_comm.schedules import schedule_order
     from galva_schema import PipelineSchedule
 
     kinds = ["F", "B", "I", "W", "recv", "send", "wait-sends", "grad-sync", "clip", "optimizer", "zero-grad", "other"]
