@@ -430,16 +430,18 @@ def test_zb_h1_pays_the_split_backward(tiny, tiny_hw):
 
 def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
     """4 ranks on 2 processors (slowdown 2): the path at a rank's speed alone (1F1B 7 x 1.5) is shorter than the
-    node's work with every rank busy (4 x 3), so 1F1B, interleaved and zb-h1 all take 12; with slowdown 1.2 the path
-    (1F1B 7 x 2.5) is the longer. The search's bound stays below the price."""
+    node's work with every rank busy (4 x 3 = 12), and the capacity idle while fewer than 2 ranks can run (fill and
+    drain) comes on top: 1F1B 13.5 with F 0.5 and B 1 alone (the simulated steps), interleaved 12.75 and zb-h1
+    12.875 (both fill and drain in smaller steps); with slowdown 1.2 the path (1F1B 7 x 2.5) is the longer. The
+    search's bound stays below the price."""
     from galva_search.cost_model import SharedProcessors, shared_pipeline_time
     from galva_search.tasks import bound_time
 
     u, e, w = [3.0] * 4, [0.0] * 4, [0.5] * 4
     shared = SharedProcessors(slowdown=2.0, ranks_per_node=4, stage_size=1)
-    for schedule, v in ((ONE, 1), (INTER, 2), (ZB, 1)):
+    for (schedule, v), expected in zip(((ONE, 1), (INTER, 2), (ZB, 1)), (13.5, 12.75, 12.875)):
         t = shared_pipeline_time(u, u, e, 4, shared, schedule, v, w)
-        assert t.total == pytest.approx(12.0)
+        assert t.total == pytest.approx(expected)
         assert t.steady + t.bubble + t.tail == pytest.approx(t.total)
         assert bound_time(u, 4, schedule, v, 2.0, shared) <= t.total + 1e-12
     mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)

@@ -6,7 +6,9 @@ for). ``chunk`` is the global model chunk (``Strategy.chunk_layers``); stage ``s
 
 Every order is checked by :func:`simulate`: stages run their lists in order, a receive blocks until the matching send
 has happened, sends never block (the runtime's p2p sends are asynchronous). A schedule is deadlock-free when the
-simulation finishes; the tests simulate every schedule over a range of pp, v and micro-batch counts.
+simulation finishes; the tests simulate every schedule over a range of pp, v and micro-batch counts. The orders live
+here, beside galva-hp's other shared rules, because galva-search prices a schedule on shared processors by running
+the very steps galva-hp executes (``galva_search.shared_schedule``).
 
 - GPipe: every forward, then every backward.
 - 1F1B (PipeDream-flush): ``pp - s - 1`` warm-up forwards, then one forward / one backward, then the rest.

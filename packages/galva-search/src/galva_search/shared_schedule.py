@@ -84,6 +84,6 @@ def shared_schedule_time(
         for s in running:
             left[s] -= dt * rate[s]
             if left[s] <= 1e-12 * (1.0 + clock):
-                done.add(tuple(orders[s][position[s]]))  # type: ignore[arg-type]
+                done.add(orders[s][position[s]])
                 position[s] += 1
                 left[s] = duration(s, orders[s][position[s]]) if position[s] < len(orders[s]) else 0.0
