@@ -444,13 +444,16 @@ def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
         assert t.total == pytest.approx(expected)
         assert t.steady + t.bubble + t.tail == pytest.approx(t.total)
         assert bound_time(u, 4, schedule, v, 2.0, shared) <= t.total + 1e-12
+    # slowdown 1.2: the path (1F1B 7 x 2.5, interleaved 4 x 2.5 + 3 x 2.5 / 2) is longer than the busy node (12),
+    # and the steps take longer still: with all 4 ranks runnable each gets 1/1.2 of a processor alone
     mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)
-    assert shared_pipeline_time(u, u, e, 4, mild).total == pytest.approx(7 * 2.5)
-    assert shared_pipeline_time(u, u, e, 4, mild, INTER, 2).total == pytest.approx(4 * 2.5 + 3 * 2.5 / 2)
-    # two nodes of 2 ranks, stages of 1: each node holds two stages; the busier node sets the bound
+    assert shared_pipeline_time(u, u, e, 4, mild).total == pytest.approx(18.0)
+    assert shared_pipeline_time(u, u, e, 4, mild, INTER, 2).total == pytest.approx(15.0)
+    # two nodes of 2 ranks, stages of 1: each node holds two stages; the busier node (4 x 5) is not all: its
+    # stages 2 and 3 wait for the other node's forwards while the pipeline fills
     two = SharedProcessors(slowdown=2.0, ranks_per_node=2, stage_size=1)
     assert two.node_stages(4) == [[0, 1], [2, 3]]
-    assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(4 * 5.0)
+    assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(23.5)
 
 
 @pytest.mark.parametrize("processors", [None, 4, 16])

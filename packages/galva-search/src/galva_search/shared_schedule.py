@@ -17,11 +17,36 @@ micro-batches 1.01-1.04x; the simulation gives the same.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from galva_comm.schedules import Step, schedule_order
 from galva_schema import PipelineSchedule
 
 __all__ = ["shared_schedule_time"]
+
+
+@lru_cache(maxsize=256)
+def _program(schedule: PipelineSchedule, pp: int, c: int, v: int) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per stage, its steps as ``(kind, id of the step it waits for or -1)``; a step's id is its position in the
+    stages' orders laid end to end."""
+    orders = [schedule_order(schedule, s, pp, c, v) for s in range(pp)]
+    ids: dict[Step, int] = {}
+    for order in orders:
+        for step in order:
+            ids[step] = len(ids)
+    last = pp * v - 1
+
+    def needs(step: Step) -> int:
+        kind, chunk, k = step
+        if kind == "F":
+            return -1 if chunk == 0 else ids[Step("F", chunk - 1, k)]
+        if kind == "W":
+            return ids[Step("I", chunk, k)]
+        if chunk == last:
+            return ids[Step("F", chunk, k)]
+        return ids.get(Step("B", chunk + 1, k), ids.get(Step("I", chunk + 1, k), -1))
+
+    return tuple(tuple((step.kind, needs(step)) for step in order) for order in orders)
 
 
 def shared_schedule_time(
@@ -38,52 +63,41 @@ def shared_schedule_time(
     ``backward_s[s]`` per micro-batch at a rank's speed alone (over its ``v`` chunks; ``weight_grad_s[s]`` of the
     backward is zb-h1's ``W``), ``node_stages[n]`` lists the stage of each of node ``n``'s ranks and ``capacity`` is
     a node's speed with every rank busy, in ranks alone (``N/σ``)."""
-    pp, c = len(forward_s), num_micro_batches
+    pp = len(forward_s)
     v = virtual_stages if schedule is PipelineSchedule.INTERLEAVED_1F1B else 1
-    last = pp * v - 1
-    orders = [schedule_order(schedule, s, pp, c, v) for s in range(pp)]
-    weight = [dict.fromkeys(range(pp), 0) for _ in node_stages]  # node -> stage -> its ranks there
+    program = _program(schedule, pp, num_micro_batches, v)
+    weight = [[0] * pp for _ in node_stages]  # node -> stage -> the node's ranks in that stage
     for n, stages in enumerate(node_stages):
         for s in stages:
             weight[n][s] += 1
     nodes_of = [[n for n in range(len(node_stages)) if weight[n][s]] for s in range(pp)]
-
-    def duration(s: int, step: Step) -> float:
-        if step.kind == "F":
-            return forward_s[s] / v
-        if step.kind == "W":
-            return weight_grad_s[s]
-        if step.kind == "I":
-            return backward_s[s] - weight_grad_s[s]
-        return backward_s[s] / v
-
-    def ready(step: Step) -> bool:
-        kind, chunk, k = step
-        if kind == "F":
-            return chunk == 0 or ("F", chunk - 1, k) in done
-        if kind == "W":
-            return ("I", chunk, k) in done
-        if chunk == last:
-            return ("F", chunk, k) in done
-        return ("B", chunk + 1, k) in done or ("I", chunk + 1, k) in done
-
-    done: set[tuple[str, int, int]] = set()
+    durations = [
+        {"F": forward_s[s] / v, "B": backward_s[s] / v, "I": backward_s[s] - weight_grad_s[s], "W": weight_grad_s[s]}
+        for s in range(pp)
+    ]
+    first = [sum(len(order) for order in program[:s]) for s in range(pp)]  # id of each stage's first step
+    done = [False] * sum(len(order) for order in program)
     position = [0] * pp
-    left = [duration(s, orders[s][0]) if orders[s] else 0.0 for s in range(pp)]
+    left = [durations[s][program[s][0][0]] if program[s] else 0.0 for s in range(pp)]
     clock = 0.0
     while True:
-        running = [s for s in range(pp) if position[s] < len(orders[s]) and ready(orders[s][position[s]])]
+        running = []
+        for s in range(pp):
+            if position[s] < len(program[s]):
+                needs = program[s][position[s]][1]
+                if needs < 0 or done[needs]:
+                    running.append(s)
         if not running:
-            if any(position[s] < len(orders[s]) for s in range(pp)):
+            if any(position[s] < len(program[s]) for s in range(pp)):
                 raise RuntimeError(f"{schedule.value}: the simulated stages wait on each other")  # a schedule bug
             return clock
-        busy = [sum(weight[n][s] for s in running) for n in range(len(node_stages))]
-        rate = {s: min([1.0] + [capacity / busy[n] for n in nodes_of[s]]) for s in running}
-        dt = min(left[s] / rate[s] for s in running)
+        busy = [sum(w[s] for s in running) for w in weight]
+        rate = [min([1.0] + [capacity / busy[n] for n in nodes_of[s]]) for s in running]
+        dt = min(left[s] / r for s, r in zip(running, rate))
         clock += dt
-        for s in running:
-            left[s] -= dt * rate[s]
+        for s, r in zip(running, rate):
+            left[s] -= dt * r
             if left[s] <= 1e-12 * (1.0 + clock):
-                done.add(orders[s][position[s]])
+                done[first[s] + position[s]] = True
                 position[s] += 1
-                left[s] = duration(s, orders[s][position[s]]) if position[s] < len(orders[s]) else 0.0
+                left[s] = durations[s][program[s][position[s]][0]] if position[s] < len(program[s]) else 0.0
