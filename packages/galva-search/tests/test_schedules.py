@@ -444,6 +444,17 @@ def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
         assert t.total == pytest.approx(expected)
         assert t.steady + t.bubble + t.tail == pytest.approx(t.total)
         assert bound_time(u, 4, schedule, v, 2.0, shared) <= t.total + 1e-12
+    # with a processor per rank the simulation is the runtime's own schedule simulation (galva_comm.schedules)
+    from galva_comm.schedules import schedule_order, simulate
+    from galva_search.shared_schedule import shared_schedule_time
+
+    for schedule, v, pp, c in ((ONE, 1, 4, 6), (INTER, 2, 2, 4), (ZB, 1, 3, 5), (PipelineSchedule.GPIPE, 1, 3, 2)):
+        f, b, wg = [1.0 + 0.3 * s for s in range(pp)], [2.0 + 0.1 * s for s in range(pp)], [0.7] * pp
+        step = {"F": f, "B": b, "I": [x - y for x, y in zip(b, wg)], "W": wg}
+        orders = [schedule_order(schedule, s, pp, c, v) for s in range(pp)]
+        each = {(s, st): step[st.kind][s] / (1 if st.kind in "IW" else v) for s in range(pp) for st in orders[s]}
+        runtime = max(simulate(orders, pp * v, duration=lambda s, st, each=each: each[(s, st)]))
+        assert shared_schedule_time(f, b, wg, c, [list(range(pp))], float(pp), schedule, v) == pytest.approx(runtime)
     # slowdown 1.2: the path (1F1B 7 x 2.5, interleaved 4 x 2.5 + 3 x 2.5 / 2) is longer than the busy node (12),
     # and the steps take longer still: with all 4 ranks runnable each gets 1/1.2 of a processor alone
     mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)
