@@ -455,6 +455,12 @@ def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
         each = {(s, st): step[st.kind][s] / (1 if st.kind in "IW" else v) for s in range(pp) for st in orders[s]}
         runtime = max(simulate(orders, pp * v, duration=lambda s, st, each=each: each[(s, st)]))
         assert shared_schedule_time(f, b, wg, c, [list(range(pp))], float(pp), schedule, v) == pytest.approx(runtime)
+    # time that is not compute (collectives, p2p) takes no processor: 2 stages of 2 ranks, U 3 of which compute 1,
+    # take a little over their path (5 x 2.5) where both stages compute at once, not the 20 of all-compute steps
+    pairs = SharedProcessors(slowdown=2.0, ranks_per_node=4, stage_size=2)
+    assert shared_pipeline_time([3.0, 3.0], [1.0, 1.0], [0.0, 0.0], 4, pairs).total == pytest.approx(79 / 6)
+    steps = ([2.5 / 3] * 2, [5 / 3] * 2, [0.0] * 2)
+    assert shared_schedule_time(*steps, 4, pairs.node_stages(2), 2.0) == pytest.approx(20.0)
     # slowdown 1.2: the path (1F1B 7 x 2.5, interleaved 4 x 2.5 + 3 x 2.5 / 2) is longer than the busy node (12),
     # and the steps take longer still: with all 4 ranks runnable each gets 1/1.2 of a processor alone
     mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)

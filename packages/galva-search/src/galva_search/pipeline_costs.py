@@ -144,19 +144,24 @@ def shared_pipeline_time(
     path = pipeline_time(alone, stage_exposed_s, num_micro_batches, schedule, virtual_stages, w)
     node_stages = shared.node_stages(len(u))
     busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in node_stages)
-    share = np.full(len(u), 1.0 / 3.0) if stage_forward_share is None else np.asarray(stage_forward_share, dtype=float)
-    forward = share * np.asarray(alone)
-    simulated = shared_schedule_time(
-        forward.tolist(),
-        (np.asarray(alone) - forward).tolist(),
-        [0.0] * len(u) if w is None else w,
-        num_micro_batches,
-        node_stages,
-        len(node_stages[0]) / shared.slowdown,
-        schedule,
-        virtual_stages,
-    )
-    total = max(path.total, busy + path.tail, simulated + path.tail)
+    total = max(path.total, busy + path.tail)
+    if len(u) > 1:  # one stage has no fill or drain to lose capacity in
+        share = np.full(len(u), 1.0 / 3.0) if stage_forward_share is None else np.asarray(stage_forward_share, float)
+        speed_alone = np.asarray(alone)
+        compute_alone = np.asarray(stage_compute_s, dtype=float) / shared.slowdown
+        other = np.divide(speed_alone - compute_alone, speed_alone, out=np.zeros(len(u)), where=speed_alone > 0)
+        simulated = shared_schedule_time(
+            (share * speed_alone).tolist(),
+            ((1.0 - share) * speed_alone).tolist(),
+            [0.0] * len(u) if w is None else w,
+            num_micro_batches,
+            node_stages,
+            len(node_stages[0]) / shared.slowdown,
+            schedule,
+            virtual_stages,
+            np.clip(other, 0.0, 1.0).tolist(),
+        )
+        total = max(total, simulated + path.tail)
     slowest = int(np.argmax(u))
     steady = float(num_micro_batches * u[slowest])
     # the bubble may be negative here: the processors the idle ranks handed over made the slowest stage faster

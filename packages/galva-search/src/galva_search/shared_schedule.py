@@ -6,8 +6,9 @@ sees: while the pipeline fills and drains, fewer ranks can run than the processo
 lost. :func:`shared_schedule_time` runs every stage's steps in the runtime's own order (galva-comm's
 :func:`~galva_comm.schedules.schedule_order`, which galva-hp executes), a receive waiting for its sender, with the
 ranks that can run sharing their node's capacity: ``N/σ`` ranks' worth of speed alone for the node's ``N`` ranks
-(``σ`` the profile's every-rank-at-once slowdown), each runnable rank at ``min(1, (N/σ)/n)`` of its speed alone when
-``n`` of them can run. Stage replicas (a stage's dp and tp ranks) run in lockstep and count once per rank.
+(``σ`` the profile's every-rank-at-once slowdown), each computing rank at ``min(1, (N/σ)/n)`` of its speed alone when
+``n`` of them compute. A step computes, then spends its other time (collectives, p2p latency) without a processor,
+at its own pace. Stage replicas (a stage's dp and tp ranks) run in lockstep and count once per rank.
 
 Measured on the quickstart's tiny-llama (4 gloo ranks, 2 processors; benchmarks/runtime/trace_run.py, each step's
 per-op CPU times replayed): pp 4 with 4 micro-batches took 1.10-1.13x the every-rank-busy bound, pp 2 with 2
@@ -58,11 +59,13 @@ def shared_schedule_time(
     capacity: float,
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
     virtual_stages: int = 1,
+    other_share: Sequence[float] | None = None,
 ) -> float:
     """Seconds from the first forward to the last backward step when stage ``s`` takes ``forward_s[s]`` and
     ``backward_s[s]`` per micro-batch at a rank's speed alone (over its ``v`` chunks; ``weight_grad_s[s]`` of the
-    backward is zb-h1's ``W``), ``node_stages[n]`` lists the stage of each of node ``n``'s ranks and ``capacity`` is
-    a node's speed with every rank busy, in ranks alone (``N/σ``)."""
+    backward is zb-h1's ``W``, all compute), ``other_share[s]`` of its forward and backward is not compute (0 when not
+    given), ``node_stages[n]`` lists the stage of each of node ``n``'s ranks and ``capacity`` is a node's speed with
+    every rank busy, in ranks alone (``N/σ``)."""
     pp = len(forward_s)
     v = virtual_stages if schedule is PipelineSchedule.INTERLEAVED_1F1B else 1
     program = _program(schedule, pp, num_micro_batches, v)
@@ -71,14 +74,24 @@ def shared_schedule_time(
         for s in stages:
             weight[n][s] += 1
     nodes_of = [[n for n in range(len(node_stages)) if weight[n][s]] for s in range(pp)]
-    durations = [
-        {"F": forward_s[s] / v, "B": backward_s[s] / v, "I": backward_s[s] - weight_grad_s[s], "W": weight_grad_s[s]}
+    other = [0.0] * pp if other_share is None else list(other_share)
+
+    def split(seconds: float, s: int) -> tuple[float, float]:
+        return seconds * (1.0 - other[s]), seconds * other[s]
+
+    durations = [  # kind -> (compute, other) seconds of one step of stage s
+        {
+            "F": split(forward_s[s] / v, s),
+            "B": split(backward_s[s] / v, s),
+            "I": split(backward_s[s] - weight_grad_s[s], s),
+            "W": (weight_grad_s[s], 0.0),
+        }
         for s in range(pp)
     ]
     first = [sum(len(order) for order in program[:s]) for s in range(pp)]  # id of each stage's first step
     done = [False] * sum(len(order) for order in program)
     position = [0] * pp
-    left = [durations[s][program[s][0][0]] if program[s] else 0.0 for s in range(pp)]
+    left = [list(durations[s][program[s][0][0]]) if program[s] else [0.0, 0.0] for s in range(pp)]
     clock = 0.0
     while True:
         running = []
@@ -91,13 +104,20 @@ def shared_schedule_time(
             if any(position[s] < len(program[s]) for s in range(pp)):
                 raise RuntimeError(f"{schedule.value}: the simulated stages wait on each other")  # a schedule bug
             return clock
-        busy = [sum(w[s] for s in running) for w in weight]
-        rate = [min([1.0] + [capacity / busy[n] for n in nodes_of[s]]) for s in running]
-        dt = min(left[s] / r for s, r in zip(running, rate))
+        computing = [s for s in running if left[s][0] > 0.0]
+        busy = [sum(w[s] for s in computing) for w in weight]
+        rate = [min([1.0] + [capacity / busy[n] for n in nodes_of[s]]) if left[s][0] > 0.0 else 1.0 for s in running]
+        dt = min((left[s][0] if left[s][0] > 0.0 else left[s][1]) / r for s, r in zip(running, rate))
         clock += dt
+        tolerance = 1e-12 * (1.0 + clock)
         for s, r in zip(running, rate):
-            left[s] -= dt * r
-            if left[s] <= 1e-12 * (1.0 + clock):
-                done[first[s] + position[s]] = True
-                position[s] += 1
-                left[s] = durations[s][program[s][position[s]][0]] if position[s] < len(program[s]) else 0.0
+            phase = 0 if left[s][0] > 0.0 else 1
+            left[s][phase] -= dt * r
+            if left[s][phase] <= tolerance:
+                left[s][phase] = 0.0
+                if phase == 1 or left[s][1] <= tolerance:
+                    done[first[s] + position[s]] = True
+                    position[s] += 1
+                    left[s] = (
+                        list(durations[s][program[s][position[s]][0]]) if position[s] < len(program[s]) else [0.0, 0.0]
+                    )
