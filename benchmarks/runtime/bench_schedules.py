@@ -203,6 +203,20 @@ def predictions(args) -> dict[str, float] | None:  # type: ignore[no-untyped-def
     }
 
 
+def _priced_inputs(args) -> str:  # type: ignore[no-untyped-def]
+    """The profiles' figures the schedules' ratios hang on: zb-h1's split overhead and the p2p latency."""
+    hardware = WORK / f"hw{args.pp}.json"
+    if not (WORK / "model.json").exists() or not hardware.exists():
+        return "no profiles: run with --profile"
+    from galva_schema import HardwareProfile, ModelProfile
+
+    layer = ModelProfile.load(WORK / "model.json").layer_types[0]
+    hw = HardwareProfile.load(hardware)
+    return (f"priced: split backward overhead {layer.split_backward_overhead_ms} ms per layer call, p2p latency "
+            f"{hw.p2p_latency_ms(args.pp):.3f} ms, compute slowdown {hw.compute_slowdown:.2f}, processors "
+            f"{hw.processors_per_node}")  # fmt: skip
+
+
 def table(result: dict[str, float], predicted: dict[str, float] | None, args) -> str:  # type: ignore[no-untyped-def]
     base = result["galva-1f1b"]
     rows = [
@@ -238,7 +252,7 @@ def decomposition(traces: list[dict[str, list]], args) -> str:  # type: ignore[n
     replay of the stages' orders with the measured op durations and instant messages (schedule_trace.replay)."""
     import schedule_trace
 
-    from galva_hp.pipeline_schedules import schedule_order
+    from galva_comm.schedules import schedule_order
     from galva_schema import PipelineSchedule
 
     kinds = ["F", "B", "I", "W", "recv", "send", "wait-sends", "grad-sync", "clip", "optimizer", "zero-grad", "other"]
@@ -314,6 +328,7 @@ def main() -> None:
     result = ranks[0]["times"] if args.trace else ranks[0]
     text = table(result, predictions(args), args)
     print(text)
+    print(_priced_inputs(args))
     if args.trace:
         print(decomposition([r["trace"] for r in ranks], args))
     if args.write_readme:

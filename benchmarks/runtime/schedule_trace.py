@@ -138,6 +138,6 @@ def replay(
     """The step the stages' ``orders`` take when each op lasts its measured duration (``durations[s][(kind, chunk,
     k)]``, seconds) and messages arrive the moment they are sent (blocking receives, non-blocking sends): galva-hp's
     own schedule simulation on the measured durations."""
-    from galva_hp.pipeline_schedules import simulate
+    from galva_comm.schedules import simulate
 
     return max(simulate(orders, num_chunks, duration=lambda s, step: durations[s][step]))

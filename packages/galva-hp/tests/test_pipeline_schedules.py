@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from galva_comm.schedules import schedule_order, simulate
 from galva_comm.testing import run_distributed
 from galva_hp import BuildOptions
-from galva_hp.pipeline_schedules import schedule_order, simulate
 from galva_hp.testing.models import tiny_gpt
 from galva_hp.testing.oracle import SEQ, VOCAB, reference_run, run_plan
 from galva_schema import PipelineSchedule, Strategy

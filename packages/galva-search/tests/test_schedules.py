@@ -430,25 +430,47 @@ def test_zb_h1_pays_the_split_backward(tiny, tiny_hw):
 
 def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
     """4 ranks on 2 processors (slowdown 2): the path at a rank's speed alone (1F1B 7 x 1.5) is shorter than the
-    node's work with every rank busy (4 x 3), so 1F1B, interleaved and zb-h1 all take 12; with slowdown 1.2 the path
-    (1F1B 7 x 2.5) is the longer. The search's bound stays below the price."""
+    node's work with every rank busy (4 x 3 = 12), and the capacity idle while fewer than 2 ranks can run (fill and
+    drain) comes on top: 1F1B 13.5 with F 0.5 and B 1 alone (the simulated steps), interleaved 12.75 and zb-h1
+    12.875 (both fill and drain in smaller steps); with slowdown 1.2 the path (1F1B 7 x 2.5) is the longer. The
+    search's bound stays below the price."""
     from galva_search.cost_model import SharedProcessors, shared_pipeline_time
     from galva_search.tasks import bound_time
 
     u, e, w = [3.0] * 4, [0.0] * 4, [0.5] * 4
     shared = SharedProcessors(slowdown=2.0, ranks_per_node=4, stage_size=1)
-    for schedule, v in ((ONE, 1), (INTER, 2), (ZB, 1)):
+    for (schedule, v), expected in zip(((ONE, 1), (INTER, 2), (ZB, 1)), (13.5, 12.75, 12.875)):
         t = shared_pipeline_time(u, u, e, 4, shared, schedule, v, w)
-        assert t.total == pytest.approx(12.0)
+        assert t.total == pytest.approx(expected)
         assert t.steady + t.bubble + t.tail == pytest.approx(t.total)
         assert bound_time(u, 4, schedule, v, 2.0, shared) <= t.total + 1e-12
+    # with a processor per rank the simulation is the runtime's own schedule simulation (galva_comm.schedules)
+    from galva_comm.schedules import schedule_order, simulate
+    from galva_search.shared_schedule import shared_schedule_time
+
+    for schedule, v, pp, c in ((ONE, 1, 4, 6), (INTER, 2, 2, 4), (ZB, 1, 3, 5), (PipelineSchedule.GPIPE, 1, 3, 2)):
+        f, b, wg = [1.0 + 0.3 * s for s in range(pp)], [2.0 + 0.1 * s for s in range(pp)], [0.7] * pp
+        step = {"F": f, "B": b, "I": [x - y for x, y in zip(b, wg)], "W": wg}
+        orders = [schedule_order(schedule, s, pp, c, v) for s in range(pp)]
+        each = {(s, st): step[st.kind][s] / (1 if st.kind in "IW" else v) for s in range(pp) for st in orders[s]}
+        runtime = max(simulate(orders, pp * v, duration=lambda s, st, each=each: each[(s, st)]))
+        assert shared_schedule_time(f, b, wg, c, [list(range(pp))], float(pp), schedule, v) == pytest.approx(runtime)
+    # time that is not compute (collectives, p2p) takes no processor: 2 stages of 2 ranks, U 3 of which compute 1,
+    # take a little over their path (5 x 2.5) where both stages compute at once, not the 20 of all-compute steps
+    pairs = SharedProcessors(slowdown=2.0, ranks_per_node=4, stage_size=2)
+    assert shared_pipeline_time([3.0, 3.0], [1.0, 1.0], [0.0, 0.0], 4, pairs).total == pytest.approx(79 / 6)
+    steps = ([2.5 / 3] * 2, [5 / 3] * 2, [0.0] * 2)
+    assert shared_schedule_time(*steps, 4, pairs.node_stages(2), 2.0) == pytest.approx(20.0)
+    # slowdown 1.2: the path (1F1B 7 x 2.5, interleaved 4 x 2.5 + 3 x 2.5 / 2) is longer than the busy node (12),
+    # and the steps take longer still: with all 4 ranks runnable each gets 1/1.2 of a processor alone
     mild = SharedProcessors(slowdown=1.2, ranks_per_node=4, stage_size=1)
-    assert shared_pipeline_time(u, u, e, 4, mild).total == pytest.approx(7 * 2.5)
-    assert shared_pipeline_time(u, u, e, 4, mild, INTER, 2).total == pytest.approx(4 * 2.5 + 3 * 2.5 / 2)
-    # two nodes of 2 ranks, stages of 1: each node holds two stages; the busier node sets the bound
+    assert shared_pipeline_time(u, u, e, 4, mild).total == pytest.approx(18.0)
+    assert shared_pipeline_time(u, u, e, 4, mild, INTER, 2).total == pytest.approx(15.0)
+    # two nodes of 2 ranks, stages of 1: each node holds two stages; the busier node (4 x 5) is not all: its
+    # stages 2 and 3 wait for the other node's forwards while the pipeline fills
     two = SharedProcessors(slowdown=2.0, ranks_per_node=2, stage_size=1)
     assert two.node_stages(4) == [[0, 1], [2, 3]]
-    assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(4 * 5.0)
+    assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(23.5)
 
 
 @pytest.mark.parametrize("processors", [None, 4, 16])

@@ -1,4 +1,4 @@
-"""Pipeline execution: run a stage's schedule (:mod:`galva_hp.pipeline_schedules`) with p2p between model chunks.
+"""Pipeline execution: run a stage's schedule (:mod:`galva_comm.schedules`) with p2p between model chunks.
 
 A stage holds one model chunk, or ``v`` of them under interleaved 1F1B (chunk ``c`` on stage ``c % pp``). Chunk ``c``
 receives its input from chunk ``c - 1``'s stage and sends its output to chunk ``c + 1``'s stage (the last stage's
@@ -13,7 +13,7 @@ the tensor moves only once the receiver, having read the header, asks for it, an
 first get a processor back (measured: ~3 ms a message on loaded CPUs, against 0.8 ms for the tensor alone). The tag
 names the receiving chunk and the direction, so messages of different chunks between the same two ranks never mix.
 Sends are non-blocking and waited for at the end of the iteration; receives block, which is deadlock-free for every
-schedule whose order :func:`~galva_hp.pipeline_schedules.simulate` finishes.
+schedule whose order :func:`~galva_comm.schedules.simulate` finishes.
 
 Backward steps: ``B`` back-propagates a chunk's micro-batch in one autograd call. Zero-bubble schedules split it:
 ``I`` computes only the gradient of the chunk's input (what the previous chunk waits for) and ``W`` later computes
@@ -35,7 +35,7 @@ Why Galva runs its own schedules instead of ``torch.distributed.pipelining``'s (
 each on its own group and of its own type (ddp buckets reduced from post-accumulate hooks during the last backward,
 zero2/zero3 per layer); with a split backward it keeps every FSDP2 module unsharded and unreduced until all weight
 gradients are done. Driving it would mean re-implementing those reductions around it; the schedule itself is a
-list of steps (this module and :mod:`galva_hp.pipeline_schedules`, ~300 lines). On the same pp4 model galva's 1F1B
+list of steps (this module and :mod:`galva_comm.schedules`, ~300 lines). On the same pp4 model galva's 1F1B
 runs at the speed of ``Schedule1F1B`` (ratio in the benchmark README), so adopting it would buy no time.
 """
 
@@ -56,7 +56,7 @@ from torch.distributed.pipelining._backward import (
     stage_backward_weight,
 )
 
-from galva_hp.pipeline_schedules import Step, schedule_order
+from galva_comm.schedules import Step, schedule_order
 
 __all__ = [
     "PipelineStage",

@@ -109,6 +109,8 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     rate_states = [0.0 if measured_vocab else vt.states_mib for vt in task.vocab_terms]
     parts: dict[str, list[float]] = {k: [0.0] * pp for k in kinds}
     parts["compute"] = list(u_list)
+    # the layers' forward and forward + backward compute: the forward's share of a stage (shared processors)
+    forward_list, layer_list = [0.0] * pp, [0.0] * pp
     for stage, vt in enumerate(task.vocab_terms):  # a ZeRO-2 vocabulary gathers again before each micro-batch
         u_list[stage] += vt.regather_s * (c - 1) / c
         parts["dp"][stage] += vt.regather_s * (c - 1) / c
@@ -127,6 +129,8 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
             terms = tables.terms[t]
             u = float(terms.micro_batch_s[s])
             parts["compute"][stage] += float(terms.forward_s[s] + terms.backward_s[s])
+            forward_list[stage] += float(terms.forward_s[s])
+            layer_list[stage] += float(terms.forward_s[s] + terms.backward_s[s])
             if split and stage > 0:
                 overhead = cost.split_backward_overhead_s(t)
                 u += overhead
@@ -169,8 +173,9 @@ def task_cost(cost: CostModel, layers: LayerSequence, task: Task, choices: Seque
     if shared is None:
         timing = pipeline_time(u_list, e_list, c, task.schedule, task.virtual_stages, w_list)
     else:
+        share = [f / m if m > 0.0 else 1.0 / 3.0 for f, m in zip(forward_list, layer_list)]
         timing = shared_pipeline_time(
-            u_list, parts["compute"], e_list, c, shared, task.schedule, task.virtual_stages, w_list
+            u_list, parts["compute"], e_list, c, shared, task.schedule, task.virtual_stages, w_list, share
         )
     # every stage steps its optimizer once the pipeline has drained; the iteration waits for the slowest
     optimizer = max(cost.optimizer_s(states) + step for states, step in zip(rate_states, step_list))

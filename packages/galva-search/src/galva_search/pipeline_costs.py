@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from galva_schema import PipelineSchedule
+from galva_search.shared_schedule import shared_schedule_time
 
 
 def in_flight(pp: int, num_micro_batches: int, schedule: PipelineSchedule, virtual_stages: int = 1) -> list[float]:
@@ -123,6 +124,7 @@ def shared_pipeline_time(
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
     virtual_stages: int = 1,
     stage_weight_grad_s: Sequence[float] | None = None,
+    stage_forward_share: Sequence[float] | None = None,
 ) -> PipelineTime:
     """:func:`pipeline_time` where ranks share processors (docs §7): a rank idle in the bubble hands its processor
     to the others, so the bubble costs what the processors cannot absorb rather than the idle time.
@@ -131,14 +133,35 @@ def shared_pipeline_time(
     a rank alone (``U_s − C_s (1 − 1/σ)``, ``C_s`` the compute within ``U_s``, ``σ`` the slowdown), and the node's
     work done with every rank busy (each at the measured all-at-once speed ``U``). A schedule that shrinks the bubble
     then gains only while the path is the larger; what it costs in ``U`` (zb-h1's split, interleaving's messages) is
-    paid in full.
+    paid in full. Neither sees the capacity lost while the pipeline fills and drains with fewer runnable ranks than
+    processors: :func:`~galva_search.shared_schedule.shared_schedule_time` runs the schedule's steps with the node's
+    capacity shared by the ranks that can run, and ``T`` is the largest of the three (so both bounds still hold).
+    ``stage_forward_share[s]`` is the forward's share of stage ``s``'s micro-batch (1/3 when not given).
     """
     u = np.asarray(stage_micro_s, dtype=float)
     alone = (u - np.asarray(stage_compute_s, dtype=float) * (1.0 - 1.0 / shared.slowdown)).tolist()
     w = None if stage_weight_grad_s is None else [x / shared.slowdown for x in stage_weight_grad_s]
     path = pipeline_time(alone, stage_exposed_s, num_micro_batches, schedule, virtual_stages, w)
-    busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in shared.node_stages(len(u)))
+    node_stages = shared.node_stages(len(u))
+    busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in node_stages)
     total = max(path.total, busy + path.tail)
+    if len(u) > 1:  # one stage has no fill or drain to lose capacity in
+        share = np.full(len(u), 1.0 / 3.0) if stage_forward_share is None else np.asarray(stage_forward_share, float)
+        speed_alone = np.asarray(alone)
+        compute_alone = np.asarray(stage_compute_s, dtype=float) / shared.slowdown
+        other = np.divide(speed_alone - compute_alone, speed_alone, out=np.zeros(len(u)), where=speed_alone > 0)
+        simulated = shared_schedule_time(
+            (share * speed_alone).tolist(),
+            ((1.0 - share) * speed_alone).tolist(),
+            [0.0] * len(u) if w is None else w,
+            num_micro_batches,
+            node_stages,
+            len(node_stages[0]) / shared.slowdown,
+            schedule,
+            virtual_stages,
+            np.clip(other, 0.0, 1.0).tolist(),
+        )
+        total = max(total, simulated + path.tail)
     slowest = int(np.argmax(u))
     steady = float(num_micro_batches * u[slowest])
     # the bubble may be negative here: the processors the idle ranks handed over made the slowest stage faster
