@@ -38,7 +38,9 @@ class Collectives:
         # a search asks for the same few group bandwidths and curves thousands of times: each looked up once
         self._bandwidths: dict[tuple[int, bool], float] = {}
         self._curve_arrays: dict[int, _CurveArrays] = {}  # id(curve) -> its arrays and line (the profile keeps it)
-        self._extras = {(e.group_size, e.collective): e.ms * 1e-3 for e in profile.call_extra}
+        self._extras: dict[tuple[int, str], float] = {
+            (e.group_size, e.collective): e.ms * 1e-3 for e in profile.call_extra
+        }
 
     # ------------------------------------------------------------------------------------------------ lookups
     def bus_bandwidth_gb_per_s(self, group_size: int, consecutive: bool) -> float:
