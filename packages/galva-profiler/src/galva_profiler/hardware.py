@@ -251,7 +251,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
         elif step.kind == "busy":  # after the curves: taken beyond their 4 KiB point
             groups = layout_groups(world.size, step.group_size, True)
             busy = busy_call_ms(
-                step.collective, groups, world, cache, options.repeats, 2 * options.rounds, options.busy_segment_ms
+                step.collective, groups, world, cache, options.repeats, options.rounds, options.busy_segment_ms
             )
             result.busy_call_ms[(step.collective, step.group_size)] = busy
             idle = result.times[(step.collective, step.group_size)][P2P_LATENCY_BYTES / MIB]
