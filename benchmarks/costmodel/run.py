@@ -86,14 +86,17 @@ def ranking(*report_paths: Path) -> tuple[str, str]:
     return summary, "\n".join(lines)
 
 
-def reprice(world: int, model: Path) -> str:
+def reprice(world: int, model: Path, call_extra: bool = True) -> str:
     """The last run's measured times (``.work/check{world}.json``) against the cost model as it is now, on
     ``model`` and ``.work/hw{world}.json``: what a change of the cost model or of one profile does, with the
-    measurements held fixed. One line per strategy and the median / max |time error| over them."""
+    measurements held fixed; ``call_extra=False`` prices every collective call at its idle curve (the hardware
+    profile's busy-call term left out). One line per strategy and the median / max |time error| over them."""
     from galva_profiler.check import CheckOptions, predict
     from galva_schema import HardwareProfile, ModelProfile, Strategy
 
     hardware, profile = HardwareProfile.load(WORK / f"hw{world}.json"), ModelProfile.load(model)
+    if not call_extra:
+        hardware = hardware.model_copy(update={"call_extra": ()})
     lines, errors = [], []
     for measured in json.loads((WORK / f"check{world}.json").read_text())["strategies"]:
         strategy = Strategy.from_dict(measured["strategy"])
@@ -129,12 +132,14 @@ def main() -> int:
     ap.add_argument("--reprice", type=Path, metavar="MODEL_JSON",
                     help="only re-predict the measured times of .work/check{2,4}.json on this model profile and "
                     ".work/hw{2,4}.json with the current cost model (nothing is run)")
+    ap.add_argument("--without-call-extra", action="store_true",
+                    help="with --reprice: leave the hardware profile's call_extra out (every call at its idle curve)")
     ap.add_argument("--reuse-profiles", action="store_true",
                     help="keep .work/model.json and hw{2,4}.json from an earlier run (re-run the checks only)")
     opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if opts.reprice is not None:
-        print("\n".join(reprice(world, opts.reprice.resolve()) for world in (2, 4)))
+        print("\n".join(reprice(world, opts.reprice.resolve(), not opts.without_call_extra) for world in (2, 4)))
         return 0
     WORK.mkdir(exist_ok=True)
     if not opts.ranking_only and not opts.reuse_profiles:

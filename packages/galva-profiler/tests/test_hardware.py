@@ -34,6 +34,8 @@ TINY = SweepOptions(
     rounds=2,
     concurrency_ms=5.0,
     runtime_modules=(),  # the forked ranks hold pytest's imports already; importing the runtime would only be slow
+    curve_repetitions=2,
+    busy_segment_ms=0.5,
 )
 
 
@@ -54,9 +56,11 @@ def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None
     assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
     timed = [(s.collective, s.group_size) for s in steps if s.kind == "time"]  # one curve each, its sizes round robin
     assert sorted(timed) == sorted((c, n) for c in Collective for n in (2, 4, 8))
-    # every curve's small end (expert dispatch's counts, a small layer's gradient sync or ZeRO gather): a 4 KiB point
-    latency = [(s.collective, s.group_size, s.message_mib) for s in steps if s.kind == "latency"]
-    assert latency == [(c, n, 4096 / 2**20) for c in TINY.timed for n in (2, 4, 8)]
+    # what a call costs between compute segments, beyond its curve: every collective and group size
+    busy = [(s.collective, s.group_size) for s in steps if s.kind == "busy"]
+    assert busy == [(c, n) for c in TINY.timed for n in (2, 4, 8)]
+    last_curve = max(i for i, s in enumerate(steps) if s.kind == "time")
+    assert all(i > last_curve for i, s in enumerate(steps) if s.kind == "busy")  # taken beyond the curves
     assert [s.group_size for s in steps if s.kind == "p2p"] == [2, 4, 8]
     assert steps[-1].kind == "overlap"
     cut = plan_sweep(8, SweepOptions(message_mib=(1, 2), max_group_size=2, max_pp=2))
@@ -98,6 +102,11 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert results[0]["report"]["base_memory_mib"] == profile.base_memory_mib
     assert profile.optimizer_ms_per_million_parameters > 0.0
     assert all(e.latency_ms >= 0.0 for e in profile.p2p)
+    # a call between compute segments: every collective and group size, at least 0 beyond the idle curve
+    extras = {(e.collective, e.group_size) for e in profile.call_extra}
+    assert extras == {(c.value, n) for c in Collective for n in (2, 4)}
+    assert all(e.ms >= 0.0 for e in profile.call_extra)
+    assert all(r["busy_ms"] >= r["ms"] for r in results[0]["report"]["call_extra_ms"])
     # the processors the forked CPU ranks may use (their inherited affinity): 4 ranks on fewer share them
     assert profile.processors_per_node == len(os.sched_getaffinity(0))
     assert profile.shares_processors == (len(os.sched_getaffinity(0)) < 4)

@@ -68,6 +68,30 @@ def test_measured_curves_interpolate_inside_and_fit_outside(tiny_hw):
     assert float(comm.allreduce(2, False, mib)) == pytest.approx(mib / 50e9, **EXACT)
 
 
+def test_every_collective_call_pays_the_profiles_busy_extra_once(tiny, tiny_hw):
+    """A call inside a busy step costs its idle time plus the profile's ``call_extra`` of its kind and group size:
+    once per call, whatever its size; nothing for a group of one, an empty message or an older profile."""
+    from galva_schema import CallExtra
+
+    extras = tuple(
+        CallExtra(group_size=2, collective=kind, ms=ms)
+        for kind, ms in (("all_reduce", 1.0), ("all_gather", 2.0), ("reduce_scatter", 3.0), ("all_to_all", 4.0))
+    )
+    hw = tiny_hw.model_copy(update={"call_extra": extras})
+    idle, busy = Collectives(tiny_hw), Collectives(hw)
+    sizes = np.array([0.0, 4096.0, 2.0**20])
+    for method, ms in (("allreduce", 1.0), ("all_gather", 2.0), ("reduce_scatter", 3.0), ("all_to_all", 4.0)):
+        got = getattr(busy, method)(2, True, sizes) - getattr(idle, method)(2, True, sizes)
+        assert got == pytest.approx([0.0, ms * 1e-3, ms * 1e-3], **EXACT), method
+        assert float(getattr(busy, method)(1, True, 4096.0)) == 0.0
+    assert float(busy.allreduce(4, True, 4096.0)) == float(idle.allreduce(4, True, 4096.0))  # none for groups of 4
+    # priced per call the runtime makes: Megatron tp's 4 all-reduces a layer, 5 checkpointed
+    for checkpoint, calls in ((False, 4), (True, 5)):
+        plain, _ = terms(tiny, tiny_hw, Candidate(1, 2, 2, consecutive=True, checkpoint=checkpoint))
+        extra, _ = terms(tiny, hw, Candidate(1, 2, 2, consecutive=True, checkpoint=checkpoint))
+        assert extra.tp_comm_s[0] - plain.tp_comm_s[0] == pytest.approx(calls * 1e-3, **EXACT)
+
+
 def test_overlap_slows_both_while_they_overlap(tiny_hw):
     comm = Collectives(tiny_hw)  # slowdown 1.25
     assert float(comm.overlapped(8.0, 2.0)) == pytest.approx(2.0 * 1.25 + 6.0)

@@ -8,6 +8,7 @@ all-gather, the input of a reduce-scatter — the sizes galva-search's cost mode
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 import warnings
@@ -96,24 +97,42 @@ def time_curve(
     cache: ProcessGroupCache,
     repeats: Repeats,
 ) -> list[float]:
-    """:func:`time_collective` at every size, round robin: each repetition (and warm-up) runs every size once, so a
-    drift of a shared machine's load falls on all points of the curve alike, not on one size's run of repetitions
-    (timed size after size, one quickstart's 4-rank all-reduce read 11.3, 22.9 and 23.8 ms at 1, 2 and 4 MiB)."""
+    """:func:`time_collective` at every size, round robin in a shuffled order: each repetition (and warm-up) runs
+    every size once, so a drift of a shared machine's load falls on all points of the curve alike, not on one size's
+    run of repetitions (timed size after size, one quickstart's 4-rank all-reduce read 11.3, 22.9 and 23.8 ms at 1, 2
+    and 4 MiB); each point is the :func:`trimmed_mean` of its repetitions, the slowest rank's.
+
+    Why shuffled and a mean: a small call's time on CPU ranks is bimodal (a waiting rank woken at once, or only at
+    the scheduler's next tick, about 3 ms later), and in a fixed order each size kept its phase against the tick
+    repetition after repetition: one quiet 2-rank all-reduce curve read 0.73, 3.60, 1.06, 3.90, 2.01 ms at 4 KiB,
+    0.25, 0.5, 1 and 2 MiB (medians of 7), the next profile's points each in the other mode. A random order (the same
+    on every rank) gives every size every phase, and the mean is what a step pays over its calls."""
     group = group_of(groups, world.rank)
     pg = cache.get(group)
     n = len(group)
     runs = [_operation(kind, _elements(size, n), pg, n, world.device) for size in sizes_bytes]
     times: list[list[float]] = [[] for _ in runs]
     for index in range(repeats.warmup + repeats.repetitions):
-        for run, timed in zip(runs, times):
+        order = list(range(len(runs)))
+        random.Random(index).shuffle(order)  # seeded by the repetition: the same order on every rank
+        for k in order:
             dist.barrier(group=pg)
             synchronize(world.device)
             start = time.perf_counter()
-            run()
+            runs[k]()
             synchronize(world.device)
             if index >= repeats.warmup:
-                timed.append((time.perf_counter() - start) * 1e3)
-    return [max_over_ranks(statistics.median(timed), world.device) for timed in times]
+                times[k].append((time.perf_counter() - start) * 1e3)
+    return [max_over_ranks(trimmed_mean(timed), world.device) for timed in times]
+
+
+def trimmed_mean(values: Sequence[float]) -> float:
+    """The mean without the fastest and the slowest fifth (at least one each from 5 values up): the expected time of
+    a bimodal call, without a burst of outside load."""
+    ordered = sorted(values)
+    cut = len(ordered) // 5
+    kept = ordered[cut : len(ordered) - cut] if cut else ordered
+    return statistics.fmean(kept)
 
 
 def bus_bandwidth_gb_per_s(message_bytes: int, n: int, ms: float) -> float:

@@ -10,6 +10,8 @@ one device, which measures only its base memory and optimizer rate):
   (galva_comm.layout's two layouts; the world-sized group has one layout);
 * all-reduce, all-gather, reduce-scatter and all-to-all time against message size, consecutive groups, the sizes
   of one curve timed round robin; an alpha-beta line fitted per group size with its residuals;
+* what one call of each collective costs inside a busy step beyond the curve's 4 KiB time, every rank alternating
+  compute segments and calls (:mod:`galva_profiler.busy_calls`);
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
   the latency of one send (a 4 KiB send's time less what the bandwidth explains);
 * the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
@@ -29,6 +31,7 @@ import torch
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
 from galva_profiler.base_memory import RUNTIME_MODULES, measure_base_memory
+from galva_profiler.busy_calls import SEGMENT_MS, busy_call_ms
 from galva_profiler.collectives import (
     MIB,
     Collective,
@@ -44,12 +47,20 @@ from galva_profiler.optimizer_step import measure_optimizer_rate
 from galva_profiler.overlap import OverlapResult, measure_overlap, node_processors
 from galva_profiler.progress import Progress
 from galva_profiler.timing import Repeats
-from galva_schema import AllreduceBandwidth, ClusterSpec, CollectiveTimes, HardwareProfile, P2PBandwidth
+from galva_schema import (
+    AllreduceBandwidth,
+    CallExtra,
+    ClusterSpec,
+    CollectiveTimes,
+    HardwareProfile,
+    P2PBandwidth,
+)
 
 P2P_LATENCY_BYTES = 4096  # a send this small is latency-bound on every interconnect
 LATENCY_REPETITIONS = 15
-"""Repetitions of each curve's 4 KiB latency point (a small message is cheap to repeat, and its median under outside
-load needs them: 3 gave 0.67 ms at 0.25 MiB over 2 gloo ranks where the same run's other sizes took 1-9 ms)."""
+"""Repetitions, at least, of every curve's round robin, its 4 KiB point included (a small message is cheap to repeat,
+and its time under outside load needs them: 3 gave 0.67 ms at 0.25 MiB over 2 gloo ranks where the same run's other
+sizes took 1-9 ms)."""
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
 
@@ -71,14 +82,16 @@ class SweepOptions:
     rounds: int = MIN_ROUNDS  # timed rounds, at least, of the overlap, concurrency and optimizer tests
     concurrency_ms: float = LOOP_MS  # the concurrency test's loop on rank 0 alone
     runtime_modules: tuple[str, ...] = RUNTIME_MODULES  # imported before the CPU base memory is read
+    curve_repetitions: int = LATENCY_REPETITIONS  # at least, of every curve's round robin
+    busy_segment_ms: float = SEGMENT_MS  # the compute between two calls of the busy test
 
     def __post_init__(self) -> None:
         if len(self.message_mib) < 2 or sorted(set(self.message_mib)) != list(self.message_mib):
             raise ValueError("message sizes must be at least 2 distinct ascending values (an alpha-beta fit needs 2)")
         if min(self.message_mib) <= 0 or self.bandwidth_mib <= 0 or self.p2p_mib <= 0 or self.overlap_mib <= 0:
             raise ValueError("message sizes must be positive")
-        if self.rounds < 1 or self.concurrency_ms <= 0:
-            raise ValueError("rounds and the concurrency loop's length must be positive")
+        if self.rounds < 1 or self.concurrency_ms <= 0 or self.curve_repetitions < 1 or self.busy_segment_ms <= 0:
+            raise ValueError("rounds, repetitions and the concurrency and busy loops' lengths must be positive")
 
 
 QUICK = SweepOptions(
@@ -97,10 +110,10 @@ tests take at least ``rounds``)."""
 
 @dataclass(frozen=True)
 class Step:
-    """One measurement: a bandwidth, a collective's time curve (every message size), the all-to-all's latency point
-    (:data:`P2P_LATENCY_BYTES`), a p2p degree, or the overlap test."""
+    """One measurement: a bandwidth, a collective's time curve (every message size and :data:`P2P_LATENCY_BYTES`),
+    a collective's cost between compute segments (``busy``), a p2p degree, or the overlap test."""
 
-    kind: str  # "bandwidth" | "time" | "latency" | "p2p" | "overlap"
+    kind: str  # "bandwidth" | "time" | "busy" | "p2p" | "overlap"
     group_size: int = 0
     consecutive: bool = True
     collective: Collective = Collective.ALL_REDUCE
@@ -112,8 +125,8 @@ class Step:
             return f"all_reduce bandwidth n={self.group_size} {layout}"
         if self.kind == "time":
             return f"{self.collective.value} n={self.group_size}"
-        if self.kind == "latency":
-            return f"{self.collective.value} n={self.group_size} {self.message_mib:g} MiB"
+        if self.kind == "busy":
+            return f"{self.collective.value} n={self.group_size} between compute"
         if self.kind == "p2p":
             return f"p2p pp={self.group_size}"
         return "compute/communication overlap"
@@ -143,11 +156,11 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
         for n in sizes
         for consecutive in ((True, False) if n < world_size else (True,))
     ]
-    steps += [Step("time", n, True, collective) for collective in options.timed for n in sizes]  # every size at once
-    # the small end of every curve: expert dispatch's row counts, a small layer's gradient sync or ZeRO gather fall
-    # below the smallest swept size, where the fitted line's intercept is the least certain number of the profile
-    small = P2P_LATENCY_BYTES / MIB
-    steps += [Step("latency", n, True, collective, small) for collective in options.timed for n in sizes]
+    # every size at once, and the small end of every curve: expert dispatch's row counts, a small layer's gradient
+    # sync or ZeRO gather fall below the smallest swept size, where the fitted line's intercept is the least certain
+    # number of the profile, so every curve also times 4 KiB (in its round robin: collectives.time_curve)
+    steps += [Step("time", n, True, collective) for collective in options.timed for n in sizes]
+    steps += [Step("busy", n, True, collective) for collective in options.timed for n in sizes]
     steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
     if world_size > 1:  # one rank communicates with nobody and computes alone
         steps.append(Step("overlap"))
@@ -158,7 +171,7 @@ def sweep_groups(world_size: int, steps: list[Step]) -> list[Group]:
     """Every process group the sweep uses, in a fixed order (they are created up front, collectively)."""
     groups: list[Group] = []
     for step in steps:
-        if step.kind in ("bandwidth", "time", "latency"):
+        if step.kind in ("bandwidth", "time", "busy"):
             groups += layout_groups(world_size, step.group_size, step.consecutive)
     return groups
 
@@ -172,6 +185,8 @@ class SweepResult:
     times: dict[tuple[Collective, int], dict[float, float]] = field(default_factory=dict)
     p2p: dict[int, float] = field(default_factory=dict)
     p2p_latency_ms: dict[int, float] = field(default_factory=dict)
+    busy_call_ms: dict[tuple[Collective, int], float] = field(default_factory=dict)  # between compute, whole
+    call_extra_ms: dict[tuple[Collective, int], float] = field(default_factory=dict)  # beyond the curve's 4 KiB
     overlap: OverlapResult | None = None
     base_memory_mib: float | None = None
     optimizer_ms_per_million_parameters: float = 0.0
@@ -201,6 +216,10 @@ class SweepResult:
                 for fit in [self.fit(kind, n)]
             ],
             "p2p_bandwidth_gb_per_s": {str(pp): v for pp, v in sorted(self.p2p.items())},
+            "call_extra_ms": [
+                {"collective": kind.value, "group_size": n, "ms": ms, "busy_ms": self.busy_call_ms[(kind, n)]}
+                for (kind, n), ms in sorted(self.call_extra_ms.items(), key=lambda item: (item[0][0].value, item[0][1]))
+            ],
             "overlap": self.overlap.to_dict() if self.overlap else None,
             "base_memory_mib": self.base_memory_mib,
             "optimizer_ms_per_million_parameters": self.optimizer_ms_per_million_parameters,
@@ -223,16 +242,20 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.bandwidth_mib * MIB)
             ms = time_collective(Collective.ALL_REDUCE, groups, message, world, cache, options.repeats)
             result.bandwidth[(step.group_size, step.consecutive)] = bus_bandwidth_gb_per_s(message, step.group_size, ms)
-        elif step.kind == "time":
+        elif step.kind == "time":  # the swept sizes and the 4 KiB point, one round robin
             groups = layout_groups(world.size, step.group_size, True)
-            sizes = [int(mib * MIB) for mib in options.message_mib]
-            curve = time_curve(step.collective, groups, sizes, world, cache, options.repeats)
-            result.times.setdefault((step.collective, step.group_size), {}).update(zip(options.message_mib, curve))
-        elif step.kind == "latency":
+            sizes_mib = [P2P_LATENCY_BYTES / MIB, *options.message_mib]
+            repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, options.curve_repetitions))
+            curve = time_curve(step.collective, groups, [int(m * MIB) for m in sizes_mib], world, cache, repeats)
+            result.times.setdefault((step.collective, step.group_size), {}).update(zip(sizes_mib, curve))
+        elif step.kind == "busy":  # after the curves: taken beyond their 4 KiB point
             groups = layout_groups(world.size, step.group_size, True)
-            repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, LATENCY_REPETITIONS))
-            ms = time_collective(step.collective, groups, int(step.message_mib * MIB), world, cache, repeats)
-            result.times.setdefault((step.collective, step.group_size), {})[step.message_mib] = ms
+            busy = busy_call_ms(
+                step.collective, groups, world, cache, options.repeats, options.rounds, options.busy_segment_ms
+            )
+            result.busy_call_ms[(step.collective, step.group_size)] = busy
+            idle = result.times[(step.collective, step.group_size)][P2P_LATENCY_BYTES / MIB]
+            result.call_extra_ms[(step.collective, step.group_size)] = max(0.0, busy - idle)
         elif step.kind == "p2p":
             message = int(options.p2p_mib * MIB)
             ms = time_p2p(pipeline_groups(world.size, step.group_size), message, world, options.repeats)
@@ -297,4 +320,8 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         base_memory_mib=result.base_memory_mib,
         optimizer_ms_per_million_parameters=result.optimizer_ms_per_million_parameters,
         processors_per_node=result.processors,
+        call_extra=tuple(
+            CallExtra(group_size=n, collective=kind.value, ms=ms)
+            for (kind, n), ms in sorted(result.call_extra_ms.items(), key=lambda item: (item[0][0].value, -item[0][1]))
+        ),
     )

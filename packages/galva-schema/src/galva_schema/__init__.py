@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time th
     from galva_schema.errors import SchemaError
     from galva_schema.file_types import FILE_TYPES
     from galva_schema.files import output_problem, write_bytes_atomic, write_json_atomic, write_text_atomic
-    from galva_schema.hardware import AllreduceBandwidth, CollectiveTimes, HardwareProfile, P2PBandwidth
+    from galva_schema.hardware import AllreduceBandwidth, CallExtra, CollectiveTimes, HardwareProfile, P2PBandwidth
     from galva_schema.model_profile import (
         AttentionCoreProfile,
         BatchTime,
@@ -64,7 +64,7 @@ _HOMES: dict[str, str] = {
         "errors": ("SchemaError",),
         "file_types": ("FILE_TYPES",),
         "files": ("output_problem", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"),
-        "hardware": ("AllreduceBandwidth", "CollectiveTimes", "HardwareProfile", "P2PBandwidth"),
+        "hardware": ("AllreduceBandwidth", "CallExtra", "CollectiveTimes", "HardwareProfile", "P2PBandwidth"),
         "model_profile": (
             "AttentionCoreProfile", "BatchTime", "ExpertProfile", "LayerTypeProfile", "ModelProfile", "SequenceTime",
             "StaticTime", "VocabMemory", "VocabProfile",
@@ -90,6 +90,7 @@ __all__ = [
     "BatchTime",
     "Calibration",
     "CalibrationPoint",
+    "CallExtra",
     "CheckpointManifest",
     "ClusterSpec",
     "CollectiveTimes",

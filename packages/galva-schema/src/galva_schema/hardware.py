@@ -58,6 +58,17 @@ class CollectiveTimes(GalvaModel):
         return slope, mean_y - slope * mean_x
 
 
+class CallExtra(GalvaModel):
+    """What one call of a collective costs inside a busy step beyond its idle curve, for groups of ``group_size``."""
+
+    group_size: int = Field(ge=2)
+    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+    ms: NonNegativeFloat = Field(
+        description="ms per call: the ranks' arrival spread and wake-up between compute segments, beyond the curve's "
+        "own 4 KiB time."
+    )
+
+
 class HardwareProfile(GalvaFile):
     """Communication profile of a cluster. Every table is keyed by group size (and layout where it matters)."""
 
@@ -104,6 +115,12 @@ class HardwareProfile(GalvaFile):
         "of the schedule's critical path and the node's compute over the shared processors). None: one device per "
         "rank (GPU), or not measured.",
     )
+    call_extra: tuple[CallExtra, ...] = Field(
+        (),
+        description="Per group size and collective, what a call costs inside a busy step beyond its idle curve (every "
+        "rank alternating compute and calls against the compute alone); galva-search adds it to every call it "
+        "prices. Empty: not measured (0).",
+    )
 
     @property
     def shares_processors(self) -> bool:
@@ -131,9 +148,17 @@ class HardwareProfile(GalvaFile):
             sizes = [entry.group_size for entry in table]
             if len(sizes) != len(set(sizes)):
                 problems.append(f"{name}: more than one entry for the same group_size")
+        extras = [(entry.group_size, entry.collective) for entry in self.call_extra]
+        if len(extras) != len(set(extras)):
+            problems.append("call_extra: more than one entry for the same group_size and collective")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def call_extra_ms(self, group_size: int, collective: str) -> float:
+        """ms one ``collective`` call over ``group_size`` ranks costs inside a busy step beyond its curve (0 when not
+        profiled)."""
+        return next((e.ms for e in self.call_extra if e.group_size == group_size and e.collective == collective), 0.0)
 
     def allreduce_bandwidth(self, group_size: int, consecutive: bool = True) -> float:
         """Bus bandwidth (GB/s) for groups of ``group_size``; the world-sized group has only one layout."""

@@ -22,7 +22,8 @@ class Collectives:
     time-against-size curve of groups of ``n`` consecutive ranks when the profile has one. Reduce-scatter,
     all-gather: their own measured curves when present, else half the bus volume of an all-reduce.
     ``all_to_all``: measured curve, else ``(n-1)/n * nbytes / busbw`` with the all-reduce bus bandwidth of that
-    group. ``p2p``: ``nbytes / bw(pp)``.
+    group. ``p2p``: ``nbytes / bw(pp)``. Every collective call also costs the profile's ``call_extra`` of its kind and
+    group size: what a call costs inside a busy step beyond the idle curve (docs/cost-model.md §2).
     """
 
     def __init__(self, profile: HardwareProfile, source: str | None = None) -> None:
@@ -37,6 +38,9 @@ class Collectives:
         # a search asks for the same few group bandwidths and curves thousands of times: each looked up once
         self._bandwidths: dict[tuple[int, bool], float] = {}
         self._curve_arrays: dict[int, _CurveArrays] = {}  # id(curve) -> its arrays and line (the profile keeps it)
+        self._extras: dict[tuple[int, str], float] = {
+            (e.group_size, e.collective): e.ms * 1e-3 for e in profile.call_extra
+        }
 
     # ------------------------------------------------------------------------------------------------ lookups
     def bus_bandwidth_gb_per_s(self, group_size: int, consecutive: bool) -> float:
@@ -64,23 +68,38 @@ class Collectives:
     # ------------------------------------------------------------------------------------------------ times
     def allreduce(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks."""
-        return self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
+        out = self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
+        return self._with_extra(out, n, nbytes, "all_reduce")
 
     def allreduce_latency(self, n: int) -> float:
         """Seconds of an all-reduce of a few bytes over ``n`` consecutive ranks: the measured curve's smallest size
         (4 KiB, latency-bound; the line through the swept sizes is least certain there), 0 without a curve."""
         curve = self._measured(self._allreduce_curves, n, True) if n > 1 else None
-        return 0.0 if curve is None else curve.time_ms[0] * 1e-3
+        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + self.call_extra(n, "all_reduce")
+
+    def call_extra(self, n: int, collective: str) -> float:
+        """Seconds one ``collective`` call over ``n`` ranks costs inside a busy step beyond its idle curve: the
+        profile's ``call_extra`` (0 for a group of 1 and for profiles without it)."""
+        return self._extras.get((n, collective), 0.0) if n > 1 else 0.0
+
+    def _with_extra(self, seconds: np.ndarray, n: int, nbytes: np.ndarray | float, collective: str) -> np.ndarray:
+        """``seconds`` plus :meth:`call_extra` wherever a call is made (a message of bytes over a group)."""
+        extra = self.call_extra(n, collective)
+        if extra == 0.0:
+            return seconds
+        return np.where(np.asarray(nbytes, dtype=float) > 0, seconds + extra, seconds)
 
     def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank: its measured curve (latency included)
         when the profile has one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
-        return self._half_or_curve(self._reduce_scatter_curves, n, consecutive, nbytes)
+        out = self._half_or_curve(self._reduce_scatter_curves, n, consecutive, nbytes)
+        return self._with_extra(out, n, nbytes, "reduce_scatter")
 
     def all_gather(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for an all-gather whose *output* is ``nbytes`` per rank: its measured curve when the profile has
         one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
-        return self._half_or_curve(self._all_gather_curves, n, consecutive, nbytes)
+        out = self._half_or_curve(self._all_gather_curves, n, consecutive, nbytes)
+        return self._with_extra(out, n, nbytes, "all_gather")
 
     def _half_or_curve(
         self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float
@@ -89,7 +108,7 @@ class Collectives:
         curve = self._measured(curves, n, consecutive) if n > 1 else None
         if curve is not None:
             return self._curve_seconds(curve, nbytes)
-        return 0.5 * self.allreduce(n, consecutive, nbytes)
+        return 0.5 * self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
 
     def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds for one all-to-all of an ``nbytes`` buffer per rank over ``n`` ranks; below the curve's smallest
@@ -100,10 +119,10 @@ class Collectives:
         nbytes = np.asarray(nbytes, dtype=float)
         out = self._measured_or_bus(self._all_to_all_curves, n, consecutive, nbytes, volume=1.0)
         curve = self._measured(self._all_to_all_curves, n, consecutive) if n > 1 else None
-        if curve is None:
-            return out
-        smallest = curve.message_mib[0] * MIB
-        return np.where((nbytes > 0) & (nbytes < smallest), curve.time_ms[0] * 1e-3, out)
+        if curve is not None:
+            smallest = curve.message_mib[0] * MIB
+            out = np.where((nbytes > 0) & (nbytes < smallest), curve.time_ms[0] * 1e-3, out)
+        return self._with_extra(out, n, nbytes, "all_to_all")
 
     def _measured_or_bus(
         self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float, volume: float

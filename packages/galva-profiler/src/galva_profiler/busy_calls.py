@@ -1,0 +1,70 @@
+"""What one collective call costs inside a busy step, beyond the idle curve: the profile's ``call_extra``.
+
+The curves (:mod:`galva_profiler.collectives`) time each call from a barrier, every rank idle and arriving together.
+In a training step a call follows a stretch of compute on every rank: the ranks arrive at different times (each
+rank's compute jitters; on CPU the ranks share cores with the backend's own threads) and a waiting rank must be
+woken, so each call costs the spread of the arrival and the wake-up besides its idle time. Measured as the job meets
+it: every rank alternates a compute segment (a matmul loop of about :data:`SEGMENT_MS` on one rank alone, about a
+small layer's pass) and one call of a latency-bound (4 KiB) message, :data:`CALLS` times, against the same segments
+without the calls, the two alternating round by round, from a barrier to the last rank's end
+(:func:`galva_profiler.timing.together_ms`). The trimmed mean of the rounds' per-call differences less the curve's
+own 4 KiB time (a trimmed mean too: :func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On
+CPU gloo ranks it is a millisecond or more a call; with a device per rank (NCCL) it is small, measured the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from galva_comm.groups import ProcessGroupCache
+from galva_comm.layout import Group
+from galva_profiler.collectives import Collective, _elements, _operation, group_of, trimmed_mean
+from galva_profiler.concurrency import _loop
+from galva_profiler.distributed import World
+from galva_profiler.timing import Repeats, together_ms
+
+SEGMENT_MS = 2.0
+"""The compute between two calls, on one rank alone (a small layer's forward or backward on CPU)."""
+CALLS = 8
+"""Calls per timed loop."""
+MESSAGE_BYTES = 4096  # latency-bound: what the curve's size terms add is theirs, not this term's
+MATMUL = 128  # the segment's matmul: small, so that the loop's length is close to SEGMENT_MS on CPU and GPU alike
+
+
+def busy_call_ms(
+    kind: Collective,
+    groups: list[Group],
+    world: World,
+    cache: ProcessGroupCache,
+    repeats: Repeats,
+    rounds: int,
+    segment_ms: float = SEGMENT_MS,
+) -> float:
+    """ms one ``kind`` call of :data:`MESSAGE_BYTES` per rank costs between compute segments, all ``groups`` at once
+    (the trimmed mean over at least ``rounds`` rounds of (loop with calls - loop without) / :data:`CALLS`, segments of
+    ``segment_ms``); the same on every rank."""
+    group = group_of(groups, world.rank)
+    n = len(group)
+    call = _operation(kind, _elements(MESSAGE_BYTES, n), cache.get(group), n, world.device)
+    a = torch.randn(MATMUL, MATMUL, device=world.device)
+    b = torch.randn(MATMUL, MATMUL, device=world.device)
+    segment = _loop(lambda: torch.mm(a, b), world, segment_ms)
+    busy, plain = _steps(segment, call), _steps(segment, None)
+    per_call = []
+    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+        with_calls, without = together_ms(busy, world), together_ms(plain, world)
+        if index >= repeats.warmup:
+            per_call.append((with_calls - without) / CALLS)
+    return trimmed_mean(per_call)
+
+
+def _steps(segment: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(CALLS):
+            segment()
+            if call is not None:
+                call()
+
+    return run
