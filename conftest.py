@@ -105,3 +105,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             if trigger in sys.modules:
                 for module in modules:
                     importlib.import_module(module)
+    if "torch" in sys.modules and "OMP_NUM_THREADS" not in os.environ:
+        # one compute thread in this process, as every forked rank has: the tests' tensors are tiny, and a second
+        # OpenMP thread only spins on a core that mypy or another process holds (the Hugging Face oracle of one
+        # table family: 0.2 CPU-s on one thread, 1.1-7 on two, on the loaded 2-core machine). Commands the tests
+        # start keep their own thread count.
+        sys.modules["torch"].set_num_threads(1)
