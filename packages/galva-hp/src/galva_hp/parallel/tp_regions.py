@@ -15,24 +15,19 @@ communication; the matmuls are megatron's. Activations are ``[batch, seq, hidden
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-with warnings.catch_warnings():
-    # megatron-core says at import, once per rank, that it falls back from Transformer Engine / Apex kernels to its
-    # own; galva-hp uses only its tensor-parallel layers, for which the fallback changes nothing
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+if TYPE_CHECKING:
     from megatron.core import ModelParallelConfig
-    from megatron.core.tensor_parallel import (
-        ColumnParallelLinear,
-        RowParallelLinear,
-        set_tensor_model_parallel_attributes,
-    )
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from galva_hp.parallel.mappings import (
     differentiable_all_gather,
@@ -59,15 +54,31 @@ __all__ = [
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
 
 
+@functools.cache
+def _megatron() -> tuple[ModuleType, ModuleType]:
+    """megatron-core's package and its ``tensor_parallel``, imported on first use: a rank whose plan holds no tp
+    layer never pays their import (2.7 CPU-s here, most of it torch's inductor, which megatron's fused kernels
+    import)."""
+    with warnings.catch_warnings():
+        # megatron-core says at import, once per rank, that it falls back from Transformer Engine / Apex kernels to
+        # its own; galva-hp uses only its tensor-parallel layers, for which the fallback changes nothing
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        import megatron.core as core
+        import megatron.core.tensor_parallel as tensor_parallel
+    return core, tensor_parallel
+
+
 def megatron_config(dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
     """The megatron-core config Galva builds its layers with (CPU-safe: no CUDA init, no fused kernels)."""
-    return ModelParallelConfig(
+    core, _ = _megatron()
+    config: ModelParallelConfig = core.ModelParallelConfig(
         use_cpu_initialization=True,
         perform_initialization=False,  # weights are copied from the single-process module
         sequence_parallel=False,  # Galva's own mappings do Megatron-SP (megatron's path needs CUDA buffers)
         gradient_accumulation_fusion=False,
         params_dtype=dtype,
     )
+    return config
 
 
 def shard(tensor: Tensor, dim: int, rank: int, parts: int) -> Tensor:
@@ -89,10 +100,10 @@ def mark_tp_split(param: Tensor, dim: int, group: ProcessGroup | None) -> None:
     gradients over tp. Layers built with ``perform_initialization=False`` skip megatron's own tagging, hence this.
     """
     if group_size(group) > 1:
-        set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
+        _megatron()[1].set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
 
 
-_Linear = TypeVar("_Linear", ColumnParallelLinear, RowParallelLinear)
+_Linear = TypeVar("_Linear", "ColumnParallelLinear", "RowParallelLinear")
 
 
 def column_parallel_linear(
@@ -101,7 +112,7 @@ def column_parallel_linear(
     """A megatron ``ColumnParallelLinear`` holding ``local_weight`` (``[out/tp, in]``), with no communication of its
     own (the caller enters the tp region). ``group=None`` is a single rank (tp 1)."""
     tp = group_size(group)
-    layer = ColumnParallelLinear(
+    layer = _megatron()[1].ColumnParallelLinear(
         input_size,
         local_weight.shape[0] * tp,
         gather_output=False,
@@ -114,7 +125,7 @@ def column_parallel_linear(
 def row_parallel_linear(local_weight: Tensor, bias: Tensor | None, group: ProcessGroup) -> RowParallelLinear:
     """A megatron ``RowParallelLinear`` holding ``local_weight`` (``[out, in/tp]``) and the full ``bias``."""
     tp = group_size(group)
-    layer = RowParallelLinear(
+    layer = _megatron()[1].RowParallelLinear(
         local_weight.shape[1] * tp,
         local_weight.shape[0],
         input_is_parallel=True,
