@@ -23,12 +23,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from galva_profiler.distributed import synchronize
 from galva_profiler.timing import Repeats
+
+if TYPE_CHECKING:
+    from galva_hp import GalvaOptimizer
 
 SHRINK = 4  # the reduced point: every tensor at a quarter of its elements
 MIN_REPETITIONS = 30  # a step of a layer is a millisecond or two: cheap to repeat
@@ -56,6 +60,15 @@ class StepCost:
     per_million_ms: float
 
 
+def runtime_optimizer(params: list[nn.Parameter]) -> GalvaOptimizer:
+    """galva-hp's :class:`~galva_hp.GalvaOptimizer` over ``params`` (AdamW on each parameter's local piece), as the
+    runtime steps them: what the profile times the step by."""
+    from galva_hp import GalvaOptimizer, OptimConfig
+    from galva_hp.data_parallel import ParamRecord
+
+    return GalvaOptimizer([ParamRecord(f"p{i}", p, 1) for i, p in enumerate(params)], OptimConfig(lr=1e-4))
+
+
 def step_cost(module: nn.Module, repeats: Repeats, device: torch.device | None = None) -> StepCost:
     """galva-hp's clip and AdamW step over copies of ``module``'s parameter tensors (every figure at least 0; all 0
     for a module without parameters).
@@ -65,9 +78,6 @@ def step_cost(module: nn.Module, repeats: Repeats, device: torch.device | None =
     tensors and elements), the first less that is the call's own (the optimizer's and the scheduler's per-call
     work), and the second against the third splits the module's share into per-tensor and per-element work.
     """
-    from galva_hp import GalvaOptimizer, OptimConfig
-    from galva_hp.data_parallel import ParamRecord
-
     device = device or torch.device("cpu")
     sets = [
         _copies(module, 1, device),
@@ -77,10 +87,7 @@ def step_cost(module: nn.Module, repeats: Repeats, device: torch.device | None =
     elements = [sum(p.numel() for p in params) for params in sets]
     if not elements[0]:
         return StepCost(0.0, 0.0, 0.0)
-    optimizers = [
-        GalvaOptimizer([ParamRecord(f"p{i}", p, 1) for i, p in enumerate(params)], OptimConfig(lr=1e-4))
-        for params in sets
-    ]
+    optimizers = [runtime_optimizer(params) for params in sets]
     cpu = device.type == "cpu"
     clock = time.thread_time if cpu else time.perf_counter
     warmup = max(1, repeats.warmup)  # the first step creates AdamW's moments

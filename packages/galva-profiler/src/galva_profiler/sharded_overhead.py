@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from galva_profiler.layer_step import runtime_optimizer
 from galva_profiler.layer_timing import cpu_passes
 
 SHARDED = ("zero2", "zero3")
@@ -41,15 +42,6 @@ def _step_cpu(optimizer: torch.optim.Optimizer) -> float:
     start = time.thread_time()
     optimizer.step()
     return time.thread_time() - start
-
-
-def _runtime_adamw(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The AdamW galva-hp's ``GalvaOptimizer`` steps ``params`` with (its clip and schedule left out: the same on
-    both sides)."""
-    from galva_hp import GalvaOptimizer, OptimConfig
-    from galva_hp.data_parallel import ParamRecord
-
-    return GalvaOptimizer([ParamRecord(f"p{i}", p, 1) for i, p in enumerate(params)], OptimConfig(lr=1e-4)).optimizer
 
 
 def sharded_overhead_ms(
@@ -78,7 +70,7 @@ def sharded_overhead_ms(
     shards = [nn.Parameter(local_tensor(p).detach().clone()) for p in sharded]
     for p, s in zip(sharded, shards):
         s.grad = local_tensor(p.grad).clone() if p.grad is not None else torch.zeros_like(s)
-    optimizers = [_runtime_adamw(shards), _runtime_adamw(sharded)]
+    optimizers = [runtime_optimizer(shards).optimizer, runtime_optimizer(sharded).optimizer]
     steps = [float("inf")] * 2
     for index in range(warmup + repeats):
         for k, optimizer in enumerate(optimizers):

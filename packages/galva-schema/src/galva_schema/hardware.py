@@ -155,11 +155,6 @@ class HardwareProfile(GalvaFile):
             raise ValueError("; ".join(problems))
         return self
 
-    def call_extra_ms(self, group_size: int, collective: str) -> float:
-        """ms one ``collective`` call over ``group_size`` ranks costs inside a busy step beyond its curve (0 when not
-        profiled)."""
-        return next((e.ms for e in self.call_extra if e.group_size == group_size and e.collective == collective), 0.0)
-
     def allreduce_bandwidth(self, group_size: int, consecutive: bool = True) -> float:
         """Bus bandwidth (GB/s) for groups of ``group_size``; the world-sized group has only one layout."""
         if group_size == self.cluster.world_size:
