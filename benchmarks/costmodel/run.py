@@ -155,7 +155,7 @@ def main() -> int:
             for name, strategy in strategies(world).items():
                 strategy.save(directory / f"{name}.json")
             common = ["--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
-                      "--preset", "tiny-llama", "--steps", "5", "--warmup", "2"]
+                      "--preset", "tiny-llama", "--steps", "15", "--warmup", "2"]
             run([*PROFILE, "check", *common, "--strategy", str(directory), "-o", f"check{world}.json",
                  "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"])
             # galva-search's own ranking, trained for real: its TOP plans at global batch 8, 4 GiB per rank

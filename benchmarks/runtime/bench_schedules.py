@@ -319,6 +319,7 @@ def main() -> None:
         "--trace", type=int, default=0, metavar="STEPS",
         help="after the timed steps, trace STEPS more of each galva case and print where each rank's time went",
     )  # fmt: skip
+    parser.add_argument("--dump", type=Path, help="with --trace: write every rank's traced events here (pickle)")
     args = parser.parse_args()
     if args.cases:
         args.cases = sorted({"galva-1f1b", *args.cases})
@@ -331,6 +332,10 @@ def main() -> None:
     print(_priced_inputs(args))
     if args.trace:
         print(decomposition([r["trace"] for r in ranks], args))
+        if args.dump:
+            import pickle
+
+            args.dump.write_bytes(pickle.dumps([r["trace"] for r in ranks]))
     if args.write_readme:
         readme = README.read_text()
         mark = f"<!-- schedules pp{args.pp} -->"

@@ -104,7 +104,7 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert all(e.latency_ms >= 0.0 for e in profile.p2p)
     # a call between compute segments: every collective and group size, at least 0 beyond the idle curve
     extras = {(e.collective, e.group_size) for e in profile.call_extra}
-    assert extras == {(c.value, n) for c in Collective for n in (2, 4)}
+    assert extras == {(c.value, n) for c in Collective for n in (2, 4)} | {("p2p", pp) for pp in (2, 4)}
     assert all(e.ms >= 0.0 for e in profile.call_extra)
     assert all(r["busy_ms"] >= r["ms"] for r in results[0]["report"]["call_extra_ms"])
     # the processors the forked CPU ranks may use (their inherited affinity): 4 ranks on fewer share them

@@ -92,6 +92,20 @@ def test_every_collective_call_pays_the_profiles_busy_extra_once(tiny, tiny_hw):
         assert extra.tp_comm_s[0] - plain.tp_comm_s[0] == pytest.approx(calls * 1e-3, **EXACT)
 
 
+def test_a_pipeline_send_pays_the_profiles_busy_send_extra(tiny, tiny_hw):
+    """A send to a waiting receiver costs the idle latency plus the profile's ``call_extra`` of ``"p2p"`` at that
+    pipeline degree: in every layer's p2p term at that degree, nowhere without a pipeline or at another degree."""
+    from galva_schema import CallExtra
+
+    hw = tiny_hw.model_copy(update={"call_extra": (CallExtra(group_size=2, collective="p2p", ms=1.5),)})
+    idle, busy = Collectives(tiny_hw), Collectives(hw)
+    assert busy.p2p_latency(2) - idle.p2p_latency(2) == pytest.approx(1.5e-3, **EXACT)
+    assert busy.p2p_latency(1) == 0.0 and busy.p2p_latency(4) == idle.p2p_latency(4)
+    plain, _ = terms(tiny, tiny_hw, Candidate(2, 1, 2))
+    extra, _ = terms(tiny, hw, Candidate(2, 1, 2))
+    assert extra.p2p_s[0] - plain.p2p_s[0] == pytest.approx(1.5e-3, **EXACT)
+
+
 def test_overlap_slows_both_while_they_overlap(tiny_hw):
     comm = Collectives(tiny_hw)  # slowdown 1.25
     assert float(comm.overlapped(8.0, 2.0)) == pytest.approx(2.0 * 1.25 + 6.0)

@@ -10,6 +10,12 @@ without the calls, the two alternating round by round, from a barrier to the las
 (:func:`galva_profiler.timing.together_ms`). The trimmed mean of the rounds' per-call differences less the curve's
 own 4 KiB time (a trimmed mean too: :func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On
 CPU gloo ranks it is a millisecond or more a call; with a device per rank (NCCL) it is small, measured the same way.
+
+A pipeline's send meets the same: stage ``s`` computes, then sends to stage ``s + 1``, which has been waiting in its
+receive and computes next. :func:`busy_send_ms` times that hand-over as a relay between the middle stages of every
+pipeline (the pair :func:`galva_profiler.collectives.time_p2p` times), a latency-bound message passed back and forth
+with a compute segment before each send, against the same segments on one side without the hand-over; the extra
+beyond the idle send (the curve's 4 KiB p2p time) is the profile's ``call_extra`` of ``"p2p"`` for that degree.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group
@@ -58,6 +65,45 @@ def busy_call_ms(
         if index >= repeats.warmup:
             per_call.append((with_calls - without) / CALLS)
     return trimmed_mean(per_call)
+
+
+def busy_send_ms(
+    pipelines: list[Group], world: World, repeats: Repeats, rounds: int, segment_ms: float = SEGMENT_MS
+) -> float:
+    """ms one latency-bound send between the middle stages of every pipeline costs when its receiver was waiting
+    and each side computes a segment of ``segment_ms`` before it sends (the trimmed mean over at least ``rounds``
+    rounds of (relay - the same segments on one side) / :data:`CALLS`); the same on every rank."""
+    pipeline = group_of(pipelines, world.rank)
+    middle = len(pipeline) // 2
+    first, second = pipeline[middle - 1], pipeline[middle]
+    token = torch.zeros(MESSAGE_BYTES // 4, device=world.device)
+    a = torch.randn(MATMUL, MATMUL, device=world.device)
+    b = torch.randn(MATMUL, MATMUL, device=world.device)
+    segment = _loop(lambda: torch.mm(a, b), world, segment_ms)
+
+    def relay() -> None:  # hop i: the holder computes, then hands the token to the other, waiting in its receive
+        if world.rank not in (first, second):
+            return
+        other = second if world.rank == first else first
+        for hop in range(CALLS):
+            holder = first if hop % 2 == 0 else second
+            if world.rank == holder:
+                segment()
+                dist.send(token, other)
+            else:
+                dist.recv(token, other)
+
+    def alone() -> None:  # the same processors' load: one computing rank per pipeline, the segments back to back
+        if world.rank == first:
+            for _ in range(CALLS):
+                segment()
+
+    per_send = []
+    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+        with_sends, without = together_ms(relay, world), together_ms(alone, world)
+        if index >= repeats.warmup:
+            per_send.append((with_sends - without) / CALLS)
+    return trimmed_mean(per_send)
 
 
 def _steps(segment: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:

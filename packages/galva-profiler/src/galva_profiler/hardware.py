@@ -31,7 +31,7 @@ import torch
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
 from galva_profiler.base_memory import RUNTIME_MODULES, measure_base_memory
-from galva_profiler.busy_calls import SEGMENT_MS, busy_call_ms
+from galva_profiler.busy_calls import SEGMENT_MS, busy_call_ms, busy_send_ms
 from galva_profiler.collectives import (
     MIB,
     Collective,
@@ -187,6 +187,8 @@ class SweepResult:
     p2p_latency_ms: dict[int, float] = field(default_factory=dict)
     busy_call_ms: dict[tuple[Collective, int], float] = field(default_factory=dict)  # between compute, whole
     call_extra_ms: dict[tuple[Collective, int], float] = field(default_factory=dict)  # beyond the curve's 4 KiB
+    busy_send_ms: dict[int, float] = field(default_factory=dict)  # by pp: a send between compute segments, whole
+    send_extra_ms: dict[int, float] = field(default_factory=dict)  # by pp: beyond the idle 4 KiB send
     overlap: OverlapResult | None = None
     base_memory_mib: float | None = None
     optimizer_ms_per_million_parameters: float = 0.0
@@ -219,6 +221,10 @@ class SweepResult:
             "call_extra_ms": [
                 {"collective": kind.value, "group_size": n, "ms": ms, "busy_ms": self.busy_call_ms[(kind, n)]}
                 for (kind, n), ms in sorted(self.call_extra_ms.items(), key=lambda item: (item[0][0].value, item[0][1]))
+            ]
+            + [
+                {"collective": "p2p", "group_size": pp, "ms": ms, "busy_ms": self.busy_send_ms[pp]}
+                for pp, ms in sorted(self.send_extra_ms.items())
             ],
             "overlap": self.overlap.to_dict() if self.overlap else None,
             "base_memory_mib": self.base_memory_mib,
@@ -266,6 +272,11 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             small_ms = time_p2p(pipeline_groups(world.size, step.group_size), P2P_LATENCY_BYTES, world, latency_repeats)
             explained_ms = P2P_LATENCY_BYTES / (result.p2p[step.group_size] * 1e9) * 1e3
             result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
+            # a send to a receiver already waiting, between compute segments: what a pipeline's hand-over costs
+            pipelines = pipeline_groups(world.size, step.group_size)
+            busy = busy_send_ms(pipelines, world, options.repeats, options.rounds, options.busy_segment_ms)
+            result.busy_send_ms[step.group_size] = busy
+            result.send_extra_ms[step.group_size] = max(0.0, busy - small_ms)
         else:
             result.overlap = measure_overlap(
                 world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats,
@@ -323,5 +334,6 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         call_extra=tuple(
             CallExtra(group_size=n, collective=kind.value, ms=ms)
             for (kind, n), ms in sorted(result.call_extra_ms.items(), key=lambda item: (item[0][0].value, -item[0][1]))
-        ),
+        )
+        + tuple(CallExtra(group_size=pp, collective="p2p", ms=ms) for pp, ms in sorted(result.send_extra_ms.items())),
     )

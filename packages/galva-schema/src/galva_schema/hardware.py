@@ -59,10 +59,12 @@ class CollectiveTimes(GalvaModel):
 
 
 class CallExtra(GalvaModel):
-    """What one call of a collective costs inside a busy step beyond its idle curve, for groups of ``group_size``."""
+    """What one call of a collective costs inside a busy step beyond its idle curve, for groups of ``group_size``;
+    ``"p2p"``: one pipeline send to a receiver already waiting, between compute segments, beyond the idle send, for
+    pipelines of degree ``group_size``."""
 
     group_size: int = Field(ge=2)
-    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
     ms: NonNegativeFloat = Field(
         description="ms per call: the ranks' arrival spread and wake-up between compute segments, beyond the curve's "
         "own 4 KiB time."

@@ -149,8 +149,11 @@ class Collectives:
         return _curve_seconds(arrays, nbytes)
 
     def p2p_latency(self, pp: int) -> float:
-        """Seconds of one send's latency between neighbouring stages (the profile's ``latency_ms``, 0 if absent)."""
-        return self.profile.p2p_latency_ms(pp) * 1e-3 if pp > 1 else 0.0
+        """Seconds of one send's latency between neighbouring stages: the profile's ``latency_ms`` (0 if absent) and
+        what a send to a waiting receiver costs beyond it in a busy step (its ``call_extra`` of ``"p2p"``)."""
+        if pp <= 1:
+            return 0.0
+        return self.profile.p2p_latency_ms(pp) * 1e-3 + self.call_extra(pp, "p2p")
 
     def p2p(self, pp: int, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds to send ``nbytes`` from one pipeline stage to the next (bandwidth only; see p2p_latency)."""
