@@ -13,6 +13,9 @@ from galva_schema import CollectiveTimes, HardwareProfile, SchemaError
 
 MIB = float(2**20)
 GB = 1e9
+MAX_OVERLAP_SLOWDOWN = 2.0
+"""The overlap slowdown the cost model applies, at most: overlapping then costs what running one after the other
+does."""
 
 
 class Collectives:
@@ -30,7 +33,9 @@ class Collectives:
         self.profile = profile
         self.source = source
         self.world_size = profile.cluster.world_size
-        self.overlap_slowdown = float(profile.overlap_slowdown)
+        # at most 2: two activities slowed past that would take longer at once than one after the other, and the
+        # processors time-sliced between them cost at worst their sum (docs/cost-model.md §2)
+        self.overlap_slowdown = min(float(profile.overlap_slowdown), MAX_OVERLAP_SLOWDOWN)
         self._allreduce_curves = {entry.group_size: entry for entry in profile.allreduce_time}
         self._all_to_all_curves = {entry.group_size: entry for entry in profile.all_to_all_time}
         self._all_gather_curves = {entry.group_size: entry for entry in profile.all_gather_time}
@@ -165,8 +170,9 @@ class Collectives:
     def overlapped(self, compute: np.ndarray | float, comm: np.ndarray | float) -> np.ndarray:
         """Wall time of ``compute`` and ``comm`` seconds run concurrently.
 
-        While both run, each is slowed by ``overlap_slowdown`` (sigma); the longer one then finishes alone:
-        ``min(x, y) * sigma + |x - y|`` (the reference's ``overlap`` + ``rest``, §4.1 step 5).
+        While both run, each is slowed by ``overlap_slowdown`` (sigma, at most :data:`MAX_OVERLAP_SLOWDOWN`); the
+        longer one then finishes alone: ``min(x, y) * sigma + |x - y|`` (the reference's ``overlap`` + ``rest``,
+        §4.1 step 5), never more than ``x + y``.
         """
         x = np.asarray(compute, dtype=float)
         y = np.asarray(comm, dtype=float)
