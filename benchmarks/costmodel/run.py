@@ -144,7 +144,7 @@ def main() -> int:
     WORK.mkdir(exist_ok=True)
     if not opts.ranking_only and not opts.reuse_profiles:
         run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
-             "--max-tp", "4", "--quiet", "-o", "model.json", "--report", "model_report.json"])
+             "--max-tp", "4", "--repetitions", "15", "--quiet", "-o", "model.json", "--report", "model_report.json"])
     for world in (2, 4):
         reports = [WORK / f"check{world}.json"]
         if not opts.ranking_only:

@@ -12,8 +12,13 @@ it alone afterwards (a changed sequence length is a new key, hence a header). Sk
 the tensor moves only once the receiver, having read the header, asks for it, and a sender computing again must
 first get a processor back (measured: ~3 ms a message on loaded CPUs, against 0.8 ms for the tensor alone). The tag
 names the receiving chunk and the direction, so messages of different chunks between the same two ranks never mix.
-Sends are non-blocking and waited for at the end of the iteration; receives block, which is deadlock-free for every
-schedule whose order :func:`~galva_comm.schedules.simulate` finishes.
+Sends are non-blocking and waited for at the end of the iteration. A receive whose shape is known is posted one
+receiving step ahead, before the stage computes the step in between, so the message moves while it computes: on gloo a
+message moves only once its receive is posted, and a receive posted when needed paid the transfer and the sender's
+wake-up on the critical path (galva's interleaved 1F1B measured 0.94-1.03 of its 1F1B on 2 CPU ranks against 0.90-0.94
+for torch's ``ScheduleInterleaved1F1B``, which posts its receives ahead too). Receives are posted in the steps' order,
+as the other end sends, and a step waits only for its own receive, which is deadlock-free for every schedule whose
+order :func:`~galva_comm.schedules.simulate` finishes.
 
 Backward steps: ``B`` back-propagates a chunk's micro-batch in one autograd call. Zero-bubble schedules split it:
 ``I`` computes only the gradient of the chunk's input (what the previous chunk waits for) and ``W`` later computes
@@ -41,6 +46,7 @@ runs at the speed of ``Schedule1F1B`` (ratio in the benchmark README), so adopti
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +75,7 @@ __all__ = [
     "weight_backward",
 ]
 
+Posted = tuple[Any, Tensor]  # a receive posted ahead of its step: its work and the tensor it fills
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
 _HEADER = 10  # dtype code, ndim, up to 8 dims
 
@@ -117,6 +124,21 @@ class PipelineStage:
         dist.recv(tensor, src, group=self.group, tag=tag)
         return tensor
 
+    def _irecv(self, src: int, tag: int, like: tuple[torch.dtype, torch.Size]) -> Posted:
+        tensor = torch.empty(like[1], dtype=like[0], device=self.device)
+        return dist.irecv(tensor, src, group=self.group, tag=tag), tensor
+
+    def post_forward(self, chunk: int, key: Hashable = None) -> Posted | None:
+        """Post the receive of chunk ``chunk``'s input ahead of its step, where its shape is known (None: it comes
+        with a header, received when needed)."""
+        tag = 2 * chunk + 1
+        known = None if key is None else self._known.get((tag, key))
+        return None if known is None else self._irecv(self._rank_of_chunk(chunk - 1), tag, known)
+
+    def post_backward(self, chunk: int, output: Tensor) -> Posted:
+        """Post the receive of the gradient of chunk ``chunk``'s ``output`` ahead of its step."""
+        return self._irecv(self._rank_of_chunk(chunk + 1), 2 * chunk + 2, (output.dtype, output.shape))
+
     def send_forward(self, chunk: int, activation: Tensor, key: Hashable = None) -> None:
         """Chunk ``chunk``'s output to chunk ``chunk + 1``; ``key`` (None: always a header) is what fixes its dtype
         and shape, the same at both ends (:func:`run_schedule`'s ``shape_keys``)."""
@@ -132,9 +154,13 @@ class PipelineStage:
             self._known[(tag, key)] = (activation.dtype, activation.shape)
         self._send(activation, self._rank_of_chunk(chunk + 1), tag, header=known is None)
 
-    def recv_forward(self, chunk: int, key: Hashable = None) -> Tensor:
-        """Chunk ``chunk``'s input, from chunk ``chunk - 1`` (``key`` as in :meth:`send_forward`)."""
+    def recv_forward(self, chunk: int, key: Hashable = None, posted: Posted | None = None) -> Tensor:
+        """Chunk ``chunk``'s input, from chunk ``chunk - 1`` (``key`` as in :meth:`send_forward`; ``posted``: the
+        receive :meth:`post_forward` posted for it)."""
         tag = 2 * chunk + 1
+        if posted is not None:
+            posted[0].wait()
+            return posted[1].requires_grad_(posted[1].is_floating_point())
         known = None if key is None else self._known.get((tag, key))
         tensor = self._recv(self._rank_of_chunk(chunk - 1), tag, known)
         if key is not None and known is None:
@@ -145,8 +171,12 @@ class PipelineStage:
         """The gradient of chunk ``chunk``'s input, to chunk ``chunk - 1`` (which knows its shape: no header)."""
         self._send(grad, self._rank_of_chunk(chunk - 1), 2 * (chunk - 1) + 2, header=False)
 
-    def recv_backward(self, chunk: int, output: Tensor) -> Tensor:
-        """The gradient of chunk ``chunk``'s ``output`` (what this stage sent on), from chunk ``chunk + 1``."""
+    def recv_backward(self, chunk: int, output: Tensor, posted: Posted | None = None) -> Tensor:
+        """The gradient of chunk ``chunk``'s ``output`` (what this stage sent on), from chunk ``chunk + 1``
+        (``posted``: the receive :meth:`post_backward` posted for it)."""
+        if posted is not None:
+            posted[0].wait()
+            return posted[1]
         return self._recv(self._rank_of_chunk(chunk + 1), 2 * chunk + 2, (output.dtype, output.shape))
 
     def wait_sends(self) -> None:
@@ -191,19 +221,47 @@ def run_schedule(
     for position, step in enumerate(order):
         if step.kind in "BW":
             final[step.chunk] = position
+    # positions whose step receives: a forward of a chunk > 0, a backward of a chunk before the last
+    receiving = [
+        p
+        for p, (kind, chunk, _) in enumerate(order)
+        if (chunk > 0 if kind == "F" else kind in "BI" and chunk < last_chunk)
+    ]
+    posted: dict[int, Posted] = {}
+
+    def post_next(after: int) -> None:
+        """Post the receive of the next receiving step after position ``after`` now, where its shape is known, so
+        that the message moves while this stage computes (on gloo a message moves only once its receive is posted).
+        Only the next one: receives are posted in the steps' order, as the sends of the other end are made."""
+        index = bisect.bisect_right(receiving, after)
+        if index == len(receiving) or receiving[index] in posted:
+            return
+        at = receiving[index]
+        kind, chunk, k = order[at]
+        if kind == "F":
+            receive = pipe.post_forward(chunk, None if shape_keys is None else shape_keys[k])
+        else:
+            sent = saved.get((chunk, k))
+            receive = None if sent is None else pipe.post_backward(chunk, sent[1])
+        if receive is not None:
+            posted[at] = receive
+
     for position, (kind, chunk, k) in enumerate(order):
         if kind == "F":
             key = None if shape_keys is None else shape_keys[k]
-            received = None if chunk == 0 else pipe.recv_forward(chunk, key)
+            received = None if chunk == 0 else pipe.recv_forward(chunk, key, posted.pop(position, None))
+            post_next(position)
             out = hooks.forward(chunk, received, k)
             if chunk == last_chunk:
                 outputs.append(out)
             else:
                 pipe.send_forward(chunk, out, key)
             saved[(chunk, k)] = (received, out)
+            post_next(position)  # a backward's receive needs this forward's output first
             continue
         is_final = final.get(chunk) == position
         if kind == "W":
+            post_next(position)
             split = pending_weights.pop((chunk, k))
             hooks.before_backward(chunk, k, is_final, True)
             weight_backward(split)
@@ -213,7 +271,8 @@ def run_schedule(
         if chunk == last_chunk:
             roots, grads = [hooks.loss(out)], None
         else:
-            roots, grads = [out], [pipe.recv_backward(chunk, out)]
+            roots, grads = [out], [pipe.recv_backward(chunk, out, posted.pop(position, None))]
+        post_next(position)
         if kind == "B":
             hooks.before_backward(chunk, k, is_final, False)
             torch.autograd.backward(roots, grads)
