@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,7 @@ def ranking(*report_paths: Path) -> tuple[str, str]:
     return summary, "\n".join(lines)
 
 
-def reprice(world: int, model: Path, call_extra: bool = True) -> str:
+def reprice(world: int, model: Path, call_extra: bool = True, work: Path = WORK) -> str:
     """The last run's measured times (``.work/check{world}.json``) against the cost model as it is now, on
     ``model`` and ``.work/hw{world}.json``: what a change of the cost model or of one profile does, with the
     measurements held fixed; ``call_extra=False`` prices every collective call at its idle curve (the hardware
@@ -94,11 +95,11 @@ def reprice(world: int, model: Path, call_extra: bool = True) -> str:
     from galva_profiler.check import CheckOptions, predict
     from galva_schema import HardwareProfile, ModelProfile, Strategy
 
-    hardware, profile = HardwareProfile.load(WORK / f"hw{world}.json"), ModelProfile.load(model)
+    hardware, profile = HardwareProfile.load(work / f"hw{world}.json"), ModelProfile.load(model)
     if not call_extra:
         hardware = hardware.model_copy(update={"call_extra": ()})
     lines, errors = [], []
-    for measured in json.loads((WORK / f"check{world}.json").read_text())["strategies"]:
+    for measured in json.loads((work / f"check{world}.json").read_text())["strategies"]:
         strategy = Strategy.from_dict(measured["strategy"])
         evaluation = predict(hardware, profile, strategy, CheckOptions())
         error = evaluation.iteration_time_s / measured["measured_time_s"] - 1
@@ -112,8 +113,8 @@ def reprice(world: int, model: Path, call_extra: bool = True) -> str:
     return "\n".join([*lines, f"{world} ranks: median |time error| {median:.1%}, max {errors[-1]:.1%} (per strategy)"])
 
 
-def run(args: list[str], *, fatal: bool = True) -> bool:
-    result = subprocess.run(args, cwd=WORK, capture_output=True, text=True)
+def run(args: list[str], work: Path, *, fatal: bool = True) -> bool:
+    result = subprocess.run(args, cwd=work, capture_output=True, text=True)
     if result.returncode != 0:
         if fatal:
             sys.exit(result.stderr[-3000:])
@@ -124,51 +125,99 @@ def run(args: list[str], *, fatal: bool = True) -> bool:
 TOP = 3  # also run the TOP fastest plans galva-search ranks on the same profiles (`check --top`)
 
 
+def steps_ms(strategy: dict) -> list[float]:
+    """A measured strategy's per-step times (the slowest rank's forward-backward and optimizer step), ms."""
+    ranks = strategy["ranks"]
+    steps = range(len(ranks[0]["forward_backward_ms"]))
+    return [max(r["forward_backward_ms"][i] + r["optimizer_ms"][i] for r in ranks) for i in steps]
+
+
+def pooled(world: int, rounds: list[Path]) -> str:
+    """Every round's checks of ``world`` ranks together: per strategy the mean of the rounds' predictions (each on its
+    round's profiles) against the median of all the rounds' timed steps, and the median / max |time error|; beside it
+    each round's own error. The box's drift moves both sides from minute to minute (a layer's CPU time by +-25%); the
+    rounds sample it over the whole benchmark."""
+    by_name: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for work in rounds:
+        report = json.loads((work / f"check{world}.json").read_text())
+        predicted = {r["strategy"]: r["predicted_time_s"] * 1e3 for r in report["rows"]}
+        for strategy in report["strategies"]:
+            preds, steps, errors = by_name.setdefault(strategy["name"], ([], [], []))
+            preds.append(predicted[strategy["name"]])
+            steps.extend(steps_ms(strategy))
+            errors.append(predicted[strategy["name"]] / strategy["measured_time_s"] / 1e3 - 1)
+    lines, errors = [], []
+    for name, (preds, steps, own) in by_name.items():
+        error = statistics.fmean(preds) / statistics.median(steps) - 1
+        errors.append(abs(error))
+        lines.append(f"{world} {name:18s} {statistics.fmean(preds):7.1f} / {statistics.median(steps):7.1f} ms "
+                     f"{error:+7.1%} | rounds: " + " ".join(f"{e:+.1%}" for e in own))
+    return "\n".join([*lines, f"{world} ranks, {len(rounds)} rounds pooled: median |time error| "
+                       f"{statistics.median(errors):.1%}, max {max(errors):.1%}"])
+
+
+def one_round(work: Path, reuse_profiles: bool) -> None:
+    """Profiles (unless reused) and the checks of both worlds in ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    if not reuse_profiles:
+        run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
+             "--max-tp", "4", "--repetitions", "15", "--quiet", "-o", "model.json", "--report", "model_report.json"],
+            work)
+    for world in (2, 4):
+        if not reuse_profiles:
+            run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"], work)
+        directory = work / f"plans{world}"
+        directory.mkdir(exist_ok=True)
+        for name, strategy in strategies(world).items():
+            strategy.save(directory / f"{name}.json")
+        common = ["--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
+                  "--preset", "tiny-llama", "--steps", "15", "--warmup", "2"]
+        run([*PROFILE, "check", *common, "--strategy", str(directory), "-o", f"check{world}.json",
+             "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"], work)
+        # galva-search's own ranking, trained for real: its TOP plans at global batch 8, 4 GiB per rank
+        run([*PROFILE, "check", *common, "--top", str(TOP), "--memory", "4GiB", "--global-batch-size", "8",
+             "-o", f"check{world}-top.json", "--table", f"table{world}-top.md"], work, fatal=False)
+
+
 def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranking-only", action="store_true", help="only print the ranking from .work/check*.json")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="profile and check this many times in turn, each in .work/round<i>/ (default 2), then pool")
+    ap.add_argument("--ranking-only", action="store_true", help="only print the summaries from .work/round*/")
     ap.add_argument("--reprice", type=Path, metavar="MODEL_JSON",
-                    help="only re-predict the measured times of .work/check{2,4}.json on this model profile and "
-                    ".work/hw{2,4}.json with the current cost model (nothing is run)")
+                    help="only re-predict the measured times of a round's check{2,4}.json on this model profile and "
+                    "that round's hw{2,4}.json with the current cost model (nothing is run)")
+    ap.add_argument("--round", type=int, default=1, help="with --reprice: the round (default 1)")
     ap.add_argument("--without-call-extra", action="store_true",
                     help="with --reprice: leave the hardware profile's call_extra out (every call at its idle curve)")
     ap.add_argument("--reuse-profiles", action="store_true",
-                    help="keep .work/model.json and hw{2,4}.json from an earlier run (re-run the checks only)")
+                    help="keep each round's model.json and hw{2,4}.json from an earlier run (re-run the checks only)")
     opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if opts.reprice is not None:
-        print("\n".join(reprice(world, opts.reprice.resolve(), not opts.without_call_extra) for world in (2, 4)))
+        work = WORK / f"round{opts.round}"
+        print("\n".join(reprice(world, opts.reprice.resolve(), not opts.without_call_extra, work) for world in (2, 4)))
         return 0
-    WORK.mkdir(exist_ok=True)
-    if not opts.ranking_only and not opts.reuse_profiles:
-        run([*PROFILE, "model", "--preset", "tiny-llama", "--seq-lengths", "32", "--batch-sizes", "1,2,4,8",
-             "--max-tp", "4", "--repetitions", "15", "--quiet", "-o", "model.json", "--report", "model_report.json"])
-    for world in (2, 4):
-        reports = [WORK / f"check{world}.json"]
+    rounds = [WORK / f"round{i + 1}" for i in range(opts.rounds)]
+    for index, work in enumerate(rounds):
         if not opts.ranking_only:
-            if not opts.reuse_profiles:
-                run([*PROFILE, "hardware", "--nproc-per-node", str(world), *HW, "-o", f"hw{world}.json"])
-            directory = WORK / f"plans{world}"
-            directory.mkdir(exist_ok=True)
-            for name, strategy in strategies(world).items():
-                strategy.save(directory / f"{name}.json")
-            common = ["--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
-                      "--preset", "tiny-llama", "--steps", "15", "--warmup", "2"]
-            run([*PROFILE, "check", *common, "--strategy", str(directory), "-o", f"check{world}.json",
-                 "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"])
-            # galva-search's own ranking, trained for real: its TOP plans at global batch 8, 4 GiB per rank
-            run([*PROFILE, "check", *common, "--top", str(TOP), "--memory", "4GiB", "--global-batch-size", "8",
-                 "-o", f"check{world}-top.json", "--table", f"table{world}-top.md"], fatal=False)
-            print((WORK / f"table{world}.md").read_text())
-        if (WORK / f"check{world}-top.json").exists():
-            reports.append(WORK / f"check{world}-top.json")
-            if (WORK / f"table{world}-top.md").exists():
-                print((WORK / f"table{world}-top.md").read_text())
-        summary, pairs = ranking(*reports)
-        (WORK / f"ranking{world}.md").write_text(pairs + "\n")
-        print(f"plan ranking, {world} ranks: {summary}\n\n{pairs}\n")
+            print(f"round {index + 1} of {len(rounds)} ...", file=sys.stderr, flush=True)
+            one_round(work, opts.reuse_profiles)
+    for world in (2, 4):
+        for index, work in enumerate(rounds):
+            print(f"## round {index + 1}, {world} ranks\n")
+            print((work / f"table{world}.md").read_text())
+            reports = [work / f"check{world}.json"]
+            if (work / f"check{world}-top.json").exists():
+                reports.append(work / f"check{world}-top.json")
+                if (work / f"table{world}-top.md").exists():
+                    print((work / f"table{world}-top.md").read_text())
+            summary, pairs = ranking(*reports)
+            (work / f"ranking{world}.md").write_text(pairs + "\n")
+            print(f"plan ranking, round {index + 1}, {world} ranks: {summary}\n")
+    print("\n".join(pooled(world, rounds) for world in (2, 4)))
     return 0
 
 

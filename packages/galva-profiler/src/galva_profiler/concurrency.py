@@ -18,7 +18,7 @@ the shortest loop reading lowest):
 * every rank at once is timed from the barrier to the last rank's end (:func:`galva_profiler.timing.span_ms`), as
   a step that waits for every rank sees it, not each rank from its own start;
 * the two alternate round by round (a drift of the machine's load falls on both sides of a ratio), at least
-  :data:`MIN_ROUNDS` rounds.
+  :data:`CONCURRENCY_ROUNDS` rounds in a profile (the hardware sweep scales them with its other tests' rounds).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from galva_profiler.timing import Repeats, median_ms, together_ms
 LOOP_MS = 40.0
 """How long the loop takes on rank 0 alone."""
 MIN_ROUNDS = 7
+CONCURRENCY_ROUNDS = 15
+"""Rounds of this test when the others take :data:`MIN_ROUNDS` (it scales with them): its ratio prices every layer."""
 ALONE_THREADS_ENV = "GALVA_PROFILE_ALONE_THREADS"
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from galva_profiler.concurrency import LOOP_MS, MIN_ROUNDS, measure_concurrency
+from galva_profiler.concurrency import CONCURRENCY_ROUNDS, LOOP_MS, MIN_ROUNDS, measure_concurrency
 from galva_profiler.distributed import World, max_over_ranks, synchronize
 from galva_profiler.timing import Repeats, median_ms
 
@@ -130,7 +130,11 @@ def measure_overlap(
         if index >= repeats.warmup:
             for side, ms in zip(sides, (compute_alone, comm_alone, *together)):
                 sides[side].append(ms)
-    compute_alone_ms, concurrency_ratio = measure_concurrency(world, matmul_size, repeats, rounds, concurrency_ms)
+    # the compute slowdown scales every layer's price: twice the rounds of the other tests (3 quickstarts' 4-rank
+    # profiles of one quiet quarter hour read 2.62, 2.14 and 2.47 over 7 rounds)
+    compute_alone_ms, concurrency_ratio = measure_concurrency(
+        world, matmul_size, repeats, CONCURRENCY_ROUNDS * rounds // MIN_ROUNDS, concurrency_ms
+    )
     slowest = {side: max_over_ranks(statistics.median(times), device) for side, times in sides.items()}
     return OverlapResult(
         compute_ms=slowest["compute"],
