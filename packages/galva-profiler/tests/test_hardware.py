@@ -106,7 +106,8 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     extras = {(e.collective, e.group_size) for e in profile.call_extra}
     assert extras == {(c.value, n) for c in Collective for n in (2, 4)} | {("p2p", pp) for pp in (2, 4)}
     assert all(e.ms >= 0.0 for e in profile.call_extra)
-    assert all(r["busy_ms"] >= r["ms"] for r in results[0]["report"]["call_extra_ms"])
+    # the extra is the busy time less an idle time (>= 0), at least 0: a noisy busy time may read below 0 itself
+    assert all(r["ms"] <= max(r["busy_ms"], 0.0) for r in results[0]["report"]["call_extra_ms"])
     # the processors the forked CPU ranks may use (their inherited affinity): 4 ranks on fewer share them
     assert profile.processors_per_node == len(os.sched_getaffinity(0))
     assert profile.shares_processors == (len(os.sched_getaffinity(0)) < 4)

@@ -55,16 +55,8 @@ def busy_call_ms(
     group = group_of(groups, world.rank)
     n = len(group)
     call = _operation(kind, _elements(MESSAGE_BYTES, n), cache.get(group), n, world.device)
-    a = torch.randn(MATMUL, MATMUL, device=world.device)
-    b = torch.randn(MATMUL, MATMUL, device=world.device)
-    segment = _loop(lambda: torch.mm(a, b), world, segment_ms)
-    busy, plain = _steps(segment, call), _steps(segment, None)
-    per_call = []
-    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
-        with_calls, without = together_ms(busy, world), together_ms(plain, world)
-        if index >= repeats.warmup:
-            per_call.append((with_calls - without) / CALLS)
-    return trimmed_mean(per_call)
+    segment = _segment(world, segment_ms)
+    return _per_call(_steps(segment, call), _steps(segment, None), world, repeats, rounds)
 
 
 def busy_send_ms(
@@ -77,9 +69,7 @@ def busy_send_ms(
     middle = len(pipeline) // 2
     first, second = pipeline[middle - 1], pipeline[middle]
     token = torch.zeros(MESSAGE_BYTES // 4, device=world.device)
-    a = torch.randn(MATMUL, MATMUL, device=world.device)
-    b = torch.randn(MATMUL, MATMUL, device=world.device)
-    segment = _loop(lambda: torch.mm(a, b), world, segment_ms)
+    segment = _segment(world, segment_ms)
 
     def relay() -> None:  # hop i: the holder computes, then hands the token to the other, waiting in its receive
         if world.rank not in (first, second):
@@ -98,12 +88,27 @@ def busy_send_ms(
             for _ in range(CALLS):
                 segment()
 
-    per_send = []
+    return _per_call(relay, alone, world, repeats, rounds)
+
+
+def _segment(world: World, segment_ms: float) -> Callable[[], None]:
+    """A matmul loop of about ``segment_ms`` on one rank alone (the compute between two calls)."""
+    a = torch.randn(MATMUL, MATMUL, device=world.device)
+    b = torch.randn(MATMUL, MATMUL, device=world.device)
+    return _loop(lambda: torch.mm(a, b), world, segment_ms)
+
+
+def _per_call(
+    busy: Callable[[], None], plain: Callable[[], None], world: World, repeats: Repeats, rounds: int
+) -> float:
+    """The trimmed mean over at least ``rounds`` alternating rounds of (``busy`` - ``plain``) / :data:`CALLS`, each
+    timed on every rank at once."""
+    per_call = []
     for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
-        with_sends, without = together_ms(relay, world), together_ms(alone, world)
+        with_calls, without = together_ms(busy, world), together_ms(plain, world)
         if index >= repeats.warmup:
-            per_send.append((with_sends - without) / CALLS)
-    return trimmed_mean(per_send)
+            per_call.append((with_calls - without) / CALLS)
+    return trimmed_mean(per_call)
 
 
 def _steps(segment: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:
