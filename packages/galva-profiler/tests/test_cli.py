@@ -297,5 +297,5 @@ def test_a_failed_hardware_rank_ends_the_job_with_one_line(tmp_path: Path, fault
         assert sum("Traceback" in line for line in said) == 1  # rank 1's own; rank 0's failed collective is quiet
     else:
         assert proc.returncode == 128 + signal.SIGKILL, said
-        assert said == ["galva-profile: rank 1 was killed by SIGKILL"]
+        assert said == ["galva-profile: rank 1 was killed by SIGKILL"], "\n".join(said)  # all of it: a rare race
     assert sorted(p.name for p in tmp_path.iterdir()) == (["inject"] if fault == "raises" else [])
