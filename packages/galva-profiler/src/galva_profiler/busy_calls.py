@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group
-from galva_profiler.collectives import Collective, _elements, _operation, group_of, trimmed_mean
+from galva_profiler.collectives import Collective, _elements, _operation, group_of, middle_stages, trimmed_mean
 from galva_profiler.concurrency import _loop
 from galva_profiler.distributed import World
 from galva_profiler.timing import Repeats, together_ms
@@ -65,9 +65,7 @@ def busy_send_ms(
     """ms one latency-bound send between the middle stages of every pipeline costs when its receiver was waiting
     and each side computes a segment of ``segment_ms`` before it sends (the trimmed mean over at least ``rounds``
     rounds of (relay - the same segments on one side) / :data:`CALLS`); the same on every rank."""
-    pipeline = group_of(pipelines, world.rank)
-    middle = len(pipeline) // 2
-    first, second = pipeline[middle - 1], pipeline[middle]
+    first, second = middle_stages(pipelines, world.rank)
     token = torch.zeros(MESSAGE_BYTES // 4, device=world.device)
     segment = _segment(world, segment_ms)
 

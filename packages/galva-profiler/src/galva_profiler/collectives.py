@@ -148,15 +148,20 @@ def bus_bandwidth_gb_per_s(message_bytes: int, n: int, ms: float) -> float:
     return 2 * (n - 1) / n * message_bytes / (ms * 1e-3) / 1e9
 
 
+def middle_stages(pipelines: list[Group], rank: int) -> tuple[int, int]:
+    """The ranks of stages ``pp/2 - 1`` and ``pp/2`` of ``rank``'s pipeline: the boundary every pipeline has."""
+    pipeline = group_of(pipelines, rank)
+    middle = len(pipeline) // 2
+    return pipeline[middle - 1], pipeline[middle]
+
+
 def time_p2p(pipelines: list[Group], message_bytes: int, world: World, repeats: Repeats) -> float:
     """ms to send ``message_bytes`` between the two middle stages of every pipeline at once; max over ranks.
 
     Stage ``pp/2 - 1`` sends to stage ``pp/2`` (the reference's choice: the boundary every pipeline has). Ranks
     outside that pair only join the barrier, so they time ~0 and the max is the pair's time.
     """
-    pipeline = group_of(pipelines, world.rank)
-    middle = len(pipeline) // 2
-    sender, receiver = pipeline[middle - 1], pipeline[middle]
+    sender, receiver = middle_stages(pipelines, world.rank)
     buf = torch.ones(_elements(message_bytes, 1), dtype=torch.float32, device=world.device)
 
     def transfer() -> None:

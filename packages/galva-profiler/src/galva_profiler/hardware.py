@@ -264,16 +264,16 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             result.call_extra_ms[(step.collective, step.group_size)] = max(0.0, busy - idle)
         elif step.kind == "p2p":
             message = int(options.p2p_mib * MIB)
-            ms = time_p2p(pipeline_groups(world.size, step.group_size), message, world, options.repeats)
+            pipelines = pipeline_groups(world.size, step.group_size)
+            ms = time_p2p(pipelines, message, world, options.repeats)
             result.p2p[step.group_size] = message / (ms * 1e-3) / 1e9
             # the per-message term the cost model charges every send (interleaving's extra ones too): as many
             # repetitions as the collectives' latency points (the median of --quick's 5 once read 2.6 ms, quiet 0.2-0.3)
             latency_repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, LATENCY_REPETITIONS))
-            small_ms = time_p2p(pipeline_groups(world.size, step.group_size), P2P_LATENCY_BYTES, world, latency_repeats)
+            small_ms = time_p2p(pipelines, P2P_LATENCY_BYTES, world, latency_repeats)
             explained_ms = P2P_LATENCY_BYTES / (result.p2p[step.group_size] * 1e9) * 1e3
             result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
             # a send to a receiver already waiting, between compute segments: what a pipeline's hand-over costs
-            pipelines = pipeline_groups(world.size, step.group_size)
             busy = busy_send_ms(pipelines, world, options.repeats, options.rounds, options.busy_segment_ms)
             result.busy_send_ms[step.group_size] = busy
             result.send_extra_ms[step.group_size] = max(0.0, busy - small_ms)
