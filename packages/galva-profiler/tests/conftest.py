@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
-HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125"]
+HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125", "--timing-span", "0"]
 HW_FLAGS += ["--warmup", "0", "--repetitions", "2", "--quick", "--quiet"]
 ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
 if "PYTHONPATH" in os.environ:  # a source checkout put first on the path: its commands run that code, not the install

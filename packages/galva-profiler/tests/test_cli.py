@@ -12,7 +12,7 @@ import pytest
 from galva_schema import HardwareProfile, ModelProfile, Strategy
 
 PROFILE = [sys.executable, "-m", "galva_profiler.cli"]
-HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125"]
+HW_FLAGS = ["--sizes-mib", "0.0625,0.125", "--bandwidth-mib", "0.125", "--p2p-mib", "0.125", "--timing-span", "0"]
 HW_FLAGS += ["--warmup", "0", "--repetitions", "2", "--quick", "--quiet"]
 
 
@@ -87,7 +87,8 @@ def test_profiles_feed_galva_search(tmp_path: Path, hardware_profile) -> None:
     assert any((measured / "ref2").iterdir())  # the reference system's files
     (tmp_path / "hw.json").symlink_to(measured / "hw2.json")
     model_args = ["--preset", "tiny-gpt2", "--seq-lengths", "16", "--batch-sizes", "1,2", "--max-tp", "2"]
-    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "-o", "m.json", "--report", "r.json"], tmp_path)
+    model = _run([*PROFILE, "model", *model_args, "--repetitions", "1", "--timing-span", "0", "-o", "m.json",
+                  "--report", "r.json"], tmp_path)  # fmt: skip
     assert model.returncode == 0, model.stderr[-2000:]
     assert "[" in model.stderr  # the progress bar
     assert HardwareProfile.load(tmp_path / "hw.json").cluster.world_size == 2
@@ -132,10 +133,12 @@ def test_max_tp_must_be_a_power_of_two(tmp_path: Path, max_tp: str, capsys: pyte
         (["--preset", "tiny-llama", "--decoder-seq-length", "8"],
          "--decoder-seq-length: tiny-llama has no decoder stream; use --seq-lengths"),
         (["--preset", "tiny-t5", "--decoder-seq-length", "1"], "--decoder-seq-length must be >= 2, got 1"),
+        (["--preset", "tiny-llama", "--timing-span", "-1"], "--timing-span must be >= 0 seconds, got -1"),
     ],
 )  # fmt: skip
-def test_a_decoder_length_needs_an_encoder_decoder(tmp_path: Path, args: list[str], expected: str, capsys) -> None:
-    """--decoder-seq-length (galva-train's flag) for a model without a decoder stream, or too short: one line."""
+def test_a_bad_sweep_option_is_one_line(tmp_path: Path, args: list[str], expected: str, capsys) -> None:
+    """--decoder-seq-length (galva-train's flag) for a model without a decoder stream, or too short, a negative
+    --timing-span: one line, nothing written."""
     out = tmp_path / "m.json"
     line = _in_process(["model", *args, "--seq-lengths", "16", "--quiet", "-o", str(out)], capsys)
     assert expected in line

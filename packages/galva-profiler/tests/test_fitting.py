@@ -70,3 +70,35 @@ def test_the_batch_sizes_of_a_fit_are_timed_round_robin_and_keep_their_own_media
     times = time_interleaved({1: forward(1), 2: forward(2), 4: forward(4)}, Repeats(warmup=1, repetitions=3))
     assert order == [1, 2, 4] * 4
     assert sorted(times) == [1, 2, 4] and all(t.forward_ms > 0 and t.backward_ms > 0 for t in times.values())
+
+
+def test_the_timed_rounds_go_on_until_they_span_the_given_seconds() -> None:
+    """A shared machine changes speed in bursts of seconds: with ``span_s`` the rounds go on past the repetitions,
+    whole rounds (every batch size alike), until the first timed round's start is that long ago; without it the
+    repetitions alone."""
+    import time
+
+    import torch
+
+    from galva_profiler.layer_timing import time_interleaved
+    from galva_profiler.timing import Repeats
+
+    order: list[int] = []
+
+    def forward(batch: int):  # type: ignore[no-untyped-def]
+        weight = torch.ones(batch, 8, requires_grad=True)
+
+        def run() -> torch.Tensor:
+            order.append(batch)
+            time.sleep(0.01)
+            return weight.sum()
+
+        return run
+
+    start = time.perf_counter()
+    time_interleaved({1: forward(1), 2: forward(2)}, Repeats(warmup=0, repetitions=2), span_s=0.3)
+    assert time.perf_counter() - start >= 0.3
+    assert len(order) > 4 and len(order) % 2 == 0 and order[::2] == [1] * (len(order) // 2)
+    order.clear()
+    time_interleaved({1: forward(1), 2: forward(2)}, Repeats(warmup=0, repetitions=2))
+    assert order == [1, 2, 1, 2]

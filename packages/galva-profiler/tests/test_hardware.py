@@ -36,6 +36,7 @@ TINY = SweepOptions(
     runtime_modules=(),  # the forked ranks hold pytest's imports already; importing the runtime would only be slow
     curve_repetitions=2,
     busy_segment_ms=0.5,
+    timing_span_s=0.5,  # the concurrency test's rounds go on past rounds=2: every rank must end after the same one
 )
 
 

@@ -18,7 +18,8 @@ def sweep32():  # type: ignore[no-untyped-def]
     config.num_hidden_layers = 32
     model = MetaModel.build(config, "tiny-llama-32")
     options = ModelSweepOptions(
-        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=2, repeats=Repeats(warmup=0, repetitions=1)
+        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=2, repeats=Repeats(warmup=0, repetitions=1),
+        timing_span_s=0.0,
     )
     return run_model_sweep(model, options, progress_enabled=False)
 
@@ -72,6 +73,8 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     assert {dp: set(by_degree) for dp, by_degree in layer.sharded_overhead_ms.items()} == {"zero2": {2}, "zero3": {2}}
     # the step: galva-hp steps the shards' local pieces, a few tenths of a ms beyond plain tensors (0 within noise)
     assert all(sum(f_b_step[2][:2]) > 0.0 and f_b_step[2][2] >= 0.0 for f_b_step in layer.sharded_overhead_ms.values())
+    # and the backward of a micro-batch before the last (gradient sync off), timed on the same ranks for each
+    assert {dp: set(by_degree) for dp, by_degree in layer.sharded_accumulate_ms.items()} == {"zero2": {2}, "zero3": {2}}
     # the backward measured beside the forward (the search's coefficient only stands in without it), and galva-hp's
     # optimizer step timed on the layer's own tensors: another layer's tensors always add work to the step
     assert layer.backward_time is not None and layer.backward_time.forward_ms(2, SEQ) > 0.0

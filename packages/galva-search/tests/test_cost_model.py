@@ -8,6 +8,7 @@ p2p 25 GB/s, overlap slowdown 1.25. The tiny layer: H 1024, S 512, 64 MiB fp32 p
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -292,6 +293,40 @@ def test_a_zero_layers_measured_overhead_per_call_and_per_step(make_model, tiny_
     after = evaluate_strategy(CostModel(tiny_hw, measured, CostSettings()), strategy)
     assert after.detail.optimizer_s - before.detail.optimizer_s == pytest.approx(4 * 0.5 * k)
     assert after.iteration_time_s - before.iteration_time_s == pytest.approx(4 * (1.0 + 2.0 + 0.5) * k)
+
+
+def test_a_zero_layers_accumulating_backward_prices_every_micro_batch_but_the_last(make_model, tiny_hw):
+    """sharded_accumulate_ms[dp type][degree] = a ZeRO backward's overhead with gradient sync off: with several
+    micro-batches each backward pays it and the last one the reducing backward's surplus as well, once per
+    iteration (in the sync it hides): the last micro-batch costs what it did, every other one less. One
+    micro-batch, ddp, or a profile without it: unchanged."""
+    from galva_schema import LayerStrategy, Strategy
+    from galva_search.evaluation import evaluate_strategy
+
+    plain = make_model()
+    reducing = plain.layer_types[0].model_copy(
+        update={"sharded_overhead_ms": {"zero3": {2: (1.0, 2.0, 0.0)}, "zero2": {2: (0.25, 3.0, 0.0)}}})
+    accumulating = reducing.model_copy(update={"sharded_accumulate_ms": {"zero3": {2: 0.5}, "zero2": {2: 1.0}}})
+    models = [plain.model_copy(update={"layer_types": (layer,)}) for layer in (reducing, accumulating)]
+    cands = [Candidate(1, 1, 4), Candidate(1, 1, 4, dp_type=ZERO2), Candidate(1, 1, 4, dp_type=ZERO3)]
+    k = 1e-3 * CostSettings().factors.compute * tiny_hw.compute_slowdown
+
+    def terms(model: Any, micro_batches: int) -> Any:
+        return CostModel(tiny_hw, model, CostSettings()).layer_terms(0, cands, 8, micro_batches)
+
+    one = [terms(m, 1) for m in models]
+    assert one[1].backward_s == pytest.approx(one[0].backward_s, **EXACT)
+    assert one[1].exposed_sync_s == pytest.approx(one[0].exposed_sync_s, **EXACT)
+    two = [terms(m, 2) for m in models]
+    assert two[0].backward_s - two[1].backward_s == pytest.approx(np.array([0, 2.0, 1.5]) * k, **EXACT)
+    assert (two[0].micro_batch_s - two[1].micro_batch_s > np.array([-1e-12, 0.0, 0.0])).all()
+    last = [t.micro_batch_s + t.exposed_sync_s for t in two]
+    assert last[1] == pytest.approx(last[0], **EXACT)
+    strategy = Strategy(world_size=4, pp=1, pp_division=[4], global_batch_size=16, num_micro_batches=2,
+                        mixed_precision="bf16", layers=[LayerStrategy(tp=1, dp_type="zero2")] * 4)
+    before, after = (evaluate_strategy(CostModel(tiny_hw, m, CostSettings()), strategy) for m in models)
+    # 4 layers, the first of 2 micro-batches each 3 - 1 ms cheaper
+    assert before.iteration_time_s - after.iteration_time_s == pytest.approx(4 * 2.0 * k)
 
 
 def test_a_measured_backward_and_optimizer_step_replace_the_coefficient_and_the_rate(make_model, tiny_hw):

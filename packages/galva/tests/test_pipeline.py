@@ -226,10 +226,11 @@ def test_a_running_stage_shows_its_own_last_line(tmp_path: Path, monkeypatch: py
 
 
 def test_the_model_profile_times_a_rank_s_share_of_the_global_batch() -> None:
-    """galva run's model profile measures the batch a rank runs (powers of two up to its share, and the share),
-    not a line through batch 1 and 2 extrapolated to it."""
+    """galva run's model profile measures the batch a rank runs in a plan of up to 2 stages (powers of two up to
+    that share, and the share), not a line through smaller batches extrapolated to it."""
     from galva.pipeline import _profiled_batches
 
-    assert _profiled_batches(16, 4) == "1,2,4"  # the quickstart: ddp over 4 ranks runs 4 samples a rank
-    assert _profiled_batches(24, 4) == "1,2,4,6"
-    assert _profiled_batches(4, 4) == "1,2"  # a fit needs two sizes
+    assert _profiled_batches(16, 4) == "1,2,4,8"  # the quickstart: its pp-2 plan runs 8 samples a rank
+    assert _profiled_batches(24, 4) == "1,2,4,8,12"
+    assert _profiled_batches(16, 1) == "1,2,4,8,16"  # one rank runs the whole batch
+    assert _profiled_batches(2, 4) == "1,2"  # a fit needs two sizes

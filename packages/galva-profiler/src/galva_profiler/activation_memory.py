@@ -66,6 +66,8 @@ class LayerActivations:
     overhead_ms: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)  # (forward, backward)
     # dp type (zero2, zero3) -> sharding degree -> (forward, backward, optimizer step) ms beyond the plain layer
     sharded_overhead_ms: dict[str, dict[int, tuple[float, float, float]]] = field(default_factory=dict)
+    # dp type -> sharding degree -> backward ms beyond the plain layer with gradient sync off (accumulating)
+    sharded_accumulate_ms: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def add(self, mode: str, degree: int, kept: tuple[int, int], checkpointed: tuple[int, int]) -> None:
         self.bytes_per_sample.setdefault(mode, {})[degree] = kept[0]
@@ -79,6 +81,7 @@ class LayerActivations:
             "constant_bytes": self.constant_bytes,
             "overhead_ms": self.overhead_ms,
             "sharded_overhead_ms": self.sharded_overhead_ms,
+            "sharded_accumulate_ms": self.sharded_accumulate_ms,
         }
 
 
@@ -123,7 +126,7 @@ def overhead_ms(
 def _rank_worker(
     rank: int, world_size: int, module: nn.Module, layer_type: str, parallelizer: Any, modes: list[str], seq: int,
     hidden: int, dtype: torch.dtype,
-) -> tuple[dict[str, Any], dict[str, tuple[float, float, float]]]:  # fmt: skip
+) -> tuple[dict[str, Any], dict[str, tuple[float, float, float, float]]]:  # fmt: skip
     """Every mode at this degree, on one rank of a ``world_size``-rank gloo group: activations and overhead; then
     the overhead of ZeRO-2 and ZeRO-3 over the same group."""
     import torch.distributed as dist
@@ -188,6 +191,7 @@ def measure_layer(
                 max(r[mode][2][1] for r in forms),
             )
         for dp_type in ranks[0][1]:  # the same: the largest of each part over the ranks
-            f, b, step = (max(part) for part in zip(*(r[1][dp_type] for r in ranks)))
+            f, b, step, accumulating = (max(part) for part in zip(*(r[1][dp_type] for r in ranks)))
             result.sharded_overhead_ms.setdefault(dp_type, {})[degree] = (f, b, step)
+            result.sharded_accumulate_ms.setdefault(dp_type, {})[degree] = accumulating
     return result

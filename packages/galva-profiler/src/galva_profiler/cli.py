@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--max-pp", type=int, help="largest pipeline degree whose p2p bandwidth is measured")
     hw.add_argument("--warmup", type=int, help="untimed runs before each measurement")
     hw.add_argument("--repetitions", type=int, help="timed runs per measurement (the median is kept)")
+    hw.add_argument(
+        "--timing-span", type=float, metavar="SECONDS",
+        help="the compute slowdown's rounds go on until they span this long (default 5; 0: the repetitions only)",
+    )  # fmt: skip
     hw.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl with GPUs, gloo without")
     hw.add_argument("--timeout", type=float, default=600.0, help="seconds any collective may take (default 600)")
     hw.add_argument("--device-memory-mib", type=float, help="device memory recorded in the profile (default: GPU's)")

@@ -18,7 +18,8 @@ the shortest loop reading lowest):
 * every rank at once is timed from the barrier to the last rank's end (:func:`galva_profiler.timing.span_ms`), as
   a step that waits for every rank sees it, not each rank from its own start;
 * the two alternate round by round (a drift of the machine's load falls on both sides of a ratio), at least
-  :data:`CONCURRENCY_ROUNDS` rounds in a profile (the hardware sweep scales them with its other tests' rounds).
+  :data:`CONCURRENCY_ROUNDS` rounds in a profile (the hardware sweep scales them with its other tests' rounds), and
+  for a few seconds at least (a burst of a slower processor lasts seconds, and 15 rounds take two).
 """
 
 from __future__ import annotations
@@ -56,21 +57,31 @@ def alone_threads() -> Iterator[None]:
 
 
 def measure_concurrency(
-    world: World, matmul_size: int, repeats: Repeats, rounds: int = MIN_ROUNDS, loop_ms: float = LOOP_MS
+    world: World,
+    matmul_size: int,
+    repeats: Repeats,
+    rounds: int = MIN_ROUNDS,
+    loop_ms: float = LOOP_MS,
+    span_s: float = 0.0,
 ) -> tuple[float, float]:
     """(rank 0 alone ms, median over at least ``rounds`` rounds of every-rank-at-once / alone), a loop of about
-    ``loop_ms`` alone; the same values on every rank."""
+    ``loop_ms`` alone; the rounds go on until their timed loops add up to ``span_s`` seconds
+    (:data:`galva_profiler.timing.TIMING_SPAN_S`); the same values on every rank."""
     device = world.device
     a = torch.randn(matmul_size, matmul_size, device=device)
     b = torch.randn(matmul_size, matmul_size, device=device)
     loop = _loop(lambda: torch.mm(a, b), world, loop_ms)
     alone, ratios = [], []
-    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+    timed_ms = 0.0  # of values every rank holds alike: every rank ends after the same round
+    index = 0
+    while index < repeats.warmup + max(repeats.repetitions, rounds) or timed_ms < span_s * 1e3:
         together = together_ms(loop, world)
         one = _alone_ms(loop, world)
         if index >= repeats.warmup:
             alone.append(one)
             ratios.append(together / one)
+            timed_ms += together + one
+        index += 1
     return statistics.median(alone), statistics.median(ratios)
 
 

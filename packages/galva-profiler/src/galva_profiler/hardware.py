@@ -46,7 +46,7 @@ from galva_profiler.fitting import Fit, alpha_beta
 from galva_profiler.optimizer_step import measure_optimizer_rate
 from galva_profiler.overlap import OverlapResult, measure_overlap, node_processors
 from galva_profiler.progress import Progress
-from galva_profiler.timing import Repeats
+from galva_profiler.timing import TIMING_SPAN_S, Repeats
 from galva_schema import (
     AllreduceBandwidth,
     CallExtra,
@@ -84,6 +84,7 @@ class SweepOptions:
     runtime_modules: tuple[str, ...] = RUNTIME_MODULES  # imported before the CPU base memory is read
     curve_repetitions: int = LATENCY_REPETITIONS  # at least, of every curve's round robin
     busy_segment_ms: float = SEGMENT_MS  # the compute between two calls of the busy test
+    timing_span_s: float = TIMING_SPAN_S  # seconds the concurrency test's rounds span at least
 
     def __post_init__(self) -> None:
         if len(self.message_mib) < 2 or sorted(set(self.message_mib)) != list(self.message_mib):
@@ -92,6 +93,8 @@ class SweepOptions:
             raise ValueError("message sizes must be positive")
         if self.rounds < 1 or self.concurrency_ms <= 0 or self.curve_repetitions < 1 or self.busy_segment_ms <= 0:
             raise ValueError("rounds, repetitions and the concurrency and busy loops' lengths must be positive")
+        if self.timing_span_s < 0:
+            raise ValueError(f"--timing-span must be >= 0 seconds, got {self.timing_span_s:g}")
 
 
 QUICK = SweepOptions(
@@ -280,7 +283,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
         else:
             result.overlap = measure_overlap(
                 world, int(options.overlap_mib * MIB), options.overlap_matmul, options.overlap_calls, options.repeats,
-                options.rounds, options.concurrency_ms,
+                options.rounds, options.concurrency_ms, options.timing_span_s,
             )  # fmt: skip
         progress.step(step.describe())
     return result

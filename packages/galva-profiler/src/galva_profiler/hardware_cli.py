@@ -26,6 +26,8 @@ def sweep_options(args: argparse.Namespace) -> SweepOptions:
     for flag in ("bandwidth_mib", "p2p_mib", "max_group_size", "max_pp"):
         if getattr(args, flag) is not None:
             changes[flag] = getattr(args, flag)
+    if args.timing_span is not None:
+        changes["timing_span_s"] = args.timing_span
     if args.repetitions is not None:  # the rounds of the overlap, concurrency and optimizer tests too
         changes["rounds"] = args.repetitions
     if args.warmup is not None or args.repetitions is not None:

@@ -35,25 +35,36 @@ def time_passes(forward: Callable[[], Tensor], repeats: Repeats, device: torch.d
 
 
 def time_interleaved(
-    forwards: Mapping[K, Callable[[], Tensor]], repeats: Repeats, device: torch.device | None = None
+    forwards: Mapping[K, Callable[[], Tensor]],
+    repeats: Repeats,
+    device: torch.device | None = None,
+    span_s: float = 0.0,
 ) -> dict[K, PassTimes]:
     """:func:`time_passes` of several forwards (a layer at each batch size), round robin: every repetition (and
-    warm-up) runs each forward once, in turn, and each keeps the median of its own repetitions.
+    warm-up) runs each forward once, in turn, and each keeps the median of its own repetitions. The timed rounds go
+    on past ``repeats.repetitions`` until they span ``span_s`` seconds of wall time.
 
     Timed one after another, the points of a fit each caught their own share of a shared machine's drift (a burst of
     outside load, a frequency change) and the slope between them was that drift's as much as the layer's: the same
     quickstart profile's slope read 1.97 and 1.01 ms per sample. Interleaved, a drift longer than one round falls on
     every point alike.
+
+    The span: a shared machine's processors change speed in bursts of seconds
+    (:data:`galva_profiler.timing.TIMING_SPAN_S`).
     """
     device = device or torch.device("cpu")
+    for _ in range(repeats.warmup):
+        for forward in forwards.values():
+            _one_pass(forward, device)
     forwards_ms: dict[K, list[float]] = {key: [] for key in forwards}
     backwards_ms: dict[K, list[float]] = {key: [] for key in forwards}
-    for index in range(repeats.warmup + repeats.repetitions):
+    start, rounds = time.perf_counter(), 0
+    while rounds < repeats.repetitions or time.perf_counter() - start < span_s:
         for key, forward in forwards.items():
             forward_ms, backward_ms = _one_pass(forward, device)
-            if index >= repeats.warmup:
-                forwards_ms[key].append(forward_ms)
-                backwards_ms[key].append(backward_ms)
+            forwards_ms[key].append(forward_ms)
+            backwards_ms[key].append(backward_ms)
+        rounds += 1
     median = statistics.median
     return {key: PassTimes(median(forwards_ms[key]), median(backwards_ms[key])) for key in forwards}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from galva_profiler.errors import ProfileError
 from galva_profiler.outputs import check_writable_dir, check_writable_file, writing
-from galva_profiler.timing import Repeats
+from galva_profiler.timing import TIMING_SPAN_S, Repeats
 from galva_schema import ModelProfile, Precision, write_json_atomic
 from galva_schema.argparsing import positive_ints
 
@@ -42,6 +42,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     sweep.add_argument(
         "--repetitions", type=int, help="timed passes, round robin over the batch sizes; the median is kept (default 7)"
     )
+    sweep.add_argument(
+        "--timing-span", type=float, default=TIMING_SPAN_S, metavar="SECONDS",
+        help=f"a layer's timed passes go on until they span this long (default {TIMING_SPAN_S:g}; 0: the repetitions "
+        "only): their median reads the machine's usual speed, not one burst's",
+    )  # fmt: skip
     sweep.add_argument("--quick", action="store_true", help="few batch sizes (1,2)")
     sweep.add_argument("--timeout", type=float, default=300.0, help="seconds the forked tp ranks may take")
     out = p.add_argument_group("output")
@@ -94,6 +99,7 @@ def run_model(args: argparse.Namespace) -> int:
         time_form=args.time_form,
         repeats=repeats,
         timeout_s=args.timeout,
+        timing_span_s=args.timing_span,
     )
     if args.decoder_seq_length is not None and args.decoder_seq_length < 2:
         raise ProfileError(f"--decoder-seq-length must be >= 2, got {args.decoder_seq_length}")

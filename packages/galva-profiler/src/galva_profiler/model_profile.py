@@ -37,7 +37,7 @@ from galva_profiler.layer_timing import (
 from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
 from galva_profiler.routing import routing_by_layer
-from galva_profiler.timing import Repeats
+from galva_profiler.timing import TIMING_SPAN_S, Repeats
 from galva_profiler.vocab import POSITIONS, VocabInputs, VocabMeasurement, measure_vocab, tie
 from galva_schema import (
     AttentionCoreProfile,
@@ -71,6 +71,7 @@ class ModelSweepOptions:
     time_form: TimeForm = "batch"
     repeats: Repeats = field(default_factory=lambda: Repeats(warmup=2, repetitions=5))
     timeout_s: float = 300.0
+    timing_span_s: float = TIMING_SPAN_S  # a layer's timed passes span this many seconds at least (time_interleaved)
 
     def __post_init__(self) -> None:
         if self.max_tp < 1 or self.max_tp > MAX_TP or self.max_tp & (self.max_tp - 1):
@@ -78,6 +79,8 @@ class ModelSweepOptions:
                 f"--max-tp {self.max_tp}: expected a power of two from 1 to {MAX_TP} (the sweep measures the tp, "
                 f"Ulysses and vocab tp degrees 1, 2, 4, ... up to it)"
             )
+        if self.timing_span_s < 0:
+            raise ProfileError(f"--timing-span must be >= 0 seconds, got {self.timing_span_s:g}")
         if self.time_form == "batch" and len(set(self.batch_sizes)) < 2:
             raise ProfileError("--time-form batch needs 2 or more --batch-sizes")
         if self.time_form == "sequence" and len(set(self.seq_lengths)) < 3:
@@ -251,7 +254,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     for seq in seqs:
         vocab[seq] = measure_vocab(
             model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches,
-            vocab_degrees, options.megatron_sp, options.repeats, options.timeout_s,
+            vocab_degrees, options.megatron_sp, options.repeats, options.timeout_s, options.timing_span_s,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
@@ -262,7 +265,7 @@ def _time_batches(
 ) -> dict[int, PassTimes]:
     """The layer at every batch size, interleaved (:func:`time_interleaved`)."""
     runs = {batch: layer_forward(module, batch, seq, hidden, dtype) for batch in batches}
-    return time_interleaved(runs, options.repeats)
+    return time_interleaved(runs, options.repeats, span_s=options.timing_span_s)
 
 
 def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:
@@ -412,6 +415,9 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                         mode: dict(by_degree) for mode, by_degree in acts.overhead_ms.items() if by_degree
                     },
                     sharded_overhead_ms={dp: dict(by_degree) for dp, by_degree in acts.sharded_overhead_ms.items()},
+                    sharded_accumulate_ms={
+                        dp: dict(by_degree) for dp, by_degree in acts.sharded_accumulate_ms.items()
+                    },
                     split_backward_overhead_ms=m.split_overhead_ms.get(seq, 0.0),
                     backward_time=_forward_time(sweep, m.times, seq, backward=True),
                     optimizer_step_ms=_step_ms(m.step),

@@ -79,6 +79,7 @@ def measure_overlap(
     repeats: Repeats,
     rounds: int = MIN_ROUNDS,
     concurrency_ms: float = LOOP_MS,
+    concurrency_span_s: float = 0.0,
 ) -> OverlapResult:
     """Time compute alone, communication alone and both overlapped, in at least ``rounds`` alternating rounds (each
     value the max over ranks of the rank's median); then the concurrency test
@@ -133,7 +134,7 @@ def measure_overlap(
     # the compute slowdown scales every layer's price: twice the rounds of the other tests (3 quickstarts' 4-rank
     # profiles of one quiet quarter hour read 2.62, 2.14 and 2.47 over 7 rounds)
     compute_alone_ms, concurrency_ratio = measure_concurrency(
-        world, matmul_size, repeats, CONCURRENCY_ROUNDS * rounds // MIN_ROUNDS, concurrency_ms
+        world, matmul_size, repeats, CONCURRENCY_ROUNDS * rounds // MIN_ROUNDS, concurrency_ms, concurrency_span_s
     )
     slowest = {side: max_over_ranks(statistics.median(times), device) for side, times in sides.items()}
     return OverlapResult(

@@ -9,6 +9,11 @@ plain layer's ``F(b)``, and the collectives' curves of the hardware profile time
 tiny-llama (hidden 64, 2 gloo ranks) the ZeRO-3 plan's step measured 2.2x the ddp plan's, of which the priced
 gathers explained a fifth.
 
+The backward is timed twice: with gradient sync on (the iteration's last micro-batch: the copy into the
+reduce-scatter buffer and the shard's copy out) and off (every micro-batch before it: FSDP2 only accumulates the
+unsharded gradients). Priced with the first on every micro-batch, a plan of several micro-batches paid the copies
+each time, though galva-hp reduces once per iteration.
+
 Timed on the model profiler's forked ranks (the group that times the tp forms, one per degree), as the tp forms'
 overhead (:func:`galva_profiler.activation_memory.overhead_ms`): in the main thread's CPU time (the collectives run
 in gloo's threads while this thread waits: priced apart), the unit on ``[b, s, h]`` per rank against the plain
@@ -46,10 +51,11 @@ def _step_cpu(optimizer: torch.optim.Optimizer) -> float:
 
 def sharded_overhead_ms(
     plain: nn.Module, dp_type: str, group: Any, seq: int, hidden: int, dtype: torch.dtype
-) -> tuple[float, float, float]:
-    """(forward, backward, optimizer step) ms a copy of ``plain`` wrapped as galva-hp's ``dp_type`` unit over
-    ``group`` costs beyond ``plain`` on this rank's same work, each at least 0 (collective: every rank of ``group``
-    calls it)."""
+) -> tuple[float, float, float, float]:
+    """(forward, backward, optimizer step, accumulating backward) ms a copy of ``plain`` wrapped as galva-hp's
+    ``dp_type`` unit over ``group`` costs beyond ``plain`` on this rank's same work, each at least 0: the backward
+    with gradient sync on (the iteration's last micro-batch), the accumulating one with it off (the micro-batches
+    before). Collective: every rank of ``group`` calls it."""
     from galva_hp.data_parallel import local_tensor, wrap
     from galva_hp.precision import PrecisionPolicy
     from galva_schema import DataParallelType
@@ -57,11 +63,14 @@ def sharded_overhead_ms(
     # galva-hp keeps fp32 shards and computes in the profile's precision (FSDP2's mixed-precision policy)
     policy = PrecisionPolicy() if dtype == torch.float32 else PrecisionPolicy(dtype, torch.float32)
     unit = wrap("layer", copy.deepcopy(plain).float(), DataParallelType(dp_type), group, policy)
-    unit.before_backward(True)  # gradient sync on: one micro-batch's iteration
     warmup, repeats = REPEATS
-    best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, unit] x [forward, backward]
+    # the plain layer, the unit accumulating, the unit reducing: reducing last, so the step below has its gradients
+    runs: tuple[tuple[nn.Module, bool | None], ...] = ((plain, None), (unit.module, False), (unit.module, True))
+    best = [[float("inf")] * 2 for _ in runs]  # [run] x [forward, backward]
     for index in range(warmup + repeats):
-        for k, module in enumerate((plain, unit.module)):
+        for k, (module, sync) in enumerate(runs):
+            if sync is not None:
+                unit.before_backward(sync)
             module.zero_grad(set_to_none=True)
             times = cpu_passes(module, SAMPLES, seq, hidden, dtype)
             if index >= warmup:
@@ -77,8 +86,10 @@ def sharded_overhead_ms(
             took = _step_cpu(optimizer)
             if index >= warmup:
                 steps[k] = min(steps[k], took)
+    (plain_f, plain_b), (_, accumulating_b), (unit_f, unit_b) = best
     return (
-        max(0.0, (best[1][0] - best[0][0]) * 1e3),
-        max(0.0, (best[1][1] - best[0][1]) * 1e3),
+        max(0.0, (unit_f - plain_f) * 1e3),
+        max(0.0, (unit_b - plain_b) * 1e3),
         max(0.0, (steps[1] - steps[0]) * 1e3),
+        max(0.0, (accumulating_b - plain_b) * 1e3),
     )

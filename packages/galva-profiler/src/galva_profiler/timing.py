@@ -16,6 +16,16 @@ import torch.distributed as dist
 
 from galva_profiler.distributed import World, max_over_ranks, synchronize
 
+TIMING_SPAN_S = 5.0
+"""Seconds the rounds of a speed measurement span at least, by default (a layer's passes, the compute slowdown).
+
+A shared machine's processors change speed in bursts of seconds: on a quiet 2-core VM, one thread timing a layer's
+forward second by second read 1.5-1.8 ms most seconds and 2.4-3.3 ms in bursts of 1-5 s, one processor at a time.
+Rounds that take a third of a second (seven of the quickstart's layer) or two seconds (the compute slowdown's 15)
+can all fall in one burst: the quickstart's layer profile read 1.5x its usual time in one run of three, and one
+4-rank hardware profile's compute slowdown read 3.9 where the others read 2.2-2.4. Over seconds, the median of the
+rounds is the usual state, as the job's median step time is."""
+
 
 @dataclass(frozen=True)
 class Repeats:

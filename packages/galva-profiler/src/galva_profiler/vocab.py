@@ -193,8 +193,10 @@ def measure_vocab(
     megatron_sp: bool,
     repeats: Repeats,
     timeout_s: float = 300.0,
+    span_s: float = 0.0,
 ) -> VocabMeasurement:
-    """Time at tp 1 over ``batches``; memory at degree 1 and each of ``degrees`` (forked ranks)."""
+    """Time at tp 1 over ``batches`` (timed rounds spanning ``span_s`` seconds at least, as the layers'); memory at
+    degree 1 and each of ``degrees`` (forked ranks)."""
     from galva_comm.testing import run_distributed
 
     result = VocabMeasurement()
@@ -211,7 +213,7 @@ def measure_vocab(
             return loss_sum
 
         forwards[batch] = forward
-    result.times = time_interleaved(forwards, repeats)  # the batch sizes round robin, as the layers'
+    result.times = time_interleaved(forwards, repeats, span_s=span_s)  # the batch sizes round robin, as the layers'
     tied = _tied(layered)
     per_degree = {1: _position_bytes(layered.embedding, layered.head, inputs, inputs.head_seq, hidden, dtype, 0, tied)}
     for degree in degrees:

@@ -24,14 +24,18 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    # O_EXCL: never follow or reuse another writer's file; mode 0o666 & ~umask like open() gives
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
+        # O_EXCL: never follow or reuse another writer's file; mode 0o666 & ~umask like open() gives
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        # inside the try from the open on: a signal's exception raised just after the open returned (before a
+        # statement that would mark the file created) left it behind. Only the open raises FileExistsError, and then
+        # the file is another writer's
+        if not isinstance(err, FileExistsError):
+            tmp.unlink(missing_ok=True)
         raise
     return path
 

@@ -199,10 +199,18 @@ class LayerTypeProfile(GalvaModel):
         default_factory=dict,
         description="(forward, backward, optimizer step) ms one layer under ZeRO costs beyond the plain layer on the "
         "same work per rank, by dp type ('zero2', 'zero3') and sharding degree: FSDP2's hooks and the copies around "
-        "its all-gathers and reduce-scatter (forward and backward: per micro-batch, gradient sync on), and AdamW "
+        "its all-gathers and reduce-scatter (forward and backward: per micro-batch, the backward with gradient sync "
+        "on, as in the iteration's last micro-batch), and AdamW "
         "stepping the layer's sharded (DTensor) parameters beyond plain tensors of the same shards (once per "
         "iteration). Main thread's CPU time on forked gloo ranks, collectives left out (priced from the hardware "
         "profile). Empty: not profiled (0).",
+    )
+    sharded_accumulate_ms: dict[ShardedForm, dict[PositiveInt, NonNegativeFloat]] = Field(
+        default_factory=dict,
+        description="Backward ms one layer under ZeRO costs beyond the plain layer in a micro-batch before the "
+        "iteration's last, by dp type and sharding degree: gradient sync off, FSDP2 only accumulates the unsharded "
+        "gradients (no copies around a reduce-scatter); the sync-on backward of sharded_overhead_ms is the last "
+        "micro-batch's. Measured as sharded_overhead_ms. Empty: not profiled (every micro-batch priced as the last).",
     )
     split_backward_overhead_ms: NonNegativeFloat = Field(
         0.0,

@@ -102,7 +102,8 @@ class _LayerStatic:
     redistribution_per_sample: np.ndarray
     penalty: np.ndarray
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
-    sharded_ms: np.ndarray  # [candidate][forward, backward, step]: a ZeRO unit's own cost (FSDP2, DTensor step)
+    # [candidate][forward, backward, step, accumulating backward]: a ZeRO unit's own cost (FSDP2, DTensor step)
+    sharded_ms: np.ndarray
     step_ms: np.ndarray  # [candidate]: the optimizer step of the rank's share of the layer (measured; else 0)
     bucket_bytes: np.ndarray  # [candidate]: ddp gradient bytes a bucket takes (0: not bucketed)
     bucket_group: np.ndarray  # [candidate][group size, consecutive] of that all-reduce
@@ -314,7 +315,7 @@ class LayerCosts:
                 [_sharded_ms(layer, c, sharding_group_shape(stage_size, c.tp, c.consecutive, c.ulysses)[0])
                  for c in candidates],
                 dtype=float,
-            ).reshape(n, 3),
+            ).reshape(n, 4),
             step_ms=step_ms,
             bucket_bytes=bucket_bytes,
             bucket_group=bucket_group,
@@ -353,8 +354,11 @@ class LayerCosts:
         # a parallel form's own cost per call beyond the plain layer's F(b/tp) (the profile's measured overhead)
         extra_forward, extra_backward = (st.overhead_ms * 1e-3 * compute_factor).T
         # a ZeRO unit's own work per call (FSDP2's hooks and copies around its collectives), not recomputed: its
-        # hooks are on the unit, outside the checkpointed module
-        sharded_forward, sharded_backward = (st.sharded_ms[:, :2] * 1e-3 * compute_factor).T
+        # hooks are on the unit, outside the checkpointed module. With several micro-batches every backward but the
+        # last accumulates (gradient sync off): the micro-batch pays that one, the last its reducing one's surplus
+        sharded_forward, reducing, accumulating = (st.sharded_ms[:, [0, 1, 3]] * 1e-3 * compute_factor).T
+        sharded_backward = accumulating if num_micro_batches > 1 else reducing
+        last_backward = reducing - sharded_backward
         # weight_grad is the matmuls' share: the overhead below is not deferrable work
         forward = forward + extra_forward
         recompute = np.where(st.checkpoint, forward, 0.0)
@@ -380,9 +384,9 @@ class LayerCosts:
         )
         ring = ring * f.tp_comm
         micro = forward + backward + tp_comm + zero3_wall + ring
-        exposed = np.where(
-            st.zero3, comm.overlapped(backward, sync) - gather_bwd, comm.overlapped(backward, sync) - backward
-        )
+        # the last micro-batch's backward (its surplus included) hides the sync
+        synced = comm.overlapped(backward + last_backward, sync)
+        exposed = np.where(st.zero3, synced - gather_bwd, synced - backward)
         per_call = np.where(st.checkpoint, 0.0, layer.activation_mib_per_call / st.cp)  # per-position tables, cut
         expert_rows = expert_costs.imbalance_activation(layer, candidates, local)  # the busiest rank's extra rows
         act = (local * st.activation_per_sample + per_call + expert_rows) * f.activations
@@ -471,16 +475,19 @@ def _overhead_ms(layer: LayerTypeProfile, c: Candidate, megatron_sp: bool) -> tu
     return layer.parallel_overhead_ms.get(form, {}).get(c.tp, (0.0, 0.0))
 
 
-def _sharded_ms(layer: LayerTypeProfile, c: Candidate, degree: int) -> tuple[float, float, float]:
-    """(forward, backward, step) ms a ZeRO layer sharded over ``degree`` ranks costs beyond the plain layer (the
-    profile's ``sharded_overhead_ms`` at that degree, else at the largest profiled degree below it: FSDP2's per-call
-    work and the DTensor step grow with the tensors, not the group); 0 for ddp, one rank and unprofiled types."""
+def _sharded_ms(layer: LayerTypeProfile, c: Candidate, degree: int) -> tuple[float, float, float, float]:
+    """(forward, backward, step, accumulating backward) ms a ZeRO layer sharded over ``degree`` ranks costs beyond
+    the plain layer (the profile's ``sharded_overhead_ms`` and ``sharded_accumulate_ms`` at that degree, else at the
+    largest profiled degree below it: FSDP2's per-call work and the DTensor step grow with the tensors, not the
+    group; the accumulating backward is the reducing one where not profiled); 0 for ddp, one rank and unprofiled
+    types."""
     form: ShardedForm = "zero3" if c.dp_type is ZERO3 else "zero2"
     by_degree = layer.sharded_overhead_ms.get(form, {}) if c.dp_type in (ZERO2, ZERO3) else {}
     below = [d for d in by_degree if d <= degree]
     if degree <= 1 or not below:
-        return 0.0, 0.0, 0.0
-    return by_degree[max(below)]
+        return 0.0, 0.0, 0.0, 0.0
+    forward, backward, step = by_degree[max(below)]
+    return forward, backward, step, layer.sharded_accumulate_ms.get(form, {}).get(max(below), backward)
 
 
 def _layer_forward_seconds(layer: LayerTypeProfile, batch: np.ndarray) -> np.ndarray:
