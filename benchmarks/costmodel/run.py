@@ -171,7 +171,7 @@ def one_round(work: Path, reuse_profiles: bool) -> None:
         for name, strategy in strategies(world).items():
             strategy.save(directory / f"{name}.json")
         common = ["--hardware-profile", f"hw{world}.json", "--model-profile", "model.json",
-                  "--preset", "tiny-llama", "--steps", "15", "--warmup", "2"]
+                  "--preset", "tiny-llama", "--steps", "15", "--warmup", "2", "--timing-span", "3"]
         run([*PROFILE, "check", *common, "--strategy", str(directory), "-o", f"check{world}.json",
              "--table", f"table{world}.md", "--calibration-output", f"cal{world}.json"], work)
         # galva-search's own ranking, trained for real: its TOP plans at global batch 8, 4 GiB per rank

@@ -200,8 +200,9 @@ def bench_pipeline(rank: int, world_size: int, args) -> dict[str, float]:
     return _time(runs, args)
 
 
-def _time(runs: dict, args) -> dict[str, float]:
-    """Median ms per step of each run, interleaved step by step, barriers around every step."""
+def _steps(runs: dict, args) -> dict[str, list[float]]:
+    """ms of every timed step of each run, interleaved step by step (step ``i`` of every run in one round), barriers
+    around every step."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for step in range(args.warmup + args.steps):
         for name, run in runs.items():
@@ -211,7 +212,12 @@ def _time(runs: dict, args) -> dict[str, float]:
             dist.barrier()
             if step >= args.warmup:
                 times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def _time(runs: dict, args) -> dict[str, float]:
+    """Median ms per step of each run, interleaved step by step (:func:`_steps`)."""
+    return {name: statistics.median(values) for name, values in _steps(runs, args).items()}
 
 
 def table(result: dict[str, float], args) -> str:

@@ -12,11 +12,13 @@ the same global batch:
 
 A step is forward + backward + global-norm clipping + AdamW (``galva_hp.train_step`` on the galva side). The cases run
 in the same four forked gloo ranks, interleaved step by step; the reported time is the median over the measured
-steps. The prediction is ``galva_search.evaluate_strategy`` on profiles of this machine: ``--profile`` writes them
-(``galva-profile model`` of a GPT-2 config of the same sizes, ``galva-profile hardware --nproc-per-node PP``) under
-``benchmarks/runtime/.work/``; without them the column says so. ``--trace N``: N more steps of each galva case with
-the executor's ops timed per rank (``schedule_trace.py``), printed as a per-op decomposition beside replays of the
-schedule with the measured op durations.
+steps, and a ratio the median over the rounds of the two cases' steps in one round: a burst of a slower processor
+(seconds, on a shared machine) or a drift falls on both sides of a pair (a ratio of the two medians, zb-h1's at pp 4,
+read 0.95 to 1.07 in runs of one quiet day). The prediction is ``galva_search.evaluate_strategy`` on profiles of this
+machine: ``--profile`` writes them (``galva-profile model`` of a GPT-2 config of the same sizes, ``galva-profile
+hardware --nproc-per-node PP``) under ``benchmarks/runtime/.work/``; without them the column says so. ``--trace N``:
+N more steps of each galva case with the executor's ops timed per rank (``schedule_trace.py``), printed as a per-op
+decomposition beside replays of the schedule with the measured op durations.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bench_dp import _clip_global, _time  # same directory: the global-norm clip and the interleaved step timer
+from bench_dp import _clip_global, _steps  # same directory: the global-norm clip and the interleaved step timer
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
@@ -141,9 +143,10 @@ def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore
     runs["torch-interleaved-1f1b"] = _torch_run(args, rank, ids, labels, labels.numel(), 2)
     if args.cases:
         runs = {name: run for name, run in runs.items() if name in args.cases}
-    times = _time(runs, args)
+    steps = _steps(runs, args)
+    times = {name: statistics.median(values) for name, values in steps.items()}
     if not args.trace:
-        return times
+        return {"times": times, "steps": steps}
     import schedule_trace
 
     schedule_trace.install()  # after the timed steps: they ran the runtime untouched
@@ -156,7 +159,7 @@ def bench(rank: int, world_size: int, args) -> dict[str, float]:  # type: ignore
             runs[name]()
             wall = time.perf_counter() - start
             traces[name].append((start, wall, schedule_trace.take()))
-    return {"times": times, "trace": traces}
+    return {"times": times, "steps": steps, "trace": traces}
 
 
 # ------------------------------------------------------------------------------------------------ prediction
@@ -217,14 +220,20 @@ def _priced_inputs(args) -> str:  # type: ignore[no-untyped-def]
             f"{hw.processors_per_node}")  # fmt: skip
 
 
-def table(result: dict[str, float], predicted: dict[str, float] | None, args) -> str:  # type: ignore[no-untyped-def]
-    base = result["galva-1f1b"]
+def paired_ratio(steps: dict[str, list[float]], case: str, base: str) -> float:
+    """Median over the rounds of ``case``'s step / ``base``'s step in the same round."""
+    return statistics.median(a / b for a, b in zip(steps[case], steps[base]))
+
+
+def table(  # type: ignore[no-untyped-def]
+    result: dict[str, float], steps: dict[str, list[float]], predicted: dict[str, float] | None, args
+) -> str:
     rows = [
-        "| case | ms/step | measured ratio to galva 1F1B | predicted ratio (cost model) |",
+        "| case | ms/step | measured ratio to galva 1F1B (median of a round's pair) | predicted ratio (cost model) |",
         "|---|---|---|---|",
     ]
     for name, ms in result.items():
-        ratio = f"{ms / base:.3f}"
+        ratio = f"{paired_ratio(steps, name, 'galva-1f1b'):.3f}"
         guess = "—"
         if predicted is not None and name in predicted:
             guess = f"{predicted[name] / predicted['galva-1f1b']:.3f} ({predicted[name] * 1e3:.0f} ms)"
@@ -233,12 +242,12 @@ def table(result: dict[str, float], predicted: dict[str, float] | None, args) ->
         rows.append(f"| {name} | {ms:.1f} | {ratio} | {guess} |")
     if "torch-1f1b" not in result or "torch-interleaved-1f1b" not in result:
         return "\n".join(rows) + "\n"
-    vs = result["galva-1f1b"] / result["torch-1f1b"]
-    vs_i = result["galva-interleaved-1f1b"] / result["torch-interleaved-1f1b"]
+    vs = paired_ratio(steps, "galva-1f1b", "torch-1f1b")
+    vs_i = paired_ratio(steps, "galva-interleaved-1f1b", "torch-interleaved-1f1b")
     setup = (
         f"tiny GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, global batch {args.batch}, "
         f"{args.micro_batches} micro-batches, vocab {VOCAB}, fp32, untied, pp {args.pp} on {args.pp} forked gloo ranks "
-        f"(1 thread each), median of {args.steps} steps after {args.warmup} warm-up steps"
+        f"(1 thread each), {args.steps} rounds of one step of each case after {args.warmup} warm-up rounds"
     )
     return (
         "\n".join(rows)
@@ -310,7 +319,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--micro-batches", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20, help="timed rounds (one step of every case each)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="(re)write the profiles for the prediction column")
     parser.add_argument("--cases", nargs="+", help="only these cases (galva-1f1b always included), e.g. galva-zb-h1")
@@ -326,8 +335,7 @@ def main() -> None:
     if args.profile:
         profile(args)
     ranks = run_distributed(bench, args.pp, args, timeout=1800, threads_per_rank=1)
-    result = ranks[0]["times"] if args.trace else ranks[0]
-    text = table(result, predictions(args), args)
+    text = table(ranks[0]["times"], ranks[0]["steps"], predictions(args), args)
     print(text)
     print(_priced_inputs(args))
     if args.trace:

@@ -64,8 +64,8 @@ def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_pat
     _strategy(2, 1, [{"tp": 1, "dp_type": "zero3"}] * 4).save(plans / "zero3.json")
     args = ["check", "--hardware-profile", str(profiles / "hw2.json"), "--model-profile",
             str(profiles / "m.json"), "--preset", "tiny-llama", "--strategy", str(plans), "--search",
-            "--steps", "1", "--warmup", "1", "-o", "check.json", "--table", "check.md", "--calibration-output",
-            "cal.json"]
+            "--steps", "1", "--warmup", "1", "--timing-span", "0.3", "-o", "check.json", "--table", "check.md",
+            "--calibration-output", "cal.json"]
     _profile(args, tmp_path)
     report = json.loads((tmp_path / "check.json").read_text())
     names = [s["name"] for s in report["strategies"]]
@@ -91,6 +91,10 @@ def test_profile_search_train_and_calibrate_on_two_ranks(profiles: Path, tmp_pat
         assert abs(rows[key]["errors"]["activations"]) < 0.03, rows[key]
     ranks = report["strategies"][0]["ranks"]
     assert {"embedding", "layers.0", "layers.1"} <= set(ranks[0]["activation_bytes_by_unit"])
+    # --timing-span: timed steps past --steps 1 until they span 0.3 s, as many on every rank (they all took them)
+    timed = {len(r["forward_backward_ms"]) for s in report["strategies"] for r in s["ranks"]}
+    assert min(timed) > 1 and all(len({len(r["forward_backward_ms"]) for r in s["ranks"]}) == 1
+                                  for s in report["strategies"])
     assert "| pp2-1f1b | 2 | 1 |" in (tmp_path / "check.md").read_text()
 
     calibration = Calibration.load(tmp_path / "cal.json")

@@ -471,6 +471,27 @@ def test_ranks_sharing_processors_pay_the_nodes_work_not_the_bubble():
     two = SharedProcessors(slowdown=2.0, ranks_per_node=2, stage_size=1)
     assert two.node_stages(4) == [[0, 1], [2, 3]]
     assert shared_pipeline_time([3.0, 3.0, 5.0, 5.0], [3.0, 3.0, 5.0, 5.0], e, 4, two).total == pytest.approx(23.5)
+    # a node's processors: 2 stages of 2 ranks on 2 processors, one micro-batch, so one stage computes at a time.
+    # each of its 2 ranks has a processor and computes at its speed alone (F0 1 + F1 1 + B1 2 + B0 2), not at 0.8
+    one = ([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 1, [[0, 0, 1, 1]], 1.6)
+    assert shared_schedule_time(*one) == pytest.approx(6.0 / 0.8)
+    assert shared_schedule_time(*one, processors=2) == pytest.approx(6.0)
+    assert shared_schedule_time(*one, processors=4) == pytest.approx(6.0 / 0.8)  # a processor per rank: as measured
+    # and the closed form's every-rank-busy term: a 2-stage plan of one micro-batch computes on half its ranks at a
+    # time, at their speed alone (each has a processor), so its step is the path (1 + 1), not sigma x half of it;
+    # the search's bound stays below. One stage, or no processor count: every rank busy, as measured
+    sigma = 2.3
+    paired = SharedProcessors(slowdown=sigma, ranks_per_node=4, stage_size=2, processors=2)
+    assert paired.busy_share(2) == pytest.approx(4 / sigma / 2) and paired.busy_share(1) == 1.0
+    unknown = SharedProcessors(slowdown=sigma, ranks_per_node=4, stage_size=2)
+    assert unknown.busy_share(2) == 1.0
+    u1 = [sigma, sigma]  # all compute: alone 1 each
+    assert shared_pipeline_time(u1, u1, [0.0, 0.0], 1, paired).total == pytest.approx(2.0)
+    assert shared_pipeline_time(u1, u1, [0.0, 0.0], 1, unknown).total == pytest.approx(sigma)
+    assert bound_time(u1, 1, ONE, 1, 2.0, paired) <= 2.0 + 1e-12
+    gpipe = ([2.0, 2.0], [0.0, 0.0], [0.0, 0.0], 1, [[0, 0, 0, 1]], 1.6, PipelineSchedule.GPIPE)
+    # stage 0's 3 ranks compute at once: capacity 2 + (3 - 2) / (4 - 2) x (1.6 - 2) = 1.8, each rank at 0.6
+    assert shared_schedule_time(*gpipe, processors=2) == pytest.approx(2.0 / 0.6 + 2.0)
 
 
 @pytest.mark.parametrize("processors", [None, 4, 16])

@@ -46,6 +46,7 @@ class CheckOptions:
     timeout_s: float = 600.0
     backward_coefficient: float = 2.0
     decoder_seq_length: int | None = None  # an encoder-decoder's (seq_length is its encoder's)
+    span_s: float = 0.0  # the timed steps go on until they span this many seconds (every rank agreeing)
 
 
 @dataclass
@@ -206,11 +207,11 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     for unit in model.units:
         unit.module.register_forward_hook(sample)
     measuring, timing = model.options, replace(model.options, measure_activations=False)
-    fb_ms, opt_ms = [], []
-    activation_bytes, by_unit = 0, {}
-    total = options.warmup + options.steps + 1  # the last step measures bytes, untimed (hooks cost time)
-    for step in range(total):
-        last = step == total - 1
+    fb_ms: list[float] = []
+    opt_ms: list[float] = []
+
+    def train(step: int, last: bool) -> tuple[float, float]:
+        """One step; (forward_backward, clip + optimizer step) ms. ``last`` measures bytes (hooks cost time)."""
         model.options = measuring if last else timing
         sampling["on"] = last
         batch = source.batch(step)
@@ -224,16 +225,31 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
         optimizer.step()
         model.after_step()
         t2 = time.perf_counter()
-        if last:
-            by_unit = dict(model.saved_bytes)
-            activation_bytes = sum(by_unit.values())
-        elif step >= options.warmup:
-            fb_ms.append((t1 - t0) * 1e3)
-            opt_ms.append((t2 - t1) * 1e3)
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+    for step in range(options.warmup):
+        train(step, False)
+    start = time.perf_counter()
+    while _more_steps(len(fb_ms) < options.steps or time.perf_counter() - start < options.span_s):
+        fb, opt = train(options.warmup + len(fb_ms), False)
+        fb_ms.append(fb)
+        opt_ms.append(opt)
+    train(options.warmup + len(fb_ms), True)
+    by_unit = dict(model.saved_bytes)
+    activation_bytes = sum(by_unit.values())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return RankMeasurement(
         rank, model.stage, fb_ms, opt_ms, activation_bytes, sampling["max"], peak - base_rss, by_unit, peak, base_mib
     )
+
+
+def _more_steps(wanted: bool) -> bool:
+    """Whether any rank wants another timed step (collective: every rank then takes it, none waits alone)."""
+    import torch
+
+    flag = torch.tensor([1.0 if wanted else 0.0])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _token_source(config: Any, adapter: Any, batch: int, options: CheckOptions) -> Any:

@@ -39,6 +39,11 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch-size", type=int, default=4, help="--search/--top: global batch size (default 4)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument(
+        "--timing-span", type=float, default=0.0, metavar="SECONDS",
+        help="timed steps go on past --steps until they span this long (default 0): on a shared machine a few steps "
+        "can fall in one burst of a slower processor",
+    )  # fmt: skip
     p.add_argument("--backward-coefficient", type=float, default=2.0, help="as galva-search's (default 2)")
     p.add_argument("--output", "-o", default="check.json", help="JSON report (rows, raw measurements)")
     p.add_argument("--table", metavar="PATH", help="also write the table as Markdown")
@@ -68,8 +73,8 @@ def run_check(args: argparse.Namespace) -> int:
     from galva_profiler.model_source import load_config
     from galva_schema import HardwareProfile, ModelProfile, SchemaError, Strategy, plan_problems
 
-    if args.steps < 1 or args.warmup < 0:
-        raise ProfileError("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.timing_span < 0:
+        raise ProfileError("--steps must be >= 1, --warmup and --timing-span >= 0")
     if args.top < 0:
         raise ProfileError("--top must be >= 1")
     if not args.strategy and not args.search and not args.top:
@@ -90,7 +95,7 @@ def run_check(args: argparse.Namespace) -> int:
     meta = _check_same_model(config, args, model)
     options = CheckOptions(
         args.steps, args.warmup, seq, timeout_s=args.timeout, backward_coefficient=args.backward_coefficient,
-        decoder_seq_length=meta.decoder_length(seq),
+        decoder_seq_length=meta.decoder_length(seq), span_s=args.timing_span,
     )  # fmt: skip
     if args.top:
         top = _top(hardware, model, args)

@@ -155,4 +155,7 @@ class CostModel:
         if not self.hardware.shares_processors:
             return None
         cluster = self.hardware.cluster
-        return SharedProcessors(self.hardware.compute_slowdown, cluster.gpus_per_node, cluster.world_size // pp)
+        return SharedProcessors(
+            self.hardware.compute_slowdown, cluster.gpus_per_node, cluster.world_size // pp,
+            self.hardware.processors_per_node,
+        )  # fmt: skip

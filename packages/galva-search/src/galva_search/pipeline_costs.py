@@ -101,12 +101,25 @@ def pipeline_time(
 class SharedProcessors:
     """Ranks that share a node's processors (the hardware profile's ``shares_processors``): ``slowdown`` is the
     profile's ``compute_slowdown`` (every rank computing at once against one alone), ``ranks_per_node`` the node's
-    ranks and ``stage_size`` the ranks of one pipeline stage (stage ``s`` holds ranks ``s·stage_size`` on, node-major
-    numbering: galva_comm.layout.stage_ranks)."""
+    ranks, ``processors`` its processors (``processors_per_node``) and ``stage_size`` the ranks of one pipeline stage
+    (stage ``s`` holds ranks ``s·stage_size`` on, node-major numbering: galva_comm.layout.stage_ranks)."""
 
     slowdown: float
     ranks_per_node: int
     stage_size: int
+    processors: int | None = None  # a node's processors (the simulation's capacity below every rank busy)
+
+    def busy_share(self, pp: int) -> float:
+        """The share of the every-rank-busy time ``c · mean U`` that prices a plan of ``pp`` stages: 1 for one stage
+        (every rank computes through the whole step, at the measured all-at-once speed); with several stages the
+        simulation prices the phases in which every rank computes, and the busy term bounds the node's work at its
+        best capacity, ``max(P, N/σ)`` ranks alone: ``P`` processors run ``P`` ranks at their speed alone. Without
+        it a 2-stage plan of one micro-batch, half its ranks computing at any time, was priced as if all were."""
+        per = min(self.ranks_per_node, pp * self.stage_size)
+        if pp <= 1 or not self.processors or self.processors >= per:
+            return 1.0
+        full = per / self.slowdown
+        return full / max(full, float(self.processors))
 
     def node_stages(self, pp: int) -> list[list[int]]:
         """Per node, the stage of each of its ranks."""
@@ -131,7 +144,8 @@ def shared_pipeline_time(
 
     ``T = max(path, c · max_node mean_{r in node} U_r)``: the schedule's critical path with compute at the speed of
     a rank alone (``U_s − C_s (1 − 1/σ)``, ``C_s`` the compute within ``U_s``, ``σ`` the slowdown), and the node's
-    work done with every rank busy (each at the measured all-at-once speed ``U``). A schedule that shrinks the bubble
+    work done with every rank busy (each at the measured all-at-once speed ``U``; with several stages, at the node's
+    best capacity: :meth:`SharedProcessors.busy_share`). A schedule that shrinks the bubble
     then gains only while the path is the larger; what it costs in ``U`` (zb-h1's split, interleaving's messages) is
     paid in full. Neither sees the capacity lost while the pipeline fills and drains with fewer runnable ranks than
     processors: :func:`~galva_search.shared_schedule.shared_schedule_time` runs the schedule's steps with the node's
@@ -143,7 +157,7 @@ def shared_pipeline_time(
     w = None if stage_weight_grad_s is None else [x / shared.slowdown for x in stage_weight_grad_s]
     path = pipeline_time(alone, stage_exposed_s, num_micro_batches, schedule, virtual_stages, w)
     node_stages = shared.node_stages(len(u))
-    busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in node_stages)
+    busy = max(num_micro_batches * float(np.mean(u[stages])) for stages in node_stages) * shared.busy_share(len(u))
     total = max(path.total, busy + path.tail)
     if len(u) > 1:  # one stage has no fill or drain to lose capacity in
         share = np.full(len(u), 1.0 / 3.0) if stage_forward_share is None else np.asarray(stage_forward_share, float)
@@ -160,6 +174,7 @@ def shared_pipeline_time(
             schedule,
             virtual_stages,
             np.clip(other, 0.0, 1.0).tolist(),
+            shared.processors,
         )
         total = max(total, simulated + path.tail)
     slowest = int(np.argmax(u))

@@ -7,8 +7,12 @@ lost. :func:`shared_schedule_time` runs every stage's steps in the runtime's own
 :func:`~galva_comm.schedules.schedule_order`, which galva-hp executes), a receive waiting for its sender, with the
 ranks that can run sharing their node's capacity: ``N/σ`` ranks' worth of speed alone for the node's ``N`` ranks
 (``σ`` the profile's every-rank-at-once slowdown), each computing rank at ``min(1, (N/σ)/n)`` of its speed alone when
-``n`` of them compute. A step computes, then spends its other time (collectives, p2p latency) without a processor,
-at its own pace. Stage replicas (a stage's dp and tp ranks) run in lockstep and count once per rank.
+``n`` of them compute. Given the node's ``P`` processors (fewer than its ranks), ``n ≤ P`` computing ranks each have
+one, at their speed alone, and the capacity goes from ``P`` to ``N/σ`` as ``n`` goes from ``P`` to ``N``: 4 ranks
+on 2 processors pay the every-rank-busy slowdown only while more than 2 compute (a layer loop, 73 alternating
+rounds: 2 processes at once took 1.04x its time alone, 4 at once 2.06x). A step computes, then spends its other time
+(collectives, p2p latency) without a processor, at its own pace. Stage replicas (a stage's dp and tp ranks) run in
+lockstep and count once per rank.
 
 Measured on the quickstart's tiny-llama (4 gloo ranks, 2 processors; benchmarks/runtime/trace_run.py, each step's
 per-op CPU times replayed): pp 4 with 4 micro-batches took 1.10-1.13x the every-rank-busy bound, pp 2 with 2
@@ -60,12 +64,14 @@ def shared_schedule_time(
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B,
     virtual_stages: int = 1,
     other_share: Sequence[float] | None = None,
+    processors: int | None = None,
 ) -> float:
     """Seconds from the first forward to the last backward step when stage ``s`` takes ``forward_s[s]`` and
     ``backward_s[s]`` per micro-batch at a rank's speed alone (over its ``v`` chunks; ``weight_grad_s[s]`` of the
     backward is zb-h1's ``W``, all compute), ``other_share[s]`` of its forward and backward is not compute (0 when not
     given), ``node_stages[n]`` lists the stage of each of node ``n``'s ranks and ``capacity`` is a node's speed with
-    every rank busy, in ranks alone (``N/σ``)."""
+    every rank busy, in ranks alone (``N/σ``); ``processors`` a node's processors (None: ``capacity`` whatever the
+    count computing)."""
     pp = len(forward_s)
     v = virtual_stages if schedule is PipelineSchedule.INTERLEAVED_1F1B else 1
     program = _program(schedule, pp, num_micro_batches, v)
@@ -75,6 +81,16 @@ def shared_schedule_time(
             weight[n][s] += 1
     nodes_of = [[n for n in range(len(node_stages)) if weight[n][s]] for s in range(pp)]
     other = [0.0] * pp if other_share is None else list(other_share)
+    ranks = [len(stages) for stages in node_stages]
+
+    def node_capacity(node: int, computing: int) -> float:
+        """The node's speed, in ranks alone, with ``computing`` of its ranks computing."""
+        n, p = computing, processors or 0
+        if not p or p >= ranks[node]:
+            return capacity
+        if n <= p:
+            return float(n)
+        return p + (n - p) / (ranks[node] - p) * (capacity - p)
 
     def split(seconds: float, s: int) -> tuple[float, float]:
         return seconds * (1.0 - other[s]), seconds * other[s]
@@ -106,7 +122,10 @@ def shared_schedule_time(
             return clock
         computing = [s for s in running if left[s][0] > 0.0]
         busy = [sum(w[s] for s in computing) for w in weight]
-        rate = [min([1.0] + [capacity / busy[n] for n in nodes_of[s]]) if left[s][0] > 0.0 else 1.0 for s in running]
+        rate = [
+            min([1.0] + [node_capacity(n, busy[n]) / busy[n] for n in nodes_of[s]]) if left[s][0] > 0.0 else 1.0
+            for s in running
+        ]
         dt = min((left[s][0] if left[s][0] > 0.0 else left[s][1]) / r for s, r in zip(running, rate))
         clock += dt
         tolerance = 1e-12 * (1.0 + clock)

@@ -371,6 +371,7 @@ def bound_time(
     if shared is not None:
         alone = [u / shared.slowdown for u in stage_u]
         busy = max(c * sum(stage_u[s] for s in stages) / len(stages) for stages in shared.node_stages(len(stage_u)))
+        busy *= shared.busy_share(len(stage_u))
         return max(busy, bound_time(alone, c, schedule, virtual_stages, backward_coefficient))
     top = max(stage_u)
     rest = sum(stage_u) - top
