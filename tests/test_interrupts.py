@@ -89,10 +89,11 @@ def _check(ended: Ended, prog: str, signum: int, *, noise: tuple[str, ...] = ())
     name = signal.Signals(signum).name
     after = [line for line in ended.after if not (noise and line.startswith(noise))]
     everything = ended.before + ended.after
-    assert ended.code == 128 + signum, everything[-30:]
-    assert len(after) == 1 and after[0].startswith(f"{prog}: interrupted ({name})"), everything[-30:]
-    assert sum("interrupted" in line for line in everything) == 1, everything[-30:]
-    assert not any(word in line for line in everything for word in ("Traceback", "KeyboardInterrupt")), everything
+    said = "everything it said:\n" + "\n".join(everything[-60:])  # whole lines: pytest cuts a list's repr
+    assert ended.code == 128 + signum, said
+    assert len(after) == 1 and after[0].startswith(f"{prog}: interrupted ({name})"), said
+    assert sum("interrupted" in line for line in everything) == 1, said
+    assert not any(word in line for line in everything for word in ("Traceback", "KeyboardInterrupt")), said
     return after[0]
 
 

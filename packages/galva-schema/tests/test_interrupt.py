@@ -125,6 +125,36 @@ def test_in_process_the_status_is_returned_and_the_handlers_restored(tmp_path):
     assert out.strip() == "143" and err.splitlines() == ["demo: interrupted (SIGTERM)"]
 
 
+def test_a_signal_while_the_command_takes_its_signals_is_the_one_line(tmp_path):
+    """Ctrl-C the moment a command (a rank) installs its handlers: the handler is live from the first signal.signal
+    on, and a signal landing before run_command's try raised past it, a traceback (CI, once). The signal here lands
+    between the handlers and the wakeup fd; the command still ends with its line and 130, the handlers restored."""
+    program = """
+        before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        real = signal.set_wakeup_fd
+        calls = []
+
+        def set_wakeup_fd(fd, **kwargs):  # install's second step: the handlers are in place
+            if not calls:
+                calls.append(fd)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)  # the handler raises here
+            return real(fd, **kwargs)
+
+        signal.set_wakeup_fd = set_wakeup_fd
+        started()
+        code = run_command("demo", lambda: 0)
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+        print(code, flush=True)
+        """
+    proc = _start(tmp_path, program)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "130" and err.splitlines() == ["demo: interrupted (SIGINT)"], err
+
+
 def test_a_main_thread_stuck_in_native_code_is_ended_by_the_helper_thread(tmp_path):
     # the main thread never sees the signal (blocked in it, as in a C++ collective that never returns to Python)
     program = """

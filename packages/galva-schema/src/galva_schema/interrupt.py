@@ -160,10 +160,12 @@ class _Guard:
         self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
         self.reader, self.writer = _wakeup_pair()
         self.old_handlers: dict[int, Any] = {}
-        self.old_wakeup_fd = -1
+        self.old_wakeup_fd: int | None = None  # None until this guard set its own
         self.thread = threading.Thread(target=self._watch, name="galva-interrupt", daemon=True)
 
     def install(self) -> None:
+        """Take the signals. A signal may land half-way (the handler is live from the first ``signal.signal`` on):
+        :meth:`uninstall` then undoes only what was done."""
         _RUNNING.append(self)
         for signum in SIGNALS:
             self.old_handlers[signum] = signal.signal(signum, self._handler)
@@ -178,8 +180,10 @@ class _Guard:
             _RUNNING.remove(self)
         with contextlib.suppress(OSError):
             self.writer.send(b"\0")  # wakes the thread; signal numbers are never 0
-        self.thread.join(timeout=1.0)
-        signal.set_wakeup_fd(self.old_wakeup_fd)
+        if self.thread.ident is not None:  # started (install may have been interrupted before)
+            self.thread.join(timeout=1.0)
+        if self.old_wakeup_fd is not None:
+            signal.set_wakeup_fd(self.old_wakeup_fd)
         for signum, handler in self.old_handlers.items():
             signal.signal(signum, signal.SIG_IGN if finished else handler)
         self.reader.close()
@@ -279,9 +283,11 @@ def run_command(prog: str, body: Callable[[], int], *, end_process: bool = False
     if threading.current_thread() is not threading.main_thread():
         return body()
     guard = _Guard(prog)
-    guard.install()
     finished = False
     try:
+        # inside the try: the handler is live from install's first step on, and a signal landing before the try
+        # (Ctrl-C the moment a rank reached this) raised past it, a traceback instead of the line
+        guard.install()
         status = body()
         finished = end_process  # the work is done and its outputs whole: a later signal does not undo that
         return status
