@@ -66,6 +66,17 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], limit_s: float) -> None:
         time.sleep(0.05)
 
 
+def _read_to_end(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """(stdout, stderr) of a program that ends with status 0. Read on through the text streams: the readline() of
+    :func:`_start` may already hold the program's later output in its buffer, which communicate() (reading the pipe
+    itself) would miss."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, err
+    return out, err
+
+
 def _leftovers(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "out").iterdir() if p.name != "out.bin")
 
@@ -115,13 +126,7 @@ def test_in_process_the_status_is_returned_and_the_handlers_restored(tmp_path):
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
         print(code, flush=True)
         """
-    proc = _start(tmp_path, program)
-    # read on through the text stream: readline() above may already hold the program's later output in its buffer,
-    # which communicate() (reading the pipe itself) would miss
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = proc.stdout.read(), proc.stderr.read()
-    proc.wait(timeout=60)
-    assert proc.returncode == 0, err
+    out, err = _read_to_end(_start(tmp_path, program))
     assert out.strip() == "143" and err.splitlines() == ["demo: interrupted (SIGTERM)"]
 
 
@@ -147,11 +152,7 @@ def test_a_signal_while_the_command_takes_its_signals_is_the_one_line(tmp_path):
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
         print(code, flush=True)
         """
-    proc = _start(tmp_path, program)
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = proc.stdout.read(), proc.stderr.read()
-    proc.wait(timeout=60)
-    assert proc.returncode == 0, err
+    out, err = _read_to_end(_start(tmp_path, program))
     assert out.strip() == "130" and err.splitlines() == ["demo: interrupted (SIGINT)"], err
 
 
