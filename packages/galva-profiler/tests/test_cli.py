@@ -49,6 +49,15 @@ def test_unknown_preset(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without a CUDA device")
+def test_a_cuda_model_profile_without_a_gpu_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["model", "--preset", "tiny-llama", "--seq-lengths", "16", "--device", "cuda"]
+    line = _one_error_line(_main(argv, capsys))
+    assert "--device cuda: torch sees no CUDA device here" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_hardware_sweep_without_a_launcher(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     line = _one_error_line(_main(["hardware", *HW_FLAGS], capsys))

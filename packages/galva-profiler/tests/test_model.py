@@ -148,3 +148,66 @@ def test_an_encoder_decoder_is_cut_again_for_each_length_holding_what_was_made_r
     assert model.built == ["layers.2", "embedding", "head"]  # nothing more made real (the decoder's table: its home)
     out = model.layered.layers[2](torch.randn(1, 22, HIDDEN))
     assert out.shape == (1, 22, HIDDEN) and bool(out.isfinite().all())
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_profile_times_on_the_device_and_measures_the_same_bytes() -> None:
+    """On a GPU the layers are timed where the job trains (a CPU-timed profile priced the quickstart's one-GPU step
+    at 2.5x its measured time); activation bytes and model states are the CPU profile's, bit for bit."""
+    import torch
+
+    def sweep(device: str):  # type: ignore[no-untyped-def]
+        config, _ = load_config("tiny-llama", None)
+        options = ModelSweepOptions(
+            seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=1, repeats=Repeats(warmup=1, repetitions=3),
+            timing_span_s=0.0, device=device, precision=__import__("galva_schema").Precision.BF16,
+        )  # fmt: skip
+        return run_model_sweep(MetaModel.build(config, "tiny-llama"), options, progress_enabled=False)
+
+    on_cpu, on_gpu = sweep("cpu"), sweep("cuda")
+    cpu_profile, gpu_profile = model_profiles(on_cpu)[SEQ], model_profiles(on_gpu)[SEQ]
+    assert sweep_report(on_gpu)["device"] == "cuda" and sweep_report(on_cpu)["device"] == "cpu"
+    for a, b in zip(cpu_profile.layer_types, gpu_profile.layer_types):
+        assert a.activation_mib_per_sample == b.activation_mib_per_sample and a.parameter_mib == b.parameter_mib
+    assert cpu_profile.vocab.memory_pp_off == gpu_profile.vocab.memory_pp_off
+    gpu_layer = gpu_profile.layer_types[0]
+    assert gpu_layer.forward_time.intercept_ms > 0 and gpu_layer.attention_core is not None
+    # the modules went back to CPU after their timing: the forked activation ranks read them there
+    assert all(p.device.type == "cpu" for p in on_gpu.model.layered.embedding.parameters())
+    assert torch.cuda.memory_allocated() < 2**20 * 256  # nothing left there but the cuBLAS workspaces (65 MiB, H100)
+
+
+@pytest.mark.distributed
+def test_bytes_measured_in_a_cpu_process_are_the_same(sweep32, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where a GPU is visible the bytes are measured in a spawned process that sees none (a rank forked after
+    autograd ran on a GPU machine cannot run a backward); its figures are the in-process ones, tp 2 forks included."""
+    from galva_profiler import model_profile
+
+    monkeypatch.setattr(model_profile, "_bytes_in_a_cpu_process", lambda: True)
+    config, _ = load_config("tiny-llama", None)
+    config.num_hidden_layers = 32
+    options = ModelSweepOptions(
+        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=2, repeats=Repeats(warmup=0, repetitions=1),
+        timing_span_s=0.0,
+    )  # fmt: skip
+    elsewhere = run_model_sweep(MetaModel.build(config, "tiny-llama-32"), options, progress_enabled=False)
+    for here, there in zip(sweep32.layers, elsewhere.layers):
+        assert there.activations[SEQ].bytes_per_sample == here.activations[SEQ].bytes_per_sample
+        assert there.activations[SEQ].bytes_per_sample["tp"].keys() == {1, 2}
+        assert there.activations[SEQ].checkpoint_bytes_per_sample == here.activations[SEQ].checkpoint_bytes_per_sample
+    assert elsewhere.vocab[SEQ].model_states_mib == sweep32.vocab[SEQ].model_states_mib
+    assert elsewhere.vocab[SEQ].times[2].forward_ms > 0
+
+
+def test_a_failure_in_the_cpu_process_is_one_line(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from galva_profiler import model_profile
+    from galva_profiler.errors import ProfileError
+
+    config, _ = load_config("tiny-llama", None)
+    model = MetaModel.build(config, "tiny-llama")
+    layers = model_profile._layer_measurements(model, __import__("torch").float32, SEQ)
+    options = ModelSweepOptions(seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=1)
+    model.seed = "not a seed"  # type: ignore[assignment]
+    with pytest.raises(ProfileError, match=r"^measuring activation bytes in a CPU process: ") as raised:
+        model_profile._measure_bytes_in_a_cpu_process(model, layers, options)
+    assert "\n" not in str(raised.value)

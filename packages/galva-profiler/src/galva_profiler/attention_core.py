@@ -40,18 +40,19 @@ def measure_attention_core(
     batch: int,
     dtype: torch.dtype,
     repeats: Repeats,
+    device: torch.device | None = None,
 ) -> AttentionCoreProfile:
     """Forward ms per sample of the attention core at each of :func:`core_lengths`, fitted as ``a s^2 + b s + c``;
-    key/value bytes per token from the heads (tp 1)."""
+    key/value bytes per token from the heads (tp 1); on ``device`` (CPU by default)."""
     lengths = core_lengths(seq_lengths)
     per_sample = []
     for seq in lengths:
-        q = torch.randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True)
+        q = torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True)
         # the key/value heads repeated to the query heads, as an attention without grouped kernels computes them
-        k = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
-        v = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
+        k = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True)
+        v = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True)
 
-        per_sample.append(time_passes(_core(q, k, v, heads // kv_heads, causal), repeats).forward_ms / batch)
+        per_sample.append(time_passes(_core(q, k, v, heads // kv_heads, causal), repeats, device).forward_ms / batch)
     if len(lengths) >= 3:
         a, b, c = quadratic(lengths, per_sample).coefficients
     else:  # a sequence of 1 or 2 tokens: the core is all quadratic

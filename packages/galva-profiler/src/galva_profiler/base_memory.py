@@ -1,12 +1,13 @@
 """The memory one rank's process holds before any model is built: what galva-search reserves per device.
 
-On GPU: device memory in use that the caching allocator does not account for (the CUDA context, cuBLAS workspaces
-and the communicator's buffers, which exist after the first collective). On CPU: the process's resident set, with
-the training runtime imported where it is installed (galva-train's modules, the tensor-parallel layers and a
-model family's code: most of a CPU process's base) and one small transformer-like training step run (embedding,
-attention, norm, activation, loss, backward, AdamW, a collective), so the library code every job pages in on its
-first step counts as base, not as model memory. Measured on every rank after the process group exists; the profile
-keeps the largest.
+On GPU: device memory in use that the caching allocator does not account for (the CUDA context, the kernels loaded
+on first use, and where there are several ranks the communicator's buffers, which exist after the first collective),
+plus what stays allocated in the allocator after a first step (the cuBLAS workspaces). On CPU: the process's
+resident set, with the training runtime imported where it is installed (galva-train's modules, the tensor-parallel
+layers and a model family's code: most of a CPU process's base) and one small transformer-like training step run
+(embedding, attention, norm, activation, loss, backward, AdamW, a collective), so the library code every job pages
+in on its first step counts as base, not as model memory. Measured on every rank after the process group exists; the
+profile keeps the largest.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def import_runtime(modules: tuple[str, ...] = RUNTIME_MODULES) -> None:
             continue
 
 
-def _warm_up(device: torch.device) -> None:
-    """One small transformer-like training step and one collective: the code every job runs on its first step."""
+def _warm_up(device: torch.device, collective: bool = True) -> None:
+    """One small transformer-like training step and (``collective``) one collective: the code every job runs on its
+    first step."""
     import torch.nn.functional as F
 
     batch, seq, heads, head_dim, vocab = 2, 16, 2, 16, 64
@@ -76,8 +78,8 @@ def _warm_up(device: torch.device) -> None:
     params = [*embedding.parameters(), *proj.parameters(), *head.parameters()]
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     torch.optim.AdamW(params).step()
-    buf = torch.ones(1024, device=device)
-    dist.all_reduce(buf)
+    if collective:
+        dist.all_reduce(torch.ones(1024, device=device))
     synchronize(device)
 
 
@@ -86,10 +88,15 @@ def measure_base_memory(world: World, modules: tuple[str, ...] = RUNTIME_MODULES
     importing ``modules`` (those installed)."""
     if world.device.type != "cuda":
         import_runtime(modules)
-    _warm_up(world.device)
+    # a one-rank job communicates with nobody: on one H100 the collective's communicator alone held 548 MiB that
+    # such a job's training never did (1315 against 767 MiB)
+    _warm_up(world.device, collective=world.size > 1)
     if world.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(world.device)
-        used = (total - free - torch.cuda.memory_reserved(world.device)) / MIB
+        # outside the allocator, and what the warm-up left allocated in it (the cuBLAS workspaces, which live as long
+        # as their handles: a job's allocator peak counts them, the model profile's bytes do not)
+        held = torch.cuda.memory_reserved(world.device) - torch.cuda.memory_allocated(world.device)
+        used = (total - free - held) / MIB
         # ranks sharing one device each see the others' contexts too: this rank's share
         sharing = max(1, world.local_size // max(1, torch.cuda.device_count()))
         mine = used / sharing

@@ -95,10 +95,16 @@ def _one_pass(forward: Callable[[], Tensor], device: torch.device) -> tuple[floa
 
 
 def layer_forward(
-    module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype
+    module: torch.nn.Module,
+    batch: int,
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> Callable[[], Tensor]:
-    """A forward of a transformer layer on a fresh ``[batch, seq, hidden]`` input that requires grad (as in a model)."""
-    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    """A forward of a transformer layer on a fresh ``[batch, seq, hidden]`` input that requires grad (as in a model),
+    on ``device`` (the module's own; CPU by default)."""
+    x = torch.randn(batch, seq, hidden, dtype=dtype, device=device, requires_grad=True)
 
     def run() -> Tensor:
         module.zero_grad(set_to_none=True)
@@ -125,7 +131,7 @@ def weight_grad_share(
     minimum is the least disturbed run of each (medians of a loaded machine compared one burst against another and
     could invert the two, clamping the share to 0).
     """
-    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    x = torch.randn(batch, seq, hidden, dtype=dtype, device=device, requires_grad=True)
     whole, inputs = _alternating_backwards(
         module, x, (lambda out, seed: out.backward(seed), lambda out, seed: torch.autograd.grad(out, x, seed)),
         repeats, device or torch.device("cpu"), time.perf_counter,
@@ -156,7 +162,7 @@ def split_backward_overhead_share(
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
 
     device = device or torch.device("cpu")
-    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    x = torch.randn(batch, seq, hidden, dtype=dtype, device=device, requires_grad=True)
     whole, split = _alternating_backwards(
         module, x,
         (lambda out, seed: torch.autograd.backward([out], [seed]),

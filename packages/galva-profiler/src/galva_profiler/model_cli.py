@@ -47,6 +47,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a layer's timed passes go on until they span this long (default {TIMING_SPAN_S:g}; 0: the repetitions "
         "only): their median reads the machine's usual speed, not one burst's",
     )  # fmt: skip
+    sweep.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="where the layers are timed (default auto: the GPU where there is one, as the job trains there; "
+        "activation bytes are measured on CPU either way)",
+    )  # fmt: skip
     sweep.add_argument("--quick", action="store_true", help="few batch sizes (1,2)")
     sweep.add_argument("--timeout", type=float, default=300.0, help="seconds the forked tp ranks may take")
     out = p.add_argument_group("output")
@@ -69,6 +74,17 @@ def output_paths(template: str, model: str, seqs: list[int]) -> dict[int, Path]:
         return {seq: Path(template.format(model=model, seq=seq)) for seq in seqs}
     except (KeyError, IndexError, ValueError) as err:
         raise ProfileError(f"--output {template}: only {{model}} and {{seq}} may be filled in ({err})") from None
+
+
+def _device(choice: str) -> str:
+    """``--device``: auto is CUDA where torch sees a GPU, else CPU; cuda without one is an error."""
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ProfileError("--device cuda: torch sees no CUDA device here (use --device cpu or auto)")
+    return choice
 
 
 def run_model(args: argparse.Namespace) -> int:
@@ -100,6 +116,7 @@ def run_model(args: argparse.Namespace) -> int:
         repeats=repeats,
         timeout_s=args.timeout,
         timing_span_s=args.timing_span,
+        device=_device(args.device),
     )
     if args.decoder_seq_length is not None and args.decoder_seq_length < 2:
         raise ProfileError(f"--decoder-seq-length must be >= 2, got {args.decoder_seq_length}")
@@ -143,7 +160,10 @@ def summary(sweep: object, profiles: dict[int, ModelProfile], paths: dict[int, P
 
     assert isinstance(sweep, ModelSweep)
     built = ", ".join(sweep.model.built)
-    lines = [f"model profile: {sweep.model.name}, {sweep.model.num_layers} layers, built only: {built}"]
+    lines = [
+        f"model profile: {sweep.model.name}, {sweep.model.num_layers} layers, built only: {built}; timed on "
+        f"{sweep.options.device}"
+    ]
     for m in sweep.layers:
         for seq, times in sorted(m.times.items()):
             fwd = sweep.batch_fit(times)

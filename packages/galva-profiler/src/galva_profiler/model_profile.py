@@ -38,7 +38,7 @@ from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
 from galva_profiler.routing import routing_by_layer
 from galva_profiler.timing import TIMING_SPAN_S, Repeats
-from galva_profiler.vocab import POSITIONS, VocabInputs, VocabMeasurement, measure_vocab, tie
+from galva_profiler.vocab import POSITIONS, VocabInputs, VocabMeasurement, tie, vocab_memory, vocab_times
 from galva_schema import (
     AttentionCoreProfile,
     BatchTime,
@@ -72,6 +72,7 @@ class ModelSweepOptions:
     repeats: Repeats = field(default_factory=lambda: Repeats(warmup=2, repetitions=5))
     timeout_s: float = 300.0
     timing_span_s: float = TIMING_SPAN_S  # a layer's timed passes span this many seconds at least (time_interleaved)
+    device: str = "cpu"  # where the layers, attention cores, vocabulary modules and optimizer steps are timed
 
     def __post_init__(self) -> None:
         if self.max_tp < 1 or self.max_tp > MAX_TP or self.max_tp & (self.max_tp - 1):
@@ -190,82 +191,210 @@ def unsteady_timing(times: dict[int, PassTimes]) -> str | None:
 
 
 def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabled: bool = True) -> ModelSweep:
-    """Measure every layer type (its first layer only), then the vocabulary modules."""
+    """Measure every layer type (its first layer only) and the vocabulary modules: their bytes first (on CPU), then
+    their times (on ``options.device``)."""
     dtype = DTYPES[options.precision]
     degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
     runs = model.layer_runs()
     seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
     total = len(seqs) * (len(runs) * 2 + 1)
     progress = Progress(total, f"model {model.name}", enabled=progress_enabled)
-    specs = layer_specs(model.at_length(seqs[0]), seqs[0])
-    layers: list[LayerMeasurement] = []
-    for kind, first, count in runs:
-        module = model.layer(first, dtype).train()
-        hidden = specs[first].hidden_size
-        parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
-        layers.append(LayerMeasurement(kind, first, count, hidden, parameter_bytes))
+    layers = _layer_measurements(model, dtype, seqs[0])
+    vocab_modules = torch.nn.ModuleList([model.embedding(dtype).train(), model.head(dtype).train()])
+    tie(model.layered)
+    if _bytes_in_a_cpu_process():
+        vocab = _measure_bytes_in_a_cpu_process(model, layers, options)
+        for _ in range(len(seqs) * len(layers)):
+            progress.step(f"activations (tp {degrees['tp']})")
+    else:
+        vocab = _measure_bytes(model, layers, options, progress)
+    device = _device(options)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # autograd's device threads run the backward's kernels in its context
     for seq in seqs:
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
-            module = model.layer(measurement.first_index, dtype)
-            layer_seq = specs[measurement.first_index].seq_length
-            # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
-            time_passes(layer_forward(module, batches[-1], layer_seq, measurement.hidden, dtype), Repeats(0, 1))
-            measurement.times[seq] = _time_batches(module, batches, layer_seq, measurement.hidden, dtype, options)
-            if measurement.step is None:  # the tensors do not depend on the sequence length
-                measurement.step = step_cost(module, options.repeats)
+            _time_layer(model.layer(measurement.first_index, dtype), measurement, seq, specs, batches, options)
             progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
-            measurement.weight_grad_share[seq] = weight_grad_share(
-                module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
-            )
-            split_share = split_backward_overhead_share(
-                module, batches[-1], layer_seq, measurement.hidden, dtype, options.repeats
-            )
-            for _ in range(RETIMES):
-                problem = unsteady_timing(measurement.times[seq])
-                if problem is None:
-                    break
-                # outside load caught the rounds unevenly all the same: time them all again
-                measurement.times[seq] = _time_batches(module, batches, layer_seq, measurement.hidden, dtype, options)
-            else:
-                problem = unsteady_timing(measurement.times[seq])
-                if problem is not None:
-                    print(
-                        f"galva-profile: warning: {measurement.name} at sequence {seq}: {problem} after "
-                        f"{RETIMES + 1} timings; was the machine busy? The profile keeps the last one",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            # on the backward the profile keeps, in its clock (layer_timing.split_backward_overhead_share)
-            measurement.split_overhead_ms[seq] = split_share * measurement.times[seq][batches[-1]].backward_ms
-            measurement.activations[seq] = measure_layer(
-                module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
-                degrees, options.timeout_s,
-            )  # fmt: skip
-            progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
-            profiled = _experts_of(model, measurement, module, seq, batches, dtype, options)
-            if profiled is not None:
-                measurement.experts[seq] = profiled
-    _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats)
-    vocab_modules = torch.nn.ModuleList([model.embedding(dtype).train(), model.head(dtype).train()])
-    tie(model.layered)
-    vocab_step = step_cost(vocab_modules, options.repeats)  # a tied weight once, as galva-hp's home record
-    vocab = {}
+    _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats, device)
+    vocab_step = step_cost(vocab_modules, options.repeats, device)  # a tied weight once, as galva-hp's home record
     for seq in seqs:
-        vocab[seq] = measure_vocab(
-            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, batches,
-            vocab_degrees, options.megatron_sp, options.repeats, options.timeout_s, options.timing_span_s,
+        vocab[seq].times = vocab_times(
+            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), dtype, batches, options.repeats,
+            options.timing_span_s, device,
         )  # fmt: skip
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
 
 
+def _device(options: ModelSweepOptions) -> torch.device:
+    """Where the sweep times: ``options.device``, a GPU with its index (the current one where none is named)."""
+    device = torch.device(options.device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _layer_measurements(model: MetaModel, dtype: torch.dtype, seq: int) -> list[LayerMeasurement]:
+    """One measurement per run of layers of one type, its first layer made real."""
+    specs = layer_specs(model.at_length(seq), seq)
+    layers = []
+    for kind, first, count in model.layer_runs():
+        module = model.layer(first, dtype).train()
+        parameter_bytes = sum(p.numel() for p in module.parameters()) * 4  # fp32 bytes, as the profile states
+        layers.append(LayerMeasurement(kind, first, count, specs[first].hidden_size, parameter_bytes))
+    return layers
+
+
+def _measure_bytes(
+    model: MetaModel, layers: list[LayerMeasurement], options: ModelSweepOptions, progress: Progress | None = None
+) -> dict[int, VocabMeasurement]:
+    """Each layer type's activations (and experts) at every length and degree, and the vocabulary's bytes at every
+    length and vocabulary degree, on CPU (forked ranks for the degrees above 1); the vocabulary's returned."""
+    dtype = DTYPES[options.precision]
+    degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
+    seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
+    vocab: dict[int, VocabMeasurement] = {}
+    for seq in seqs:
+        specs = layer_specs(model.at_length(seq), seq)
+        for measurement in layers:
+            module = model.layer(measurement.first_index, dtype)
+            layer_seq = specs[measurement.first_index].seq_length
+            measurement.activations[seq] = measure_layer(
+                module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
+                degrees, options.timeout_s,
+            )  # fmt: skip
+            if progress is not None:
+                progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
+            profiled = _experts_of(model, measurement, module, seq, batches, dtype, options)
+            if profiled is not None:
+                measurement.experts[seq] = profiled
+        vocab[seq] = vocab_memory(
+            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, vocab_degrees,
+            options.megatron_sp, options.timeout_s,
+        )  # fmt: skip
+    return vocab
+
+
+def _bytes_in_a_cpu_process() -> bool:
+    """Whether the bytes are measured in a process of their own that sees no GPU: where this one sees one. Once
+    autograd has run here (the model's own analysis runs a backward), it holds a thread per GPU, and a rank forked
+    from it cannot run a backward (torch: "Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"); a process that sees no GPU starts no such threads."""
+    return torch.cuda.is_available()
+
+
+def _measure_bytes_in_a_cpu_process(
+    model: MetaModel, layers: list[LayerMeasurement], options: ModelSweepOptions
+) -> dict[int, VocabMeasurement]:
+    """:func:`_measure_bytes` in a spawned process with ``CUDA_VISIBLE_DEVICES`` empty (the same model rebuilt from
+    its config and seed); its results go into ``layers`` and the vocabulary's are returned. A failure there is
+    :class:`ProfileError` with its first line."""
+    import multiprocessing as mp
+    import os
+
+    ctx = mp.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    build = (model.config, model.name, model.seed, model.seq_length, model.decoder_seq_length)
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the spawned interpreter reads it at its start
+    try:
+        process = ctx.Process(target=_bytes_worker, args=(sender, build, options), name="galva-profile-bytes")
+        process.start()
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    sender.close()
+    try:
+        kind, payload = receiver.recv()
+    except EOFError:  # it ended without a word (killed)
+        process.join(5.0)
+        kind, payload = "error", f"it ended with exit code {process.exitcode}"
+    finally:
+        process.join()
+    if kind == "error":
+        raise ProfileError(f"measuring activation bytes in a CPU process: {payload}")
+    activations, experts, vocab = payload
+    for measurement in layers:
+        measurement.activations = activations[measurement.first_index]
+        measurement.experts = experts[measurement.first_index]
+    return vocab
+
+
+def _bytes_worker(sender: Any, build: tuple[Any, str, int, int | None, int | None], options: ModelSweepOptions) -> None:
+    """The spawned side of :func:`_measure_bytes_in_a_cpu_process`: ``("ok", (activations, experts, vocab))`` by
+    layer's first index, or ``("error", first line)``."""
+    try:
+        config, name, seed, seq_length, decoder_seq_length = build
+        model = MetaModel.build(config, name, seed, seq_length=seq_length, decoder_seq_length=decoder_seq_length)
+        dtype = DTYPES[options.precision]
+        layers = _layer_measurements(model, dtype, sorted(set(options.seq_lengths))[0])
+        model.embedding(dtype).train()
+        model.head(dtype).train()
+        tie(model.layered)
+        vocab = _measure_bytes(model, layers, options)
+        sender.send(
+            ("ok", ({m.first_index: m.activations for m in layers}, {m.first_index: m.experts for m in layers}, vocab))
+        )
+    except BaseException as err:  # whatever it was, the parent says it in one line
+        sender.send(("error", (str(err).splitlines() or [type(err).__name__])[0]))
+    finally:
+        sender.close()
+
+
+def _time_layer(
+    module: torch.nn.Module,
+    measurement: LayerMeasurement,
+    seq: int,
+    specs: list[Any],
+    batches: list[int],
+    options: ModelSweepOptions,
+) -> None:
+    """The layer's passes over ``batches``, its optimizer step, its weight-gradient share and its split backward's
+    overhead, on ``options.device`` (the module goes there and comes back)."""
+    device, dtype = _device(options), DTYPES[options.precision]
+    layer_seq, hidden, repeats = specs[measurement.first_index].seq_length, measurement.hidden, options.repeats
+    module.to(device)
+    try:
+        # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
+        time_passes(layer_forward(module, batches[-1], layer_seq, hidden, dtype, device), Repeats(0, 1), device)
+        measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
+        if measurement.step is None:  # the tensors do not depend on the sequence length
+            measurement.step = step_cost(module, repeats, device)
+        measurement.weight_grad_share[seq] = weight_grad_share(
+            module, batches[-1], layer_seq, hidden, dtype, repeats, device
+        )
+        split_share = split_backward_overhead_share(module, batches[-1], layer_seq, hidden, dtype, repeats, device)
+        for _ in range(RETIMES):
+            problem = unsteady_timing(measurement.times[seq])
+            if problem is None:
+                break
+            # outside load caught the rounds unevenly all the same: time them all again
+            measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
+        else:
+            problem = unsteady_timing(measurement.times[seq])
+            if problem is not None:
+                print(
+                    f"galva-profile: warning: {measurement.name} at sequence {seq}: {problem} after "
+                    f"{RETIMES + 1} timings; was the machine busy? The profile keeps the last one",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        # on the backward the profile keeps, in its clock (layer_timing.split_backward_overhead_share)
+        measurement.split_overhead_ms[seq] = split_share * measurement.times[seq][batches[-1]].backward_ms
+    finally:
+        module.to("cpu")
+
+
 def _time_batches(
     module: torch.nn.Module, batches: list[int], seq: int, hidden: int, dtype: torch.dtype, options: ModelSweepOptions
 ) -> dict[int, PassTimes]:
-    """The layer at every batch size, interleaved (:func:`time_interleaved`)."""
-    runs = {batch: layer_forward(module, batch, seq, hidden, dtype) for batch in batches}
-    return time_interleaved(runs, options.repeats, span_s=options.timing_span_s)
+    """The layer at every batch size, interleaved (:func:`time_interleaved`), on ``options.device``."""
+    device = _device(options)
+    runs = {batch: layer_forward(module, batch, seq, hidden, dtype, device) for batch in batches}
+    return time_interleaved(runs, options.repeats, device, span_s=options.timing_span_s)
 
 
 def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:
@@ -319,7 +448,13 @@ def _experts_of(
 
 
 def _measure_cores(
-    model: MetaModel, layers: list[LayerMeasurement], seqs: list[int], batch: int, dtype: torch.dtype, repeats: Repeats
+    model: MetaModel,
+    layers: list[LayerMeasurement],
+    seqs: list[int],
+    batch: int,
+    dtype: torch.dtype,
+    repeats: Repeats,
+    device: torch.device,
 ) -> None:
     """Each layer type's attention core over the profiled lengths (heads from the model's constraints; causal for
     a causal LM); none for a layer type without attention heads in them."""
@@ -331,7 +466,9 @@ def _measure_cores(
         if own is None:
             continue
         head_dim = getattr(model.config, "head_dim", None) or m.hidden // own.num_heads
-        core = measure_attention_core(own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats)
+        core = measure_attention_core(
+            own.num_heads, own.kv_heads, head_dim, causal, tuple(seqs), batch, dtype, repeats, device
+        )
         window, count = _windows(model, m.first_index)
         m.attention_core = core.model_copy(update={"window": window, "window_layers": count}) if count else core
 

@@ -41,6 +41,7 @@ def sweep_report(sweep: ModelSweep) -> dict[str, Any]:
     return {
         "model": sweep.model.name,
         "built_modules": list(sweep.model.built),
+        "device": sweep.options.device,
         "degrees": sweep.degrees,
         "vocab_degrees": sweep.vocab_degrees,
         "layers": layers,

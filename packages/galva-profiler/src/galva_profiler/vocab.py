@@ -183,37 +183,20 @@ def _rank_worker(
     return _position_bytes(embedding, head, inputs, local_seq, hidden, dtype, offset, _tied(layered))
 
 
-def measure_vocab(
+def vocab_memory(
     layered: Any,
     inputs: VocabInputs,
     hidden: int,
     dtype: torch.dtype,
-    batches: list[int],
     degrees: list[int],
     megatron_sp: bool,
-    repeats: Repeats,
     timeout_s: float = 300.0,
-    span_s: float = 0.0,
 ) -> VocabMeasurement:
-    """Time at tp 1 over ``batches`` (timed rounds spanning ``span_s`` seconds at least, as the layers'); memory at
-    degree 1 and each of ``degrees`` (forked ranks)."""
+    """Model states and activation bytes per sample of each position, at degree 1 and each of ``degrees`` (forked
+    ranks, on CPU: saved bytes do not depend on the device); no times."""
     from galva_comm.testing import run_distributed
 
     result = VocabMeasurement()
-    forwards = {}
-    for batch in batches:
-        ids, labels = inputs.make(batch)
-        between = None if inputs.head_input is None else torch.randn(batch, *inputs.head_input, dtype=dtype)
-
-        def forward(ids: Tensor = ids, labels: Tensor = labels, between: Tensor | None = between) -> Tensor:
-            embedded = layered.embedding(ids)
-            if between is not None:  # the head reads the last layer's shape: its input stands in, tied to the graph
-                embedded = between + 0.0 * embedded.sum()
-            loss_sum, _ = layered.head(embedded, labels)
-            return loss_sum
-
-        forwards[batch] = forward
-    result.times = time_interleaved(forwards, repeats, span_s=span_s)  # the batch sizes round robin, as the layers'
     tied = _tied(layered)
     per_degree = {1: _position_bytes(layered.embedding, layered.head, inputs, inputs.head_seq, hidden, dtype, 0, tied)}
     for degree in degrees:
@@ -228,4 +211,59 @@ def measure_vocab(
     for position in POSITIONS:
         result.model_states_mib[position] = {k: v[position][0] / MIB for k, v in per_degree.items()}
         result.activation_mib_per_sample[position] = {k: v[position][1] / MIB for k, v in per_degree.items()}
+    return result
+
+
+def vocab_times(
+    layered: Any,
+    inputs: VocabInputs,
+    dtype: torch.dtype,
+    batches: list[int],
+    repeats: Repeats,
+    span_s: float = 0.0,
+    device: torch.device | None = None,
+) -> dict[int, PassTimes]:
+    """The embedding and the head's loss at tp 1 over ``batches``, round robin as the layers' (timed rounds spanning
+    ``span_s`` seconds at least), on ``device`` (CPU by default: the modules go there for the timing and come back)."""
+    device = device or torch.device("cpu")
+    forwards = {}
+    for batch in batches:
+        ids, labels = (t.to(device) for t in inputs.make(batch))
+        between = None
+        if inputs.head_input is not None:
+            between = torch.randn(batch, *inputs.head_input, dtype=dtype, device=device)
+
+        def forward(ids: Tensor = ids, labels: Tensor = labels, between: Tensor | None = between) -> Tensor:
+            embedded = layered.embedding(ids)
+            if between is not None:  # the head reads the last layer's shape: its input stands in, tied to the graph
+                embedded = between + 0.0 * embedded.sum()
+            loss_sum, _ = layered.head(embedded, labels)
+            return loss_sum
+
+        forwards[batch] = forward
+    modules = (layered.embedding, layered.head)
+    for module in modules:
+        module.to(device)  # in place: a weight the two modules share stays one tensor
+    try:
+        return time_interleaved(forwards, repeats, device, span_s=span_s)
+    finally:
+        for module in modules:
+            module.to("cpu")
+
+
+def measure_vocab(
+    layered: Any,
+    inputs: VocabInputs,
+    hidden: int,
+    dtype: torch.dtype,
+    batches: list[int],
+    degrees: list[int],
+    megatron_sp: bool,
+    repeats: Repeats,
+    timeout_s: float = 300.0,
+    span_s: float = 0.0,
+) -> VocabMeasurement:
+    """:func:`vocab_memory` and :func:`vocab_times` on CPU."""
+    result = vocab_memory(layered, inputs, hidden, dtype, degrees, megatron_sp, timeout_s)
+    result.times = vocab_times(layered, inputs, dtype, batches, repeats, span_s)
     return result

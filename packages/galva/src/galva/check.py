@@ -96,7 +96,7 @@ def check_run(
     if not records:
         raise ValueError(f"{metrics}: no step records")
     measured_s, time_noise, timed = step_time(_numbers(records, "step_time_s", metrics))
-    base = _numbers(records, "base_memory_mib", metrics)[0]
+    base = max(_numbers(records, "base_memory_mib", metrics))  # on a GPU it grows over the first steps
     above = max(_numbers(records, "peak_above_base_mib", metrics))
     # a summary from before the base was recorded: take the run's base as the one reserved
     predicted_base = base if predicted.base_memory_mib is None else predicted.base_memory_mib
