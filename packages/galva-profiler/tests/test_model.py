@@ -211,3 +211,30 @@ def test_a_failure_in_the_cpu_process_is_one_line(monkeypatch) -> None:  # type:
     with pytest.raises(ProfileError, match=r"^measuring activation bytes in a CPU process: ") as raised:
         model_profile._measure_bytes_in_a_cpu_process(model, layers, options)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="GPU"))],
+)
+def test_experts_are_timed_again_on_the_sweep_s_device(device) -> None:  # type: ignore[no-untyped-def]
+    """A mixture of experts' bytes and routing are measured on CPU with the layer's; on a GPU its expert and router
+    times are taken again there, everything else kept."""
+    from galva_profiler import model_profile
+
+    config, _ = load_config("tiny-mixtral", None)
+    options = ModelSweepOptions(
+        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=1, repeats=Repeats(warmup=0, repetitions=2),
+        timing_span_s=0.0, device=device,
+    )  # fmt: skip
+    sweep = run_model_sweep(MetaModel.build(config, "tiny-mixtral"), options, progress_enabled=False)
+    layer = sweep.layers[0]
+    before = layer.experts[SEQ]
+    model_profile._time_experts(sweep.model, layer, SEQ, options)
+    after = layer.experts[SEQ]
+    assert after.expert_time.slope_ms_per_sample >= 0.0 and after.router_ms_per_token > 0.0
+    unchanged = {"expert_time", "router_ms_per_token"}
+    assert after.model_dump(exclude=unchanged) == before.model_dump(exclude=unchanged)
+    module = sweep.model.layer(layer.first_index, __import__("torch").float32)
+    assert all(p.device.type == "cpu" for p in module.parameters())

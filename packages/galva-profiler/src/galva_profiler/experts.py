@@ -3,8 +3,8 @@
 
 * **expert time**: the family's experts module with every row routed to expert 0, at several row counts; the
   least-squares line over rows is one expert's FFN time (its intercept is what each expert call costs, however
-  few rows it gets).
-* **router time**: the router module on ``[tokens, hidden]`` rows, per token.
+  few rows it gets). Timed on CPU here; the model sweep times it again on its device (:func:`time_experts`).
+* **router time**: the router module on ``[tokens, hidden]`` rows, per token (the same).
 * **imbalance**: the routing every layer of the type really does with random tokens run through the model's depth
   (:mod:`galva_profiler.routing`), per ep degree, the experts in contiguous runs of ``E / ep`` (as galva-models
   splits them): ``imbalance``, the largest run's rows over the mean in one layer (what a layer's compute and
@@ -46,10 +46,12 @@ def experts_module(layer: nn.Module, ep_table: dict[str, str]) -> tuple[str, nn.
     return None
 
 
-def _call(experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, index: Tensor) -> Tensor:
-    x = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
-    weights = torch.full(index.shape, 1.0 / index.shape[1], dtype=dtype)
-    out: Tensor = experts(x, index, weights)
+def _call(
+    experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, index: Tensor, device: torch.device | None = None
+) -> Tensor:
+    x = torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True)
+    weights = torch.full(index.shape, 1.0 / index.shape[1], dtype=dtype, device=device)
+    out: Tensor = experts(x, index.to(x.device), weights)
     return out
 
 
@@ -58,10 +60,36 @@ def _balanced(tokens: int, top_k: int, experts: int) -> Tensor:
     return (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
 
 
-def _time_one_expert(experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, repeats: Repeats) -> float:
-    """Forward ms of the experts module with all ``rows`` routed to expert 0."""
-    to_first = torch.zeros(rows, 1, dtype=torch.long)
-    return median_ms(lambda: _call(experts, rows, hidden, dtype, to_first), repeats, torch.device("cpu"))
+def _time_one_expert(
+    experts: nn.Module, rows: int, hidden: int, dtype: torch.dtype, repeats: Repeats, device: torch.device
+) -> float:
+    """Forward ms of the experts module with all ``rows`` routed to expert 0, on ``device`` (the module's)."""
+    to_first = torch.zeros(rows, 1, dtype=torch.long, device=device)
+    return median_ms(lambda: _call(experts, rows, hidden, dtype, to_first, device), repeats, device)
+
+
+def time_experts(
+    experts: nn.Module,
+    block: nn.Module,
+    router: type[nn.Module] | None,
+    hidden: int,
+    dtype: torch.dtype,
+    repeats: Repeats,
+    device: torch.device | None = None,
+) -> tuple[BatchTime, float]:
+    """``(expert time, router ms per token)`` of the modules, on ``device`` (CPU by default: they go there for the
+    timing and come back)."""
+    device = device or torch.device("cpu")
+    block.to(device)  # the experts module is inside it
+    experts.to(device)
+    try:
+        times = [_time_one_expert(experts, rows, hidden, dtype, repeats, device) for rows in ROWS]
+        router_ms = _router_ms_per_token(block, router, hidden, dtype, repeats, device)
+    finally:
+        block.to("cpu")
+        experts.to("cpu")
+    slope, intercept = alpha_beta(list(ROWS), times).coefficients
+    return BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept), router_ms
 
 
 def figures_by_ep(counts: list[Tensor]) -> dict[int, list[float]]:
@@ -98,12 +126,12 @@ def by_layer_and_summed(counts: dict[int, list[Tensor]]) -> tuple[dict[int, floa
 
 
 def _router_ms_per_token(block: nn.Module, router: type[nn.Module] | None, hidden: int, dtype: torch.dtype,
-                         repeats: Repeats) -> float:  # fmt: skip
+                         repeats: Repeats, device: torch.device) -> float:  # fmt: skip
     found = [m for m in block.modules() if router is not None and isinstance(m, router)]
     if len(found) != 1:
         return 0.0
     tokens = max(ROWS)
-    x = torch.randn(tokens, hidden, dtype=dtype)
+    x = torch.randn(tokens, hidden, dtype=dtype, device=device)
     return median_ms(lambda: found[0](x), repeats, x.device) / tokens
 
 
@@ -150,8 +178,7 @@ def measure_experts(
     hidden = int(config.hidden_size)
     expert_bytes = sum(p.numel() for p in params.values()) * 4
     block_bytes = sum(p.numel() for p in block.parameters()) * 4 - expert_bytes
-    times = [_time_one_expert(experts, rows, hidden, dtype, repeats) for rows in ROWS]
-    slope, intercept = alpha_beta(list(ROWS), times).coefficients
+    expert_time, router_ms = time_experts(experts, block, router, hidden, dtype, repeats)
     rows = min(ROWS)
     one = saved_bytes(lambda: _call(experts, rows, hidden, dtype, _balanced(rows, top_k, total)))
     two = saved_bytes(lambda: _call(experts, 2 * rows, hidden, dtype, _balanced(2 * rows, top_k, total)))
@@ -167,8 +194,8 @@ def measure_experts(
         expert_ffn=expert_ffn,
         expert_parameter_mib=expert_bytes / MIB,
         block_parameter_mib=max(0, block_bytes) / MIB,
-        expert_time=BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept),
-        router_ms_per_token=_router_ms_per_token(block, router, hidden, dtype, repeats),
+        expert_time=expert_time,
+        router_ms_per_token=router_ms,
         imbalance=imbalance,
         activation_mib_per_row=per_row / MIB,
         dispatch_activation_mib_per_row=dispatch / MIB,

@@ -23,7 +23,7 @@ import torch
 from galva_profiler.activation_memory import LayerActivations, measure_layer
 from galva_profiler.attention_core import measure_attention_core
 from galva_profiler.errors import ProfileError
-from galva_profiler.experts import experts_module, measure_experts
+from galva_profiler.experts import experts_module, measure_experts, time_experts
 from galva_profiler.fitting import Fit, alpha_beta, quadratic
 from galva_profiler.layer_step import StepCost, step_cost
 from galva_profiler.layer_timing import (
@@ -215,6 +215,8 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
             _time_layer(model.layer(measurement.first_index, dtype), measurement, seq, specs, batches, options)
+            if device.type != "cpu":  # on CPU they were timed with the bytes
+                _time_experts(model, measurement, seq, options)
             progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
     _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats, device)
     vocab_step = step_cost(vocab_modules, options.repeats, device)  # a tied weight once, as galva-hp's home record
@@ -426,25 +428,50 @@ def _experts_of(
 ) -> ExpertProfile | None:  # fmt: skip
     """The routed experts of a mixture-of-experts layer type (None for a dense one), its layers' routing measured on
     :data:`ROUTING_FORWARDS` batches of random tokens (the largest profiled batch) run through the model."""
+    parts = _expert_parts(model, module)
+    if parts is None:
+        return None
+    found, block, router = parts
+    own = model.constraints(seq).layer_types[[r[1] for r in model.layer_runs()].index(m.first_index)]
+    routed = routing_by_layer(model, found[0], seq, batches[-1], ROUTING_FORWARDS, dtype, model.seed)
+    kinds = model.layered.layer_types
+    mine = {i: c for i, c in routed.items() if kinds[i] == kinds[m.first_index]}  # this type's layers only
+    return measure_experts(
+        found, block, router, model.config, own.expert_ffn or 1, mine, dtype, options.repeats, options.timeout_s
+    )
+
+
+def _expert_parts(
+    model: MetaModel, module: Any
+) -> tuple[tuple[str, torch.nn.Module], torch.nn.Module, type[torch.nn.Module] | None] | None:
+    """``((path, experts module), the block holding it, the family's router class)`` of a layer (None: dense)."""
     parallelizer = model.layered.parallelizer
     found = experts_module(module, getattr(getattr(parallelizer, "tables", None), "ep", None) or {})
     if found is None:
         return None
     from galva_models.tables.router import router_class
 
-    own = model.constraints(seq).layer_types[[r[1] for r in model.layer_runs()].index(m.first_index)]
     inner = getattr(module, "layer", module)
     block_path = found[0].rpartition(".")[0]
     block = inner.get_submodule(block_path) if block_path else inner
     base = model.hf_model.base_model
     router = router_class(base) if isinstance(base, torch.nn.Module) else None
-    routed = routing_by_layer(model, found[0], seq, batches[-1], ROUTING_FORWARDS, dtype, model.seed)
-    kinds = model.layered.layer_types
-    mine = {i: c for i, c in routed.items() if kinds[i] == kinds[m.first_index]}  # this type's layers only
-    return measure_experts(
-        found, block, router[0] if router else None, model.config, own.expert_ffn or 1, mine, dtype,
-        options.repeats, options.timeout_s,
+    return found, block, router[0] if router else None
+
+
+def _time_experts(model: MetaModel, m: LayerMeasurement, seq: int, options: ModelSweepOptions) -> None:
+    """The experts' and the router's times of ``m`` at ``seq`` again, on ``options.device`` (its bytes and routing
+    were measured on CPU)."""
+    profiled = m.experts.get(seq)
+    parts = _expert_parts(model, model.layer(m.first_index, DTYPES[options.precision]))
+    if profiled is None or parts is None:
+        return
+    (_, experts), block, router = parts
+    expert_time, router_ms = time_experts(
+        experts, block, router, int(model.config.hidden_size), DTYPES[options.precision], options.repeats,
+        _device(options),
     )  # fmt: skip
+    m.experts[seq] = profiled.model_copy(update={"expert_time": expert_time, "router_ms_per_token": router_ms})
 
 
 def _measure_cores(
