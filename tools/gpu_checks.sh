@@ -2,7 +2,9 @@
 # What only a GPU shows, in one short run (a lent GPU machine: `run` of the device tool; see CONTRIBUTING.md):
 #   1. the ring's block kernels on CUDA (flash for bf16, memory-efficient for fp32) against whole-sequence attention;
 #   2. benchmarks/runtime/bench_gpu.py: galva-hp against a plain PyTorch loop, ~1B Llama-style model, bf16;
-#   3. `galva run --quick` end to end on the GPU (NCCL, bf16), its check stage's measured against predicted.
+#   3. the model profile on the GPU: its CUDA tests (layers, attention cores, vocabulary and experts timed there, the
+#      bytes the CPU's) and `galva-profile model --max-tp 2` (tp ranks forked from the CPU-only bytes process);
+#   4. `galva run --quick` end to end on the GPU (NCCL, bf16), its check stage's measured against predicted.
 # Logs and the updated benchmark README go to $OUT (default /tmp/gpu-checks). Wheels in .whl/ are installed first
 # when present: the project's pins of transformers, megatron-core and pydantic (the GPU image has its own versions or
 # none), and the pure-Python galva distributions (their entry points: galva-ckpt finds the model families through
@@ -35,7 +37,7 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
   >"$OUT/build.log" 2>&1; echo "build exit $?" >>"$OUT/build.log" ) &
 builder=$!
 step() { echo "== $1 ($(date +%T))"; }
-steps=" ${GALVA_GPU_STEPS:-blocks bench run} "  # a subset, to rerun one check in a short lease
+steps=" ${GALVA_GPU_STEPS:-blocks bench profile run} "  # a subset, to rerun one check in a short lease
 if [[ $steps == *" blocks "* ]]; then
 step "ring blocks on CUDA"
 timeout 150 $PY -m pytest -q -p no:cacheprovider packages/galva-hp/tests/test_attention_blocks_devices.py 2>&1 \
@@ -45,6 +47,13 @@ if [[ $steps == *" bench "* ]]; then
 step "bench_gpu"
 timeout 200 $PY benchmarks/runtime/bench_gpu.py --write-readme 2>&1 | tail -20 | tee "$OUT/bench_gpu.log"
 cp benchmarks/runtime/README.md "$OUT/runtime-README.md"
+fi
+if [[ $steps == *" profile "* ]]; then
+step "model profile on CUDA"
+timeout 180 $PY -m pytest -q -p no:cacheprovider packages/galva-profiler/tests/test_model.py -k "cuda or experts" 2>&1 \
+  | tail -15 | tee "$OUT/profile.log"
+timeout 120 $PY -m galva_profiler.cli model --preset tiny-llama --seq-lengths 16 --max-tp 2 --quick --timing-span 0 \
+  --quiet -o /tmp/galva-tp2.json 2>&1 | tail -4 | tee -a "$OUT/profile.log"
 fi
 wait "$builder"
 tail -3 "$OUT/build.log"
