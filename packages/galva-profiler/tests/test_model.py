@@ -178,25 +178,22 @@ def test_a_cuda_profile_times_on_the_device_and_measures_the_same_bytes() -> Non
 
 
 @pytest.mark.distributed
-def test_bytes_measured_in_a_cpu_process_are_the_same(sweep32, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_bytes_measured_in_a_cpu_process_are_the_same(sweep32) -> None:  # type: ignore[no-untyped-def]
     """Where a GPU is visible the bytes are measured in a spawned process that sees none (a rank forked after
     autograd ran on a GPU machine cannot run a backward); its figures are the in-process ones, tp 2 forks included."""
+    import torch
+
     from galva_profiler import model_profile
 
-    monkeypatch.setattr(model_profile, "_bytes_in_a_cpu_process", lambda: True)
-    config, _ = load_config("tiny-llama", None)
-    config.num_hidden_layers = 32
-    options = ModelSweepOptions(
-        seq_lengths=(SEQ,), batch_sizes=(1, 2), max_tp=2, repeats=Repeats(warmup=0, repetitions=1),
-        timing_span_s=0.0,
-    )  # fmt: skip
-    elsewhere = run_model_sweep(MetaModel.build(config, "tiny-llama-32"), options, progress_enabled=False)
-    for here, there in zip(sweep32.layers, elsewhere.layers):
+    model = sweep32.model
+    layers = model_profile._layer_measurements(model, torch.float32, SEQ)
+    vocab = model_profile._measure_bytes_in_a_cpu_process(model, layers, sweep32.options)
+    for here, there in zip(sweep32.layers, layers, strict=True):
         assert there.activations[SEQ].bytes_per_sample == here.activations[SEQ].bytes_per_sample
         assert there.activations[SEQ].bytes_per_sample["tp"].keys() == {1, 2}
         assert there.activations[SEQ].checkpoint_bytes_per_sample == here.activations[SEQ].checkpoint_bytes_per_sample
-    assert elsewhere.vocab[SEQ].model_states_mib == sweep32.vocab[SEQ].model_states_mib
-    assert elsewhere.vocab[SEQ].times[2].forward_ms > 0
+    assert vocab[SEQ].model_states_mib == sweep32.vocab[SEQ].model_states_mib
+    assert vocab[SEQ].activation_mib_per_sample == sweep32.vocab[SEQ].activation_mib_per_sample
 
 
 def test_a_failure_in_the_cpu_process_is_one_line(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -139,6 +139,8 @@ def test_galva_run_quick_end_to_end(tmp_path: Path) -> None:
     assert [re.match(r"\[\s*\d+/12\] (\S+)", line).group(1) for line in stage_lines] == names, stdout
     run = json.loads((out / "run.json").read_text())
     assert [s["name"] for s in run["stages"]] == names and run["devices"]["ranks"] >= 1
+    for stage in run["stages"][4:6]:  # --quick's profiles time for 1 s a measurement, not 5
+        assert " --timing-span 1 " in stage["command"], stage["command"]
     for key, path in run["artefacts"].items():
         assert Path(path).exists(), key
         assert path in stdout, key  # the final listing says where it went

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", default=None, help="replace a non-empty output directory")
     run.add_argument("--nproc", type=_positive, help="ranks (default: the local GPUs, or 4 CPU ranks with gloo)")
     run.add_argument("--quick", action="store_true",
-                     help="the CI variant: 4 layers, 8 steps, a smaller corpus (explicit flags still win)")
+                     help="the CI variant: 4 layers, 8 steps, a smaller corpus, 1-s profile timings (explicit flags "
+                     "still win)")
     m = run.add_argument_group("model (a Llama-style decoder)")
     m.add_argument("--num-layers", type=_positive, help=f"decoder layers (default {d.num_layers})")
     m.add_argument("--hidden-size", type=_positive, help=f"default {d.hidden_size}")

@@ -67,6 +67,7 @@ class PipelineOptions:
     prompt: str = "The old farmer"
     max_new_tokens: int = 16
     force: bool = False
+    timing_span_s: float | None = None  # the profiles' --timing-span; None: theirs (5 s); --quick: 1 s
 
 
 @dataclass
@@ -87,6 +88,12 @@ def detect_devices() -> tuple[int, str]:
     except ImportError:  # pragma: no cover - galva depends on torch through its stages
         count = 0
     return (count, "gpu") if count > 0 else (0, "cpu")
+
+
+def _span_flags(o: PipelineOptions) -> list[str]:
+    """The profiles' ``--timing-span`` when the run sets one (``--quick``, CI's variant, spends 1 s a measurement,
+    not 5: its numbers are a smoke test's)."""
+    return [] if o.timing_span_s is None else ["--timing-span", f"{o.timing_span_s:g}"]
 
 
 def _memory_flags(memory: str | None, kind: str) -> list[str]:
@@ -330,11 +337,11 @@ def run_pipeline(o: PipelineOptions, stream: TextIO = sys.stdout) -> list[StageR
     own = kind == "gpu" or "OMP_NUM_THREADS" in os.environ
     threads = {} if own else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
     r.stage("profile-hardware", _python_command(
-        "galva_profiler.cli", "hardware", "--nproc-per-node", str(nproc), "--quick", "-o", str(hw),
+        "galva_profiler.cli", "hardware", "--nproc-per-node", str(nproc), "--quick", *_span_flags(o), "-o", str(hw),
         "--report", str(prof / "hardware-report.json")), {"hardware profile": hw}, env=threads)
     r.stage("profile-model", _python_command(
         "galva_profiler.cli", "model", "--model-config", str(model_dir), "--seq-lengths", str(o.seq_length),
-        "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick",
+        "--max-tp", str(_max_tp(nproc)), "--precision", precision, "--quick", *_span_flags(o),
         "--batch-sizes", _profiled_batches(o.global_batch_size, nproc), "-o", str(model_profile),
         "--report", str(prof / "model-report.json")), {"model profile": model_profile}, env=threads)
     r.stage("search", _python_command(
@@ -427,4 +434,5 @@ def options_from_args(args: Any) -> PipelineOptions:
         kw.setdefault("documents", 400)
         kw.setdefault("num_layers", 4)
         kw.setdefault("max_new_tokens", 4)
+        kw.setdefault("timing_span_s", 1.0)
     return PipelineOptions(**kw)
