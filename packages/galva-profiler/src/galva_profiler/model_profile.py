@@ -314,6 +314,9 @@ def _measure_bytes_in_a_cpu_process(
     except EOFError:  # it ended without a word (killed)
         process.join(5.0)
         kind, payload = "error", f"it ended with exit code {process.exitcode}"
+    except BaseException:  # interrupted here (a signal to this process alone): it must not go on by itself
+        process.terminate()
+        raise
     finally:
         process.join()
     if kind == "error":
