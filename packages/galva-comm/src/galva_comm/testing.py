@@ -156,21 +156,24 @@ def run_distributed(
     ]
     from galva_schema.interrupt import forking
 
-    with forking():  # no rank runs this process's signal handlers (see _child)
-        for proc in procs:
-            proc.start()
-    # The rendezvous store lives in this process, on a port the OS picked (no race for a port chosen earlier), and
-    # outlives every rank (a rank-0-hosted store vanished under ranks still creating groups when rank 0 finished
-    # first). It starts after the forks: its server thread must not be copied mid-operation into the children.
-    store_timeout = timedelta(seconds=max(5.0, timeout))
-    store = dist.TCPStore("127.0.0.1", 0, world_size, True, store_timeout, wait_for_workers=False)
-    for _, sender in pipes:
-        sender.send(int(store.port))
-
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    try:
+    started: list[Any] = []
+    store = None
+    try:  # from the first fork: a signal held back while forking is raised as the block ends, and must end the ranks
+        with forking():  # no rank runs this process's signal handlers (see _child)
+            for proc in procs:
+                proc.start()
+                started.append(proc)
+        # The rendezvous store lives in this process, on a port the OS picked (no race for a port chosen earlier),
+        # and outlives every rank (a rank-0-hosted store vanished under ranks still creating groups when rank 0
+        # finished first). It starts after the forks: its server thread must not be copied mid-operation into the
+        # children.
+        store_timeout = timedelta(seconds=max(5.0, timeout))
+        store = dist.TCPStore("127.0.0.1", 0, world_size, True, store_timeout, wait_for_workers=False)
+        for _, sender in pipes:
+            sender.send(int(store.port))
+        deadline = time.monotonic() + timeout
         while len(results) + len(errors) < world_size:
             if not queue.empty():
                 rank, status, payload = queue.get()
@@ -200,10 +203,10 @@ def run_distributed(
                 )
             time.sleep(0.005)
     finally:
-        for proc in procs:
+        for proc in started:
             if proc.is_alive():
                 proc.terminate()
-        for proc in procs:
+        for proc in started:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()

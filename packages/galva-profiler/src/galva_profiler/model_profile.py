@@ -191,8 +191,8 @@ def unsteady_timing(times: dict[int, PassTimes]) -> str | None:
 
 
 def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabled: bool = True) -> ModelSweep:
-    """Measure every layer type (its first layer only) and the vocabulary modules: their bytes first (on CPU), then
-    their times (on ``options.device``)."""
+    """Measure every layer type (its first layer only) and the vocabulary modules: their times on
+    ``options.device``, their bytes on CPU (first, in a process of their own, where this one sees a GPU)."""
     dtype = DTYPES[options.precision]
     degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
     runs = model.layer_runs()
@@ -202,29 +202,33 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     layers = _layer_measurements(model, dtype, seqs[0])
     vocab_modules = torch.nn.ModuleList([model.embedding(dtype).train(), model.head(dtype).train()])
     tie(model.layered)
-    if _bytes_in_a_cpu_process():
-        vocab = _measure_bytes_in_a_cpu_process(model, layers, options)
-        for _ in range(len(seqs) * len(layers)):
-            progress.step(f"activations (tp {degrees['tp']})")
-    else:
-        vocab = _measure_bytes(model, layers, options, progress)
+    # a GPU machine measures the bytes first, in a process that sees no GPU (_bytes_in_a_cpu_process); elsewhere
+    # each layer's bytes follow its times, in this process
+    elsewhere = _bytes_in_a_cpu_process()
+    vocab = _measure_bytes_in_a_cpu_process(model, layers, options) if elsewhere else {}
     device = _device(options)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # autograd's device threads run the backward's kernels in its context
     for seq in seqs:
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
-            _time_layer(model.layer(measurement.first_index, dtype), measurement, seq, specs, batches, options)
+            module = model.layer(measurement.first_index, dtype)
+            _time_layer(module, measurement, seq, specs, batches, options, progress)
             if device.type != "cpu":  # on CPU they were timed with the bytes
                 _time_experts(model, measurement, seq, options)
-            progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
+            if not elsewhere:
+                _layer_bytes(model, measurement, seq, specs, options)
+            progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
     _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats, device)
     vocab_step = step_cost(vocab_modules, options.repeats, device)  # a tied weight once, as galva-hp's home record
     for seq in seqs:
-        vocab[seq].times = vocab_times(
+        times = vocab_times(
             model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), dtype, batches, options.repeats,
             options.timing_span_s, device,
         )  # fmt: skip
+        if not elsewhere:
+            vocab[seq] = _vocab_bytes(model, layers, seq, options)
+        vocab[seq].times = times
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
 
@@ -249,33 +253,47 @@ def _layer_measurements(model: MetaModel, dtype: torch.dtype, seq: int) -> list[
 
 
 def _measure_bytes(
-    model: MetaModel, layers: list[LayerMeasurement], options: ModelSweepOptions, progress: Progress | None = None
+    model: MetaModel, layers: list[LayerMeasurement], options: ModelSweepOptions
 ) -> dict[int, VocabMeasurement]:
     """Each layer type's activations (and experts) at every length and degree, and the vocabulary's bytes at every
     length and vocabulary degree, on CPU (forked ranks for the degrees above 1); the vocabulary's returned."""
-    dtype = DTYPES[options.precision]
-    degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
-    seqs, batches = sorted(set(options.seq_lengths)), sorted(set(options.batch_sizes))
     vocab: dict[int, VocabMeasurement] = {}
-    for seq in seqs:
+    for seq in sorted(set(options.seq_lengths)):
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
-            module = model.layer(measurement.first_index, dtype)
-            layer_seq = specs[measurement.first_index].seq_length
-            measurement.activations[seq] = measure_layer(
-                module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype,
-                degrees, options.timeout_s,
-            )  # fmt: skip
-            if progress is not None:
-                progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
-            profiled = _experts_of(model, measurement, module, seq, batches, dtype, options)
-            if profiled is not None:
-                measurement.experts[seq] = profiled
-        vocab[seq] = vocab_memory(
-            model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, vocab_degrees,
-            options.megatron_sp, options.timeout_s,
-        )  # fmt: skip
+            _layer_bytes(model, measurement, seq, specs, options)
+        vocab[seq] = _vocab_bytes(model, layers, seq, options)
     return vocab
+
+
+def _layer_bytes(
+    model: MetaModel, measurement: LayerMeasurement, seq: int, specs: list[Any], options: ModelSweepOptions
+) -> None:
+    """One layer type's activations at ``seq`` at every degree (forked ranks above 1), and its experts if any."""
+    dtype = DTYPES[options.precision]
+    degrees, _ = degrees_for(model, options.max_tp, options.seq_lengths)
+    module = model.layer(measurement.first_index, dtype)
+    layer_seq = specs[measurement.first_index].seq_length
+    measurement.activations[seq] = measure_layer(
+        module, measurement.name, model.layered.parallelizer, layer_seq, measurement.hidden, dtype, degrees,
+        options.timeout_s,
+    )  # fmt: skip
+    batches = sorted(set(options.batch_sizes))
+    profiled = _experts_of(model, measurement, module, seq, batches, dtype, options)
+    if profiled is not None:
+        measurement.experts[seq] = profiled
+
+
+def _vocab_bytes(
+    model: MetaModel, layers: list[LayerMeasurement], seq: int, options: ModelSweepOptions
+) -> VocabMeasurement:
+    """The vocabulary's states and activation bytes at ``seq`` at every vocabulary degree (forked ranks above 1)."""
+    dtype = DTYPES[options.precision]
+    _, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
+    return vocab_memory(
+        model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, vocab_degrees,
+        options.megatron_sp, options.timeout_s,
+    )  # fmt: skip
 
 
 def _bytes_in_a_cpu_process() -> bool:
@@ -356,9 +374,10 @@ def _time_layer(
     specs: list[Any],
     batches: list[int],
     options: ModelSweepOptions,
+    progress: Progress,
 ) -> None:
-    """The layer's passes over ``batches``, its optimizer step, its weight-gradient share and its split backward's
-    overhead, on ``options.device`` (the module goes there and comes back)."""
+    """The layer's passes over ``batches``, its optimizer step (then a ``progress`` step), its weight-gradient share
+    and its split backward's overhead, on ``options.device`` (the module goes there and comes back)."""
     device, dtype = _device(options), DTYPES[options.precision]
     layer_seq, hidden, repeats = specs[measurement.first_index].seq_length, measurement.hidden, options.repeats
     module.to(device)
@@ -368,6 +387,7 @@ def _time_layer(
         measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
         if measurement.step is None:  # the tensors do not depend on the sequence length
             measurement.step = step_cost(module, repeats, device)
+        progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
         measurement.weight_grad_share[seq] = weight_grad_share(
             module, batches[-1], layer_seq, hidden, dtype, repeats, device
         )
