@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from galva_profiler.activation_memory import saved_bytes
 from galva_profiler.fitting import alpha_beta
+from galva_profiler.layer_timing import on_device
 from galva_profiler.timing import Repeats, median_ms
 from galva_schema import BatchTime, ExpertProfile
 
@@ -80,14 +81,9 @@ def time_experts(
     """``(expert time, router ms per token)`` of the modules, on ``device`` (CPU by default: they go there for the
     timing and come back)."""
     device = device or torch.device("cpu")
-    block.to(device)  # the experts module is inside it
-    experts.to(device)
-    try:
+    with on_device(device, block):  # the experts module is inside it
         times = [_time_one_expert(experts, rows, hidden, dtype, repeats, device) for rows in ROWS]
         router_ms = _router_ms_per_token(block, router, hidden, dtype, repeats, device)
-    finally:
-        block.to("cpu")
-        experts.to("cpu")
     slope, intercept = alpha_beta(list(ROWS), times).coefficients
     return BatchTime(slope_ms_per_sample=max(0.0, slope), intercept_ms=intercept), router_ms
 

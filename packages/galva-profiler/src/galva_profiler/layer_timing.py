@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +68,18 @@ def time_interleaved(
         rounds += 1
     median = statistics.median
     return {key: PassTimes(median(forwards_ms[key]), median(backwards_ms[key])) for key in forwards}
+
+
+@contextmanager
+def on_device(device: torch.device, *modules: torch.nn.Module) -> Iterator[None]:
+    """``modules`` moved to ``device`` (in place: a weight two of them share stays one tensor) and back to CPU after."""
+    for module in modules:
+        module.to(device)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.to("cpu")
 
 
 def pass_clock(device: torch.device) -> Callable[[], float]:

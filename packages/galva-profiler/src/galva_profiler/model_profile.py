@@ -29,6 +29,7 @@ from galva_profiler.layer_step import StepCost, step_cost
 from galva_profiler.layer_timing import (
     PassTimes,
     layer_forward,
+    on_device,
     split_backward_overhead_share,
     time_interleaved,
     time_passes,
@@ -380,8 +381,7 @@ def _time_layer(
     and its split backward's overhead, on ``options.device`` (the module goes there and comes back)."""
     device, dtype = _device(options), DTYPES[options.precision]
     layer_seq, hidden, repeats = specs[measurement.first_index].seq_length, measurement.hidden, options.repeats
-    module.to(device)
-    try:
+    with on_device(device, module):
         # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
         time_passes(layer_forward(module, batches[-1], layer_seq, hidden, dtype, device), Repeats(0, 1), device)
         measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
@@ -409,8 +409,6 @@ def _time_layer(
                 )
         # on the backward the profile keeps, in its clock (layer_timing.split_backward_overhead_share)
         measurement.split_overhead_ms[seq] = split_share * measurement.times[seq][batches[-1]].backward_ms
-    finally:
-        module.to("cpu")
 
 
 def _time_batches(

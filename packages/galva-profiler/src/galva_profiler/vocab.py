@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from galva_profiler.activation_memory import saved_bytes
-from galva_profiler.layer_timing import PassTimes, time_interleaved
+from galva_profiler.layer_timing import PassTimes, on_device, time_interleaved
 from galva_profiler.timing import Repeats
 
 STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
@@ -241,14 +241,8 @@ def vocab_times(
             return loss_sum
 
         forwards[batch] = forward
-    modules = (layered.embedding, layered.head)
-    for module in modules:
-        module.to(device)  # in place: a weight the two modules share stays one tensor
-    try:
+    with on_device(device, layered.embedding, layered.head):
         return time_interleaved(forwards, repeats, device, span_s=span_s)
-    finally:
-        for module in modules:
-            module.to("cpu")
 
 
 def measure_vocab(
