@@ -10,8 +10,9 @@ reports, per rank:
 * **activation bytes** of one micro-batch: the bytes autograd saved in the last step (galva-hp's saved-tensor hooks
   per unit: exact on CPU), divided by the micro-batch count; the largest rank of each stage.
 * **model-state bytes**: distinct storages of the rank's parameters (gathered copies included while they exist),
-  fp32 masters, gradients (accumulated and sharded) and optimizer states, sampled after every unit's forward and
-  after the backward of the last step; the largest sample, the largest rank of each stage.
+  fp32 masters, gradients (accumulated and sharded) and optimizer states, sampled after every unit's forward, as
+  each gradient lands in the backward (a tied weight's copy off its home stage holds one until the step's reduction
+  drops it) and after the backward of the last step; the largest sample, the largest rank of each stage.
 * **peak memory**: the process's resident high-water mark (``ru_maxrss``: CPU's equivalent of a device's peak),
   scored against the rank's base plus the predicted peak. The base is measured on the rank before its model is
   built exactly as the hardware profile measures it (:func:`galva_profiler.base_memory.measure_base_memory`: the
@@ -206,6 +207,9 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
 
     for unit in model.units:
         unit.module.register_forward_hook(sample)
+    for param in model.parameters():
+        if param.requires_grad:  # a copy's gradient is gone by the backward's end: sample as each one lands
+            param.register_post_accumulate_grad_hook(sample)
     measuring, timing = model.options, replace(model.options, measure_activations=False)
     fb_ms: list[float] = []
     opt_ms: list[float] = []
