@@ -203,6 +203,30 @@ def test_forked_workers_leave_the_ending_to_the_parent(tmp_path):
     assert subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout == b""  # no worker left
 
 
+def test_a_signal_inside_forking_is_raised_as_the_block_ends(tmp_path):
+    """The kernel gives a process's SIGINT to a thread not blocking it (here the guard's own), and Python runs the
+    handler in the main thread at once: inside forking() it is held back to the block's end, so a caller that forks
+    there learns of every child it started before it unwinds (a rank was left behind when it raised mid-start)."""
+    program = """
+        from galva_schema.interrupt import forking
+
+        def body():
+            started()
+            with forking():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)  # Python would have run the handler here
+                print("inside", flush=True)
+            print("after", flush=True)
+            return 0
+
+        sys.exit(run_command("demo", body, end_process=True))
+        """
+    proc = _start(tmp_path, program)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.splitlines() == ["demo: interrupted (SIGINT)"], err
+    assert out.split() == ["inside"]
+
+
 def test_wait_child_passes_the_signal_on_and_waits_for_the_child(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(PRELUDE + "sys.exit(run_command('child', write_forever, end_process=True))\n")

@@ -110,19 +110,37 @@ def say_interrupted(prog: str, signum: int, detail: str = "") -> bool:
     return True
 
 
+class _Held:
+    """The signal :func:`forking` holds back: the blocks open in the main thread, and the signal the handler took
+    meanwhile (raised as the outermost block ends)."""
+
+    depth = 0
+    signum: int | None = None
+
+
+_HELD = _Held()
+
+
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
-    """Around forking workers that call :func:`forked_worker`: SIGINT and SIGTERM are held back (blocked) in this
-    thread, so a worker inherits them blocked and none runs this process's handler before it has its own; a signal
-    that arrived meanwhile is delivered here when the block ends."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks (and no fork)
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    """Around forking workers that call :func:`forked_worker`: SIGINT and SIGTERM are held back until the block ends,
+    then raised as :class:`Interrupted` there. Blocked in this thread, so a worker inherits them blocked and none runs
+    this process's handler before it has its own; and :func:`run_command`'s handler defers them meanwhile, for the
+    kernel gives a process's signal to any thread not blocking it, and Python then runs the handler in this one at
+    once: inside a ``Process.start`` between its fork and its return, where the caller never learned of the child
+    it had started (a rank left behind by a Ctrl-C)."""
+    masked = hasattr(signal, "pthread_sigmask")  # Windows: no signal masks (and no fork)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS) if masked else None
+    _HELD.depth += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _HELD.depth -= 1
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # type: ignore[arg-type]
+        held, _HELD.signum = (_HELD.signum, None) if _HELD.depth == 0 else (None, _HELD.signum)
+        if held is not None:
+            raise Interrupted(held)
 
 
 def forked_worker() -> None:
@@ -194,6 +212,9 @@ class _Guard:
             return  # a second signal while the first unwinds: the thread holds the deadline
         self.handled.set()
         self.signum = int(signum)
+        if _HELD.depth:  # inside forking(): it raises it as it ends
+            _HELD.signum = self.signum
+            return
         raise Interrupted(signum)
 
     def say(self, signum: int) -> None:
