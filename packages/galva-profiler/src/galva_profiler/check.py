@@ -12,7 +12,8 @@ reports, per rank:
 * **model-state bytes**: distinct storages of the rank's parameters (gathered copies included while they exist),
   fp32 masters, gradients (accumulated and sharded) and optimizer states, sampled after every unit's forward, as
   each gradient lands in the backward (a tied weight's copy off its home stage holds one until the step's reduction
-  drops it) and after the backward of the last step; the largest sample, the largest rank of each stage.
+  drops it; ZeRO-3's parameters and gradients gathered for the backward are left out there, the prediction's
+  transients) and after the backward of the last step; the largest sample, the largest rank of each stage.
 * **peak memory**: the process's resident high-water mark (``ru_maxrss``: CPU's equivalent of a device's peak),
   scored against the rank's base plus the predicted peak. The base is measured on the rank before its model is
   built exactly as the hardware profile measures it (:func:`galva_profiler.base_memory.measure_base_memory`: the
@@ -132,8 +133,9 @@ def _error(predicted: float, measured: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------ running
-def _state_bytes(model: Any, optimizer: Any) -> int:
-    """Bytes of the distinct storages holding this rank's model states right now."""
+def _state_bytes(model: Any, optimizer: Any, gathered: bool = True) -> int:
+    """Bytes of the distinct storages holding this rank's model states right now; ``gathered``: with the full
+    parameters and gradients a sharded unit holds while it computes."""
     import torch
 
     from galva_hp.data_parallel import FsdpUnit, local_tensor
@@ -147,27 +149,36 @@ def _state_bytes(model: Any, optimizer: Any) -> int:
         if storage.nbytes() and storage.data_ptr():
             seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
 
+    sharded = [fp for unit in model.units if isinstance(unit, FsdpUnit) for fp in _fsdp_params(unit)]
+    # a sharded unit's module holds its full parameters while it computes
+    full = set() if gathered else {id(fp._unsharded_param) for fp in sharded if hasattr(fp, "_unsharded_param")}
     for p in model.parameters():
-        add(p)
-        add(p.grad)
+        if id(p) not in full:
+            add(p)
+            add(p.grad)
     for unit in model.units:
-        for _, master in unit.master_parameters():
-            add(master)
-            add(master.grad)
-        if isinstance(unit, FsdpUnit):
-            group = unit.fsdp._get_fsdp_state()._fsdp_param_group
-            for fp in group.fsdp_params if group is not None else ():
-                add(fp.sharded_param)
-                add(fp.sharded_param.grad)
-                add(getattr(fp, "unsharded_accumulated_grad", None))
-                if getattr(fp, "_unsharded_param", None) is not None:
-                    add(fp._unsharded_param)
-                    add(fp._unsharded_param.grad)
+        for _, master in unit.master_parameters():  # fp32: the parameters themselves
+            if id(master) not in full:
+                add(master)
+                add(master.grad)
+    for fp in sharded:
+        add(fp.sharded_param)
+        add(fp.sharded_param.grad)
+        add(getattr(fp, "unsharded_accumulated_grad", None))
+        if gathered and getattr(fp, "_unsharded_param", None) is not None:
+            add(fp._unsharded_param)
+            add(fp._unsharded_param.grad)
     for state in optimizer.optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 add(value)
     return sum(seen.values())
+
+
+def _fsdp_params(unit: Any) -> list[Any]:
+    """The FSDP parameters of a ZeRO unit (torch's per-parameter records: sharded and, while gathered, full)."""
+    group = unit.fsdp._get_fsdp_state()._fsdp_param_group
+    return list(group.fsdp_params) if group is not None else []
 
 
 def _rss_mib() -> float:
@@ -201,15 +212,15 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     source = _token_source(config, adapter, strategy.global_batch_size, options)
     sampling = {"on": False, "max": 0}
 
-    def sample(*_: Any) -> None:
+    def sample(*_: Any, gathered: bool = True) -> None:
         if sampling["on"]:
-            sampling["max"] = max(sampling["max"], _state_bytes(model, optimizer))
+            sampling["max"] = max(sampling["max"], _state_bytes(model, optimizer, gathered))
 
     for unit in model.units:
         unit.module.register_forward_hook(sample)
     for param in model.parameters():
         if param.requires_grad:  # a copy's gradient is gone by the backward's end: sample as each one lands
-            param.register_post_accumulate_grad_hook(sample)
+            param.register_post_accumulate_grad_hook(lambda _: sample(gathered=False))
     measuring, timing = model.options, replace(model.options, measure_activations=False)
     fb_ms: list[float] = []
     opt_ms: list[float] = []
