@@ -7,8 +7,9 @@ times the bytes galva-hp holds per parameter under ddp (:data:`STATE_BYTES_PER_P
 bf16 2 + 4 + 12 = 18, the bf16 compute weight, its fp32 gradient, the fp32 master and Adam's two moments; galva-search's
 ``state_accounting="galva-hp"``). A weight tied between embedding and head is one shared weight
 (``galva_hp.shared_params``): the embedding holds its full states; on one stage (``pp_off``) the head reads that very
-tensor and holds nothing more, on the last stage (``pp_last``) it holds a copy, its weight and gradient but no AdamW
-moments (:data:`ADAM_MOMENT_BYTES` less per parameter). Activations are saved-tensor bytes per local sample.
+tensor and holds nothing more, on the last stage (``pp_last``) it holds a copy, its compute weight and fp32 gradient
+(:func:`copy_bytes_per_parameter`) but no master and no AdamW moments. Activations are saved-tensor bytes per local
+sample.
 """
 
 from __future__ import annotations
@@ -26,8 +27,14 @@ from galva_profiler.timing import Repeats
 STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
 """Model-state bytes galva-hp holds per parameter under ddp with AdamW, by compute dtype (measured by
 ``galva-profile check``; galva-search's ``state_bytes_per_parameter`` with ``state_accounting="galva-hp"``)."""
-ADAM_MOMENT_BYTES = 8
-"""AdamW's two fp32 moments per parameter: what the head's holder of a tied weight does not keep."""
+GRADIENT_BYTES = 4
+"""galva-hp's gradients are fp32 whatever the compute dtype."""
+
+
+def copy_bytes_per_parameter(dtype: torch.dtype) -> int:
+    """Bytes per parameter of a tied weight's copy off its home stage: the compute weight and its gradient (the
+    master and AdamW's moments are the home's; in bf16 6 of the 18, measured by ``galva-profile check``)."""
+    return torch.empty((), dtype=dtype).element_size() + GRADIENT_BYTES
 POSITIONS = ("pp_off", "pp_first", "pp_last")
 MIB = 2**20
 
@@ -159,8 +166,8 @@ def _position_bytes(
     emb = _unique_elements(embedding) * per_parameter
     head_full = _unique_elements(head) * per_parameter
     tied_elements = sum(head.get_parameter(n).numel() for n in tied)
-    # the head's copy of a tied weight on its own stage: its weight and gradient, the moments being the embedding's
-    head_bytes = head_full - ADAM_MOMENT_BYTES * tied_elements
+    # the head's copy of a tied weight on its own stage: its weight and gradient, master and moments the embedding's
+    head_bytes = head_full - (per_parameter - copy_bytes_per_parameter(dtype)) * tied_elements
     return {
         "pp_off": (emb + head_full - per_parameter * tied_elements, slope(both_at)),
         "pp_first": (emb, slope(embed_at)),
