@@ -102,3 +102,24 @@ def test_dp_share_and_micro_batches_partition_the_global_batch():
     assert [m.labels.tolist() for m in micros] == [[2], [3]]
     with pytest.raises(ValueError, match="cannot be split over data-parallel degree 3"):
         dp_share(batch, 0, 3)
+
+
+@pytest.mark.parametrize(
+    ("preset", "inputs", "labels"),
+    [("tiny-llama", (4, 16), (4, 16)), ("tiny-bert", (4, 16), (4, 16)), ("tiny-t5", (4, 16 + 6), (4, 6)),
+     ("tiny-vit", (4, 3, 16, 16), (4,))],
+)
+def test_every_task_has_a_random_source(preset, inputs, labels):
+    """galva-train and galva-profile check draw the same random batches for a task: tokens, masked tokens (some
+    scored, the rest -100), [encoder ; decoder] ids, images (check read a ViT's config for a vocabulary and failed)."""
+    from galva_models.data import random_source
+    from galva_models.presets import preset_config
+    from galva_models.tables.registry import adapter_for
+
+    config = preset_config(preset)
+    batch = random_source(adapter_for(config).task.value, config, 16, 4, seed=3, decoder_seq_length=6).batch(0)
+    assert tuple(batch.inputs.shape) == inputs and tuple(batch.labels.shape) == labels
+    if preset == "tiny-bert":
+        assert (batch.labels == -100).any() and (batch.labels != -100).any()
+    with pytest.raises(ValueError, match="no random batches for task 'speech'"):
+        random_source("speech", config, 16, 4)

@@ -268,14 +268,12 @@ def _more_steps(wanted: bool) -> bool:
 
 
 def _token_source(config: Any, adapter: Any, batch: int, options: CheckOptions) -> Any:
-    """Random batches of the model's task: next tokens, or an encoder-decoder's ``[encoder ; decoder]`` ids."""
-    from galva_models.data import RandomSeq2SeqSource, RandomTokenSource
-    from galva_models.tables.family import Task
+    """Random batches of the model's task, as galva-train's: next or masked tokens, an encoder-decoder's
+    ``[encoder ; decoder]`` ids, or images and labels."""
+    from galva_models.data import random_source
 
-    if adapter.task is Task.SEQ2SEQ_LM:
-        decoder = options.decoder_seq_length or options.seq_length
-        return RandomSeq2SeqSource(config, options.seq_length, decoder, batch, options.seed)
-    return RandomTokenSource(int(config.vocab_size), options.seq_length, batch, options.seed)
+    task = adapter.task.value
+    return random_source(task, config, options.seq_length, batch, options.seed, options.decoder_seq_length)
 
 
 def measure(config: Any, strategy: Strategy, options: CheckOptions) -> list[RankMeasurement]:

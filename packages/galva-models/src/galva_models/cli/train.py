@@ -24,26 +24,12 @@ from galva_schema.stderr import quiet_transformers
 
 def make_source(cfg: TrainConfig) -> Any:
     """The global-batch source for the run's task: indexed data with --data-path, else seeded random data."""
-    from galva_models.data import (
-        IndexedTokenSource,
-        RandomImageSource,
-        RandomMaskedTokenSource,
-        RandomSeq2SeqSource,
-        RandomTokenSource,
-    )
-    from galva_models.tables.family import Task
+    from galva_models.data import IndexedTokenSource, random_source
 
-    c, gbs = cfg.model_config, cfg.global_batch_size
     if cfg.data_path is not None:
-        return IndexedTokenSource(cfg.data_path, cfg.seq_length, gbs, cfg.seed)
-    if cfg.task is Task.CAUSAL_LM:
-        return RandomTokenSource(c.vocab_size, cfg.seq_length, gbs, cfg.seed)
-    if cfg.task is Task.MASKED_LM:
-        mask_id = getattr(c, "mask_token_id", None) or c.vocab_size - 1
-        return RandomMaskedTokenSource(c.vocab_size, cfg.seq_length, gbs, mask_id, cfg.seed)
-    if cfg.task is Task.SEQ2SEQ_LM:
-        return RandomSeq2SeqSource(c, cfg.seq_length, cfg.decoder_seq_length or cfg.seq_length, gbs, cfg.seed)
-    return RandomImageSource(c.image_size, c.num_channels, c.num_labels, gbs, cfg.seed)
+        return IndexedTokenSource(cfg.data_path, cfg.seq_length, cfg.global_batch_size, cfg.seed)
+    c, gbs = cfg.model_config, cfg.global_batch_size
+    return random_source(cfg.task.value, c, cfg.seq_length, gbs, cfg.seed, cfg.decoder_seq_length)
 
 
 def _init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from galva_models.data.random import (
     RandomMaskedTokenSource,
     RandomSeq2SeqSource,
     RandomTokenSource,
+    random_source,
     step_generator,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "TokenWindows",
     "dp_share",
     "micro_batches",
+    "random_source",
     "step_generator",
 ]

@@ -89,3 +89,27 @@ class RandomSeq2SeqSource:
         labels = torch.randint(0, v, (self.global_batch_size, self.dec), generator=gen)
         start = torch.full((self.global_batch_size, 1), self.config.decoder_start_token_id or 0)
         return Batch(torch.cat([enc, start, labels[:, :-1]], dim=1), labels)
+
+
+def random_source(
+    task: str,
+    config: Any,
+    seq_length: int,
+    global_batch_size: int,
+    seed: int = 1234,
+    decoder_seq_length: int | None = None,
+) -> RandomTokenSource | RandomMaskedTokenSource | RandomSeq2SeqSource | RandomImageSource:
+    """The seeded random source of a task (a :class:`galva_models.tables.family.Task` value) for a Hugging Face
+    ``config``: next tokens, masked tokens (the config's mask token, else the last id), ``[encoder ; decoder]`` ids
+    (``seq_length`` the encoder's, ``decoder_seq_length`` the decoder's, by default the same) or the config's images
+    and labels (no sequence: the patches follow from the image)."""
+    if task == "causal_lm":
+        return RandomTokenSource(int(config.vocab_size), seq_length, global_batch_size, seed)
+    if task == "masked_lm":
+        mask_id = getattr(config, "mask_token_id", None) or config.vocab_size - 1
+        return RandomMaskedTokenSource(int(config.vocab_size), seq_length, global_batch_size, int(mask_id), seed)
+    if task == "seq2seq_lm":
+        return RandomSeq2SeqSource(config, seq_length, decoder_seq_length or seq_length, global_batch_size, seed)
+    if task == "image_classification":
+        return RandomImageSource(config.image_size, config.num_channels, config.num_labels, global_batch_size, seed)
+    raise ValueError(f"random_source: no random batches for task {task!r}")
