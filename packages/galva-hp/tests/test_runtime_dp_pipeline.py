@@ -156,6 +156,8 @@ def test_step_metrics() -> None:
     # a checkpointed layer keeps only its input: [2 samples, 16, 32] fp32 = 4 KiB
     assert saved["layers.0"] == 2 * SEQ * HIDDEN * 4, saved
     assert saved["layers.1"] > 4 * saved["layers.0"], saved
+    # the embedding keeps its own rank's 2 samples of ids, not a view of the global batch's 8 (a ViT's pixels)
+    assert saved["embedding"] == 2 * SEQ * 8, saved
     assert set(saved) == {"embedding", "layers.0", "layers.1", "layers.2", "layers.3", "head"}
     assert result["ms"] > 0 and result["peak"] > 0
     # the tie on one stage (ZeRO-3): one tensor, the embedding's; the head's unit holds none, one set of AdamW states

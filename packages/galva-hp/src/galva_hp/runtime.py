@@ -173,15 +173,21 @@ class HybridParallelModel(nn.Module):
                 f"batch has {input_ids.shape[0]} samples but global_batch_size is {strategy.global_batch_size}"
             )
         tokens = int((labels != IGNORE_INDEX).sum())
-        input_ids, labels = input_ids.to(self.options.device), labels.to(self.options.device)
         first, last = self.layout.vocab_first.activation, self.layout.vocab_last.activation
+        # each part goes to the device alone, a tensor of its own: the embedding saves its input for the backward,
+        # and a view would keep the whole global batch there (a ViT's pixels: every data-parallel rank's images)
+        device = self.options.device
         ids_parts = [
-            shard_for(micro_batch(input_ids, k, n), first, self.rank, strategy.vocab.sp) if self.is_first else None
+            shard_for(micro_batch(input_ids, k, n), first, self.rank, strategy.vocab.sp).to(device, copy=True)
+            if self.is_first
+            else None
             for k in range(n)
         ]
         per_token = labels.dim() > 1  # image labels are one per sample: never split along a sequence
         label_parts = [
-            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded and per_token, context=per_token)
+            shard_for(micro_batch(labels, k, n), last, self.rank, last.seq_sharded and per_token, context=per_token).to(
+                device, copy=True
+            )
             if self.is_last
             else None
             for k in range(n)
