@@ -131,14 +131,16 @@ def forking() -> Iterator[None]:
     it had started (a rank left behind by a Ctrl-C)."""
     masked = hasattr(signal, "pthread_sigmask")  # Windows: no signal masks (and no fork)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS) if masked else None
-    _HELD.depth += 1
+    # the handler runs in the main thread: a block in another thread must not hold its signal (raised there)
+    main = threading.current_thread() is threading.main_thread()
+    _HELD.depth += int(main)
     try:
         yield
     finally:
-        _HELD.depth -= 1
+        _HELD.depth -= int(main)
         if masked:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)  # type: ignore[arg-type]
-        held, _HELD.signum = (_HELD.signum, None) if _HELD.depth == 0 else (None, _HELD.signum)
+        held, _HELD.signum = (_HELD.signum, None) if main and _HELD.depth == 0 else (None, _HELD.signum)
         if held is not None:
             raise Interrupted(held)
 
