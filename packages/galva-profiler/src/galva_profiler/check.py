@@ -209,7 +209,7 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
     model = build(adapter.decompose(hf_model, **lengths), strategy, build_options)
     del hf_model
     optimizer = GalvaOptimizer(model.param_records(), OptimConfig(lr=1e-4))
-    source = _token_source(config, adapter, strategy.global_batch_size, options)
+    source = _batch_source(config, adapter, strategy.global_batch_size, options)
     sampling = {"on": False, "max": 0}
 
     def sample(*_: Any, gathered: bool = True) -> None:
@@ -267,7 +267,7 @@ def _more_steps(wanted: bool) -> bool:
     return bool(flag.item())
 
 
-def _token_source(config: Any, adapter: Any, batch: int, options: CheckOptions) -> Any:
+def _batch_source(config: Any, adapter: Any, batch: int, options: CheckOptions) -> Any:
     """Random batches of the model's task, as galva-train's: next or masked tokens, an encoder-decoder's
     ``[encoder ; decoder]`` ids, or images and labels."""
     from galva_models.data import random_source
