@@ -218,9 +218,6 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
 
     for unit in model.units:
         unit.module.register_forward_hook(sample)
-    for param in model.parameters():
-        if param.requires_grad:  # a copy's gradient is gone by the backward's end: sample as each one lands
-            param.register_post_accumulate_grad_hook(lambda _: sample(gathered=False))
     measuring, timing = model.options, replace(model.options, measure_activations=False)
     fb_ms: list[float] = []
     opt_ms: list[float] = []
@@ -249,6 +246,9 @@ def _run_rank(rank: int, world: int, config: Any, strategy: Strategy, options: C
         fb, opt = train(options.warmup + len(fb_ms), False)
         fb_ms.append(fb)
         opt_ms.append(opt)
+    for param in model.parameters():  # the measuring step only: the timed ones carry no per-gradient hook
+        if param.requires_grad:  # a copy's gradient is gone by the backward's end: sample as each one lands
+            param.register_post_accumulate_grad_hook(lambda _: sample(gathered=False))
     train(options.warmup + len(fb_ms), True)
     by_unit = dict(model.saved_bytes)
     activation_bytes = sum(by_unit.values())

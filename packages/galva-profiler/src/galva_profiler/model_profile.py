@@ -218,7 +218,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             if device.type != "cpu":  # on CPU they were timed with the bytes
                 _time_experts(model, measurement, seq, options)
             if not elsewhere:
-                _layer_bytes(model, measurement, seq, specs, options)
+                _layer_bytes(model, measurement, seq, specs, degrees, options)
             progress.step(f"{measurement.name} seq {seq} activations (tp {degrees['tp']})")
     _measure_cores(model, layers, seqs, batches[-1], dtype, options.repeats, device)
     vocab_step = step_cost(vocab_modules, options.repeats, device)  # a tied weight once, as galva-hp's home record
@@ -228,7 +228,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             options.timing_span_s, device,
         )  # fmt: skip
         if not elsewhere:
-            vocab[seq] = _vocab_bytes(model, layers, seq, options)
+            vocab[seq] = _vocab_bytes(model, layers, seq, vocab_degrees, options)
         vocab[seq].times = times
         progress.step(f"vocabulary seq {seq}")
     return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
@@ -258,21 +258,26 @@ def _measure_bytes(
 ) -> dict[int, VocabMeasurement]:
     """Each layer type's activations (and experts) at every length and degree, and the vocabulary's bytes at every
     length and vocabulary degree, on CPU (forked ranks for the degrees above 1); the vocabulary's returned."""
+    degrees, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
     vocab: dict[int, VocabMeasurement] = {}
     for seq in sorted(set(options.seq_lengths)):
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
-            _layer_bytes(model, measurement, seq, specs, options)
-        vocab[seq] = _vocab_bytes(model, layers, seq, options)
+            _layer_bytes(model, measurement, seq, specs, degrees, options)
+        vocab[seq] = _vocab_bytes(model, layers, seq, vocab_degrees, options)
     return vocab
 
 
 def _layer_bytes(
-    model: MetaModel, measurement: LayerMeasurement, seq: int, specs: list[Any], options: ModelSweepOptions
+    model: MetaModel,
+    measurement: LayerMeasurement,
+    seq: int,
+    specs: list[Any],
+    degrees: dict[str, list[int]],
+    options: ModelSweepOptions,
 ) -> None:
-    """One layer type's activations at ``seq`` at every degree (forked ranks above 1), and its experts if any."""
+    """One layer type's activations at ``seq`` at ``degrees`` (forked ranks above 1), and its experts if any."""
     dtype = DTYPES[options.precision]
-    degrees, _ = degrees_for(model, options.max_tp, options.seq_lengths)
     module = model.layer(measurement.first_index, dtype)
     layer_seq = specs[measurement.first_index].seq_length
     measurement.activations[seq] = measure_layer(
@@ -286,11 +291,10 @@ def _layer_bytes(
 
 
 def _vocab_bytes(
-    model: MetaModel, layers: list[LayerMeasurement], seq: int, options: ModelSweepOptions
+    model: MetaModel, layers: list[LayerMeasurement], seq: int, vocab_degrees: list[int], options: ModelSweepOptions
 ) -> VocabMeasurement:
-    """The vocabulary's states and activation bytes at ``seq`` at every vocabulary degree (forked ranks above 1)."""
+    """The vocabulary's states and activation bytes at ``seq`` at ``vocab_degrees`` (forked ranks above 1)."""
     dtype = DTYPES[options.precision]
-    _, vocab_degrees = degrees_for(model, options.max_tp, options.seq_lengths)
     return vocab_memory(
         model.at_length(seq).layered, _vocab_inputs(model, seq, dtype), layers[0].hidden, dtype, vocab_degrees,
         options.megatron_sp, options.timeout_s,

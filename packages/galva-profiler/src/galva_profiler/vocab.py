@@ -34,7 +34,9 @@ GRADIENT_BYTES = 4
 def copy_bytes_per_parameter(dtype: torch.dtype) -> int:
     """Bytes per parameter of a tied weight's copy off its home stage: the compute weight and its gradient (the
     master and AdamW's moments are the home's; in bf16 6 of the 18, measured by ``galva-profile check``)."""
-    return torch.empty((), dtype=dtype).element_size() + GRADIENT_BYTES
+    return dtype.itemsize + GRADIENT_BYTES
+
+
 POSITIONS = ("pp_off", "pp_first", "pp_last")
 MIB = 2**20
 
