@@ -2,7 +2,8 @@
 # What only a GPU shows, in one short run (a lent GPU machine: `run` of the device tool; see CONTRIBUTING.md):
 #   1. the ring's block kernels on CUDA (flash for bf16, memory-efficient for fp32) against whole-sequence attention;
 #   2. benchmarks/runtime/bench_gpu.py: galva-hp against a plain PyTorch loop, ~1B Llama-style model, bf16;
-#   3. where a one-rank process's base goes (benchmarks/costmodel/gpu_base.py); the model profile's CUDA tests
+#   3. where a one-rank process's base goes (benchmarks/costmodel/gpu_base.py); a launch-bound layer timed
+#      three ways (benchmarks/costmodel/gpu_layer_timing.py); the model profile's CUDA tests
 #      (layers, attention cores, vocabulary and experts timed on the GPU, the bytes the CPU's); and
 #      `galva-profile model --max-tp 2` (tp ranks forked from the CPU-only bytes process);
 #   4. `galva run --quick` end to end on the GPU (NCCL, bf16), its check stage's measured against predicted.
@@ -52,6 +53,7 @@ fi
 if [[ $steps == *" profile "* ]]; then
 step "model profile on CUDA"
 timeout 60 $PY benchmarks/costmodel/gpu_base.py 2>&1 | grep -v Warn | tail -4 | tee "$OUT/gpu_base.log"
+timeout 90 $PY benchmarks/costmodel/gpu_layer_timing.py 2>&1 | grep -v Warn | tail -8 | tee "$OUT/layer_timing.log"
 timeout 180 $PY -m pytest -q -p no:cacheprovider packages/galva-profiler/tests/test_model.py -k "cuda or experts" 2>&1 \
   | tail -15 | tee "$OUT/profile.log"
 timeout 120 $PY -m galva_profiler.cli model --preset tiny-llama --seq-lengths 16 --max-tp 2 --quick --timing-span 0 \
