@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from galva_profiler.layer_timing import layer_forward, time_passes
+from galva_profiler.layer_timing import _one_pass, layer_forward, time_passes
 from galva_profiler.model_source import MetaModel
 from galva_profiler.timing import Repeats
 
@@ -79,6 +79,22 @@ def whole_step(n: int = 20) -> float:
     return statistics.median(times)
 
 
+def round_robin(module: torch.nn.Module, device: torch.device, lead: int, span_s: float = 4.0) -> dict[int, tuple]:
+    """The profile's round robin over batch sizes 1, 4, 16 (every timed pass after one of another shape), with
+    ``lead`` untimed passes of the same shape before each timed one: median (forward, backward) ms per size."""
+    runs = {b: layer_forward(module, b, SEQ, HIDDEN, DTYPE, device) for b in (1, 4, 16)}
+    got: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in runs}
+    end = time.perf_counter() + span_s
+    while time.perf_counter() < end:
+        for b, run in runs.items():
+            for _ in range(lead):
+                _one_pass(run, device)
+            f, w = _one_pass(run, device)
+            got[b][0].append(f)
+            got[b][1].append(w)
+    return {b: (statistics.median(f), statistics.median(w)) for b, (f, w) in got.items()}
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_layer_timing.py: torch sees no CUDA device here")
@@ -97,6 +113,10 @@ def main() -> None:
             f"{batch:5d} {passes.forward_ms:11.3f} {passes.backward_ms:11.3f} {wall:12.3f} {cpu:9.3f} "
             f"{kernel_ms(run):8.3f}"
         )
+    for lead in (0, 1):
+        got = round_robin(module, device, lead)
+        print(f"round robin, {lead} untimed pass(es) of the same shape first: "
+              + ", ".join(f"batch {b} {f:.3f} + {w:.3f}" for b, (f, w) in got.items()))  # fmt: skip
     print(f"plain transformers step, 4 layers, batch 16, AdamW: {whole_step():.2f} ms")
 
 

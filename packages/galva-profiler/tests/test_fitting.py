@@ -72,6 +72,35 @@ def test_the_batch_sizes_of_a_fit_are_timed_round_robin_and_keep_their_own_media
     assert sorted(times) == [1, 2, 4] and all(t.forward_ms > 0 and t.backward_ms > 0 for t in times.values())
 
 
+def test_on_a_device_each_timed_pass_follows_an_untimed_one_of_its_own_shape() -> None:
+    """A GPU step runs its layers at one shape, and a pass after another shape costs the host more there: off the
+    CPU every timed pass of the round robin follows one of its own size (the CPU keeps the plain round robin, as
+    the test above pins). The device only picks the clock and the synchronisation, so a CPU closure stands in."""
+    import torch
+
+    from galva_profiler.layer_timing import shape_lead, time_interleaved
+    from galva_profiler.timing import Repeats
+
+    order: list[int] = []
+
+    def forward(batch: int):  # type: ignore[no-untyped-def]
+        weight = torch.ones(batch, 8, requires_grad=True)
+
+        def run() -> torch.Tensor:
+            order.append(batch)
+            return weight.sum()
+
+        return run
+
+    assert shape_lead(torch.device("cpu")) == 0 and shape_lead(torch.device("cuda")) == 1
+    device = torch.device("meta")  # not the CPU; nothing runs on it
+    time_interleaved({1: forward(1), 2: forward(2)}, Repeats(warmup=1, repetitions=2), device)
+    assert order == [1, 2] + [1, 1, 2, 2] * 2
+    order.clear()
+    time_interleaved({1: forward(1)}, Repeats(warmup=0, repetitions=2), device)  # one shape: nothing to lead
+    assert order == [1, 1]
+
+
 def test_the_timed_rounds_go_on_until_they_span_the_given_seconds() -> None:
     """A shared machine changes speed in bursts of seconds: with ``span_s`` the rounds go on past the repetitions,
     whole rounds (every batch size alike), until the first timed round's start is that long ago; without it the
