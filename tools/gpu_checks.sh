@@ -53,7 +53,7 @@ fi
 if [[ $steps == *" profile "* ]]; then
 step "model profile on CUDA"
 timeout 60 $PY benchmarks/costmodel/gpu_base.py 2>&1 | grep -v Warn | tail -4 | tee "$OUT/gpu_base.log"
-timeout 90 $PY benchmarks/costmodel/gpu_layer_timing.py 2>&1 | grep -v Warn | tail -8 | tee "$OUT/layer_timing.log"
+timeout 90 $PY benchmarks/costmodel/gpu_layer_timing.py 2>&1 | grep -v Warn | tail -12 | tee "$OUT/layer_timing.log"
 timeout 180 $PY -m pytest -q -p no:cacheprovider packages/galva-profiler/tests/test_model.py -k "cuda or experts" 2>&1 \
   | tail -15 | tee "$OUT/profile.log"
 timeout 120 $PY -m galva_profiler.cli model --preset tiny-llama --seq-lengths 16 --max-tp 2 --quick --timing-span 0 \

@@ -3,9 +3,9 @@ passes run back to back (as a training step runs them), the host's own time per 
 
     python benchmarks/costmodel/gpu_layer_timing.py     # on a GPU machine (tools/gpu_checks.sh runs it)
 
-The layer is `galva run`'s default Llama layer (hidden 128, 4 heads / 2 KV, ffn 352, sequence 128, bf16); the last
-line is a plain transformers training step of the 4-layer model (AdamW), timed back to back, beside the sum the
-profile's way of timing gives for the same parts.
+The layer is `galva run`'s default Llama layer (hidden 128, 4 heads / 2 KV, ffn 352, sequence 128, bf16); then the
+profile's round robin over batch sizes with and without a pass of the same size before each timed one; the last
+line is a plain transformers training step of the 4-layer model (AdamW), timed back to back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from galva_profiler.layer_timing import _one_pass, layer_forward, time_passes
+from galva_profiler.layer_timing import layer_forward, time_interleaved, time_passes
 from galva_profiler.model_source import MetaModel
 from galva_profiler.timing import Repeats
 
@@ -80,19 +80,12 @@ def whole_step(n: int = 20) -> float:
 
 
 def round_robin(module: torch.nn.Module, device: torch.device, lead: int, span_s: float = 4.0) -> dict[int, tuple]:
-    """The profile's round robin over batch sizes 1, 4, 16 (every timed pass after one of another shape), with
-    ``lead`` untimed passes of the same shape before each timed one: median (forward, backward) ms per size."""
+    """The profile's round robin over batch sizes 1, 4, 16 (:func:`time_interleaved`: every timed pass after one of
+    another shape), with ``lead`` untimed passes of the same shape before each timed one: median (forward,
+    backward) ms per size."""
     runs = {b: layer_forward(module, b, SEQ, HIDDEN, DTYPE, device) for b in (1, 4, 16)}
-    got: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in runs}
-    end = time.perf_counter() + span_s
-    while time.perf_counter() < end:
-        for b, run in runs.items():
-            for _ in range(lead):
-                _one_pass(run, device)
-            f, w = _one_pass(run, device)
-            got[b][0].append(f)
-            got[b][1].append(w)
-    return {b: (statistics.median(f), statistics.median(w)) for b, (f, w) in got.items()}
+    got = time_interleaved(runs, Repeats(2, 5), device, span_s=span_s, lead=lead)
+    return {b: (t.forward_ms, t.backward_ms) for b, t in got.items()}
 
 
 def main() -> None:

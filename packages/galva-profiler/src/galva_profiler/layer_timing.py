@@ -40,6 +40,7 @@ def time_interleaved(
     repeats: Repeats,
     device: torch.device | None = None,
     span_s: float = 0.0,
+    lead: int | None = None,
 ) -> dict[K, PassTimes]:
     """:func:`time_passes` of several forwards (a layer at each batch size), round robin: every repetition (and
     warm-up) runs each forward once, in turn, and each keeps the median of its own repetitions. The timed rounds go
@@ -53,7 +54,8 @@ def time_interleaved(
     The span: a shared machine's processors change speed in bursts of seconds
     (:data:`galva_profiler.timing.TIMING_SPAN_S`).
 
-    On a GPU each timed pass follows an untimed one of its own shape (:func:`shape_lead`).
+    ``lead``: untimed passes of a forward's own shape before each of its timed ones; None: :func:`shape_lead` (on
+    a GPU one, on CPU none).
     """
     device = device or torch.device("cpu")
     for _ in range(repeats.warmup):
@@ -62,7 +64,8 @@ def time_interleaved(
     forwards_ms: dict[K, list[float]] = {key: [] for key in forwards}
     backwards_ms: dict[K, list[float]] = {key: [] for key in forwards}
     start, rounds = time.perf_counter(), 0
-    lead = shape_lead(device) if len(forwards) > 1 else 0
+    if lead is None:
+        lead = shape_lead(device) if len(forwards) > 1 else 0
     while rounds < repeats.repetitions or time.perf_counter() - start < span_s:
         for key, forward in forwards.items():
             for _ in range(lead):
