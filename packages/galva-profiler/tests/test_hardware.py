@@ -57,9 +57,8 @@ def test_plan_covers_both_layouts_below_the_world_and_can_be_cut_short() -> None
     assert bandwidth == [(2, True), (2, False), (4, True), (4, False), (8, True)]
     timed = [(s.collective, s.group_size) for s in steps if s.kind == "time"]  # one curve each, its sizes round robin
     assert sorted(timed) == sorted((c, n) for c in Collective for n in (2, 4, 8))
-    # what a call costs between compute segments, beyond its curve: every collective and group size
-    busy = [(s.collective, s.group_size) for s in steps if s.kind == "busy"]
-    assert busy == [(c, n) for c in TINY.timed for n in (2, 4, 8)]
+    # what a call costs between compute segments, beyond its curve: every collective of a group size in one step
+    assert [s.group_size for s in steps if s.kind == "busy"] == [2, 4, 8]
     last_curve = max(i for i, s in enumerate(steps) if s.kind == "time")
     assert all(i > last_curve for i, s in enumerate(steps) if s.kind == "busy")  # taken beyond the curves
     assert [s.group_size for s in steps if s.kind == "p2p"] == [2, 4, 8]

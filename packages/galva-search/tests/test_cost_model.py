@@ -93,6 +93,24 @@ def test_every_collective_call_pays_the_profiles_busy_extra_once(tiny, tiny_hw):
         assert extra.tp_comm_s[0] - plain.tp_comm_s[0] == pytest.approx(calls * 1e-3, **EXACT)
 
 
+def test_megatron_sp_all_gathers_right_after_a_reduce_scatter_cost_their_idle_curve(make_model, tiny_hw):
+    """Megatron-SP's all-gathers follow a reduce-scatter over the same group with only a norm between, so their ranks
+    arrive together: the busy extra falls on its 4 reduce-scatters a layer (5 recomputing) and on one all-gather, the
+    backward's first after the recomputed MLP, when checkpointed; none on the other all-gathers."""
+    from galva_schema import CallExtra
+
+    extras = tuple(
+        CallExtra(group_size=2, collective=kind, ms=ms) for kind, ms in (("all_gather", 2.0), ("reduce_scatter", 3.0))
+    )
+    hw = tiny_hw.model_copy(update={"call_extra": extras})
+    sp = make_model(megatron_sp=True)
+    for checkpoint, busy_ms in ((False, 4 * 3.0), (True, 5 * 3.0 + 1 * 2.0)):
+        candidate = Candidate(1, 2, 2, consecutive=True, checkpoint=checkpoint)
+        plain, _ = terms(sp, tiny_hw, candidate, megatron_sp=True)
+        extra, _ = terms(sp, hw, candidate, megatron_sp=True)
+        assert extra.tp_comm_s[0] - plain.tp_comm_s[0] == pytest.approx(busy_ms * 1e-3, **EXACT), checkpoint
+
+
 def test_a_pipeline_send_pays_the_profiles_busy_send_extra(tiny, tiny_hw):
     """A send to a waiting receiver costs the idle latency plus the profile's ``call_extra`` of ``"p2p"`` at that
     pipeline degree: in every layer's p2p term at that degree, nowhere without a pipeline or at another degree."""

@@ -6,10 +6,17 @@ rank's compute jitters; on CPU the ranks share cores with the backend's own thre
 woken, so each call costs the spread of the arrival and the wake-up besides its idle time. Measured as the job meets
 it: every rank alternates a compute segment (a matmul loop of about :data:`SEGMENT_MS` on one rank alone, about a
 small layer's pass) and one call of a latency-bound (4 KiB) message, :data:`CALLS` times, against the same segments
-without the calls, the two alternating round by round, from a barrier to the last rank's end
-(:func:`galva_profiler.timing.together_ms`). The trimmed mean of the rounds' per-call differences less the curve's
-own 4 KiB time (a trimmed mean too: :func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On
-CPU gloo ranks it is a millisecond or more a call; with a device per rank (NCCL) it is small, measured the same way.
+without the calls, from a barrier to the last rank's end (:func:`galva_profiler.timing.together_ms`). The trimmed mean
+of the rounds' per-call differences less the curve's own 4 KiB time (a trimmed mean too:
+:func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On CPU gloo ranks it is a millisecond or
+more a call; with a device per rank (NCCL) it is small, measured the same way.
+
+Every collective of a group size is timed in one round robin (:func:`busy_calls_ms`): each round runs the plain loop
+and one loop per collective in a shuffled order, and each collective's difference is taken against its own round's
+plain loop. Timed one collective after another, a shared box's minute-to-minute drift fell on one collective's rounds:
+one 4-rank profile priced a reduce-scatter over groups of 2 at 4.3 ms a call and an all-gather at 2.9 against 3.2 for
+an all-reduce, where the same calls inside a Megatron-SP step took 2.4 and 1.8 against 3.1 (its step over-predicted
+by 19-37% in every round of three quiet sets).
 
 A pipeline's send meets the same: stage ``s`` computes, then sends to stage ``s + 1``, which has been waiting in its
 receive and computes next. :func:`busy_send_ms` times that hand-over as a relay between the middle stages of every
@@ -20,7 +27,8 @@ beyond the idle send (the curve's 4 KiB p2p time) is the profile's ``call_extra`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,23 +48,37 @@ MESSAGE_BYTES = 4096  # latency-bound: what the curve's size terms add is theirs
 MATMUL = 128  # the segment's matmul: small, so that the loop's length is close to SEGMENT_MS on CPU and GPU alike
 
 
-def busy_call_ms(
-    kind: Collective,
+def busy_calls_ms(
+    kinds: Sequence[Collective],
     groups: list[Group],
     world: World,
     cache: ProcessGroupCache,
     repeats: Repeats,
     rounds: int,
     segment_ms: float = SEGMENT_MS,
-) -> float:
-    """ms one ``kind`` call of :data:`MESSAGE_BYTES` per rank costs between compute segments, all ``groups`` at once
-    (the trimmed mean over at least ``rounds`` rounds of (loop with calls - loop without) / :data:`CALLS`, segments of
-    ``segment_ms``); the same on every rank."""
+) -> dict[Collective, float]:
+    """ms one call of each of ``kinds`` (:data:`MESSAGE_BYTES` per rank) costs between compute segments, all
+    ``groups`` at once: the trimmed mean over at least ``rounds`` rounds of (loop with calls - the round's loop
+    without) / :data:`CALLS`, segments of ``segment_ms``, every kind in each round in a shuffled order (the same on
+    every rank); the same on every rank."""
     group = group_of(groups, world.rank)
     n = len(group)
-    call = _operation(kind, _elements(MESSAGE_BYTES, n), cache.get(group), n, world.device)
     segment = _segment(world, segment_ms)
-    return _per_call(_steps(segment, call), _steps(segment, None), world, repeats, rounds)
+    loops = [_steps(segment, None)] + [
+        _steps(segment, _operation(kind, _elements(MESSAGE_BYTES, n), cache.get(group), n, world.device))
+        for kind in kinds
+    ]
+    per_call: list[list[float]] = [[] for _ in kinds]
+    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+        order = list(range(len(loops)))
+        random.Random(index).shuffle(order)  # seeded by the round: the same order on every rank
+        ms = [0.0] * len(loops)
+        for k in order:
+            ms[k] = together_ms(loops[k], world)
+        if index >= repeats.warmup:
+            for k in range(len(kinds)):
+                per_call[k].append((ms[k + 1] - ms[0]) / CALLS)
+    return {kind: trimmed_mean(values) for kind, values in zip(kinds, per_call)}
 
 
 def busy_send_ms(

@@ -31,7 +31,7 @@ import torch
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group, model_parallel_groups, pipeline_groups
 from galva_profiler.base_memory import RUNTIME_MODULES, measure_base_memory
-from galva_profiler.busy_calls import SEGMENT_MS, busy_call_ms, busy_send_ms
+from galva_profiler.busy_calls import SEGMENT_MS, busy_calls_ms, busy_send_ms
 from galva_profiler.collectives import (
     MIB,
     Collective,
@@ -129,7 +129,7 @@ class Step:
         if self.kind == "time":
             return f"{self.collective.value} n={self.group_size}"
         if self.kind == "busy":
-            return f"{self.collective.value} n={self.group_size} between compute"
+            return f"collectives n={self.group_size} between compute"
         if self.kind == "p2p":
             return f"p2p pp={self.group_size}"
         return "compute/communication overlap"
@@ -163,7 +163,8 @@ def plan_sweep(world_size: int, options: SweepOptions) -> list[Step]:
     # sync or ZeRO gather fall below the smallest swept size, where the fitted line's intercept is the least certain
     # number of the profile, so every curve also times 4 KiB (in its round robin: collectives.time_curve)
     steps += [Step("time", n, True, collective) for collective in options.timed for n in sizes]
-    steps += [Step("busy", n, True, collective) for collective in options.timed for n in sizes]
+    # every timed collective of a group size in one round robin (busy_calls.busy_calls_ms)
+    steps += [Step("busy", n, True) for n in sizes]
     steps += [Step("p2p", pp) for pp in group_sizes(world_size, options.max_pp)]
     if world_size > 1:  # one rank communicates with nobody and computes alone
         steps.append(Step("overlap"))
@@ -259,12 +260,13 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             result.times.setdefault((step.collective, step.group_size), {}).update(zip(sizes_mib, curve))
         elif step.kind == "busy":  # after the curves: taken beyond their 4 KiB point
             groups = layout_groups(world.size, step.group_size, True)
-            busy = busy_call_ms(
-                step.collective, groups, world, cache, options.repeats, options.rounds, options.busy_segment_ms
+            calls = busy_calls_ms(
+                options.timed, groups, world, cache, options.repeats, options.rounds, options.busy_segment_ms
             )
-            result.busy_call_ms[(step.collective, step.group_size)] = busy
-            idle = result.times[(step.collective, step.group_size)][P2P_LATENCY_BYTES / MIB]
-            result.call_extra_ms[(step.collective, step.group_size)] = max(0.0, busy - idle)
+            for collective, busy in calls.items():
+                result.busy_call_ms[(collective, step.group_size)] = busy
+                idle = result.times[(collective, step.group_size)][P2P_LATENCY_BYTES / MIB]
+                result.call_extra_ms[(collective, step.group_size)] = max(0.0, busy - idle)
         elif step.kind == "p2p":
             message = int(options.p2p_mib * MIB)
             pipelines = pipeline_groups(world.size, step.group_size)

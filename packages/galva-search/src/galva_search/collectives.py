@@ -71,10 +71,11 @@ class Collectives:
             raise SchemaError(f"p2p: no entry for pp {pp}; the search needs it", source=self.source) from None
 
     # ------------------------------------------------------------------------------------------------ times
-    def allreduce(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
-        """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks."""
+    def allreduce(self, n: int, consecutive: bool, nbytes: np.ndarray | float, busy: bool = True) -> np.ndarray:
+        """Seconds for one all-reduce of ``nbytes`` bytes per rank over a group of ``n`` ranks (``busy``: after a
+        stretch of compute, :meth:`call_extra` included)."""
         out = self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
-        return self._with_extra(out, n, nbytes, "all_reduce")
+        return self._with_extra(out, n, nbytes, "all_reduce", busy)
 
     def allreduce_latency(self, n: int) -> float:
         """Seconds of an all-reduce of a few bytes over ``n`` consecutive ranks: the measured curve's smallest size
@@ -87,24 +88,29 @@ class Collectives:
         profile's ``call_extra`` (0 for a group of 1 and for profiles without it)."""
         return self._extras.get((n, collective), 0.0) if n > 1 else 0.0
 
-    def _with_extra(self, seconds: np.ndarray, n: int, nbytes: np.ndarray | float, collective: str) -> np.ndarray:
-        """``seconds`` plus :meth:`call_extra` wherever a call is made (a message of bytes over a group)."""
-        extra = self.call_extra(n, collective)
+    def _with_extra(
+        self, seconds: np.ndarray, n: int, nbytes: np.ndarray | float, collective: str, busy: bool = True
+    ) -> np.ndarray:
+        """``seconds`` plus :meth:`call_extra` wherever a call is made (a message of bytes over a group) after a
+        stretch of compute (``busy``); a call right after another over the same group (its ranks arrive together)
+        costs its idle curve."""
+        extra = self.call_extra(n, collective) if busy else 0.0
         if extra == 0.0:
             return seconds
         return np.where(np.asarray(nbytes, dtype=float) > 0, seconds + extra, seconds)
 
-    def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+    def reduce_scatter(self, n: int, consecutive: bool, nbytes: np.ndarray | float, busy: bool = True) -> np.ndarray:
         """Seconds for a reduce-scatter whose *input* is ``nbytes`` per rank: its measured curve (latency included)
-        when the profile has one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
+        when the profile has one for consecutive groups of ``n``, else half an all-reduce's bus volume; ``busy`` as
+        :meth:`allreduce`."""
         out = self._half_or_curve(self._reduce_scatter_curves, n, consecutive, nbytes)
-        return self._with_extra(out, n, nbytes, "reduce_scatter")
+        return self._with_extra(out, n, nbytes, "reduce_scatter", busy)
 
-    def all_gather(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+    def all_gather(self, n: int, consecutive: bool, nbytes: np.ndarray | float, busy: bool = True) -> np.ndarray:
         """Seconds for an all-gather whose *output* is ``nbytes`` per rank: its measured curve when the profile has
-        one for consecutive groups of ``n``, else half an all-reduce's bus volume."""
+        one for consecutive groups of ``n``, else half an all-reduce's bus volume; ``busy`` as :meth:`allreduce`."""
         out = self._half_or_curve(self._all_gather_curves, n, consecutive, nbytes)
-        return self._with_extra(out, n, nbytes, "all_gather")
+        return self._with_extra(out, n, nbytes, "all_gather", busy)
 
     def _half_or_curve(
         self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float
@@ -115,19 +121,19 @@ class Collectives:
             return self._curve_seconds(curve, nbytes)
         return 0.5 * self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
 
-    def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float) -> np.ndarray:
+    def all_to_all(self, n: int, consecutive: bool, nbytes: np.ndarray | float, busy: bool = True) -> np.ndarray:
         """Seconds for one all-to-all of an ``nbytes`` buffer per rank over ``n`` ranks; below the curve's smallest
         measured size, that size's time, not the line through the measured sizes: an all-to-all that small is
         latency-bound (expert dispatch's row counts and routing weights are bytes to kilobytes; on 4 loaded gloo
         ranks one of 16 bytes took 1.28 ms, of 256 KiB 1.16 ms, while a --quick curve's line gave 2.06 ms at 0 against
-        2.63 ms measured at its smallest size, 0.25 MiB)."""
+        2.63 ms measured at its smallest size, 0.25 MiB); ``busy`` as :meth:`allreduce`."""
         nbytes = np.asarray(nbytes, dtype=float)
         out = self._measured_or_bus(self._all_to_all_curves, n, consecutive, nbytes, volume=1.0)
         curve = self._measured(self._all_to_all_curves, n, consecutive) if n > 1 else None
         if curve is not None:
             smallest = curve.message_mib[0] * MIB
             out = np.where((nbytes > 0) & (nbytes < smallest), curve.time_ms[0] * 1e-3, out)
-        return self._with_extra(out, n, nbytes, "all_to_all")
+        return self._with_extra(out, n, nbytes, "all_to_all", busy)
 
     def _measured_or_bus(
         self, curves: dict[int, CollectiveTimes], n: int, consecutive: bool, nbytes: np.ndarray | float, volume: float

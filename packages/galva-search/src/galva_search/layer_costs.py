@@ -367,8 +367,8 @@ class LayerCosts:
         act_bytes = local * layer.seq_length * layer.hidden_size * s.element_bytes / st.cp
         tp_comm = np.zeros(len(candidates))
         expert_comm = np.zeros(len(candidates))
-        for op, size, consecutive, index, scale, count, expert in st.comm_groups:
-            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale) * count * f.tp_comm
+        for op, size, consecutive, index, scale, count, expert, busy in st.comm_groups:
+            per = getattr(comm, op)(size, consecutive, act_bytes[index] * scale, busy=busy) * count * f.tp_comm
             np.add.at(tp_comm, index, per)  # a candidate may appear twice in a group (expert dispatch's two sizes)
             if expert:
                 np.add.at(expert_comm, index, per)
@@ -426,32 +426,43 @@ class LayerCosts:
 
 
 def _comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate], megatron_sp: bool) -> list:
-    """The layer's collectives per micro-batch, grouped by (collective, group size, consecutive, expert): the
-    candidates of each group, their buffer scale (times the ``[local, seq, hidden]`` activation bytes) and calls."""
-    groups: dict[tuple[str, int, bool, bool], list[tuple[int, float, float]]] = {}  # last: expert dispatch
+    """The layer's collectives per micro-batch, grouped by (collective, group size, consecutive, expert, busy): the
+    candidates of each group, their buffer scale (times the ``[local, seq, hidden]`` activation bytes) and calls.
+    ``busy``: the call follows a stretch of compute and pays the profile's busy extra; a call right after another
+    over the same group (a norm between) finds its ranks arriving together and costs its idle curve."""
+    # key's last two: expert dispatch, busy
+    groups: dict[tuple[str, int, bool, bool, bool], list[tuple[int, float, float]]] = {}
     for i, c in enumerate(candidates):
         # recomputation stops once every tensor the backward saved is back (torch's non-reentrant checkpoint): the
         # layer's last collective, whose output only the next layer reads, is not repeated (galva-hp, counted)
         if c.tp > 1 and not c.ulysses and megatron_sp:
             # 2 all-gather + reduce-scatter pairs forward, 2 backward; recomputing, 2 all-gathers and 1
             # reduce-scatter more; each priced by its own measured curve (latency included), without the curves a
-            # pair is one all-reduce, as below
-            gathers = 6.0 if c.checkpoint else 4.0
-            groups.setdefault(("all_gather", c.tp, c.consecutive, False), []).append((i, 1.0, gathers))
+            # pair is one all-reduce, as below. Every reduce-scatter follows a region's matmuls; every all-gather
+            # follows a reduce-scatter with a norm between (forward: the last region's exit, then the next one's
+            # entry; backward: the entry's gradient, then the exit's), except, recomputing, the backward's first,
+            # after the recomputed MLP. On 4 gloo ranks sharing 2 cores the all-gathers took 1.8 ms a call inside a
+            # step, near their idle 1.3, against 2.4 busy (a layer's boundaries with the embedding, the head and a
+            # stage's p2p are left as the rest)
+            groups.setdefault(("all_gather", c.tp, c.consecutive, False, False), []).append(
+                (i, 1.0, 5.0 if c.checkpoint else 4.0)
+            )
+            if c.checkpoint:
+                groups.setdefault(("all_gather", c.tp, c.consecutive, False, True), []).append((i, 1.0, 1.0))
             scatters = 5.0 if c.checkpoint else 4.0
-            groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False), []).append((i, 1.0, scatters))
+            groups.setdefault(("reduce_scatter", c.tp, c.consecutive, False, True), []).append((i, 1.0, scatters))
         elif c.tp > 1 and not c.ulysses:
             # 2 all-reduces forward, 2 backward, 1 more when recomputing
             count = 5.0 if c.checkpoint else 4.0
-            groups.setdefault(("allreduce", c.tp, c.consecutive, False), []).append((i, 1.0, count))
+            groups.setdefault(("allreduce", c.tp, c.consecutive, False, True), []).append((i, 1.0, count))
         elif c.ulysses:
             # 2 all-to-alls forward (q, k and v in one message, then the output), 2 backward, 2 more when recomputing
             # (galva-hp's ``differentiable_all_to_all_many``); per-rank buffer S/sp of 3 and of 1 activations
             count = 3.0 if c.checkpoint else 2.0
-            group = groups.setdefault(("all_to_all", c.tp, c.consecutive, False), [])
+            group = groups.setdefault(("all_to_all", c.tp, c.consecutive, False, True), [])
             group += [(i, 3.0 / c.tp, count), (i, 1.0 / c.tp, count)]
     for op, size, consecutive, i, scale, count in expert_costs.comm_groups(layer, candidates):
-        groups.setdefault((op, size, consecutive, True), []).append((i, scale, count))
+        groups.setdefault((op, size, consecutive, True, True), []).append((i, scale, count))
     return [
         (
             op,
@@ -461,8 +472,9 @@ def _comm_groups(layer: LayerTypeProfile, candidates: Sequence[Candidate], megat
             np.array([m[1] for m in members]),
             np.array([m[2] for m in members]),
             expert,
+            busy,
         )
-        for (op, size, consecutive, expert), members in groups.items()
+        for (op, size, consecutive, expert, busy), members in groups.items()
     ]
 
 
