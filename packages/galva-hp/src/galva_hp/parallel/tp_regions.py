@@ -16,7 +16,6 @@ communication; the matmuls are megatron's. Activations are ``[batch, seq, hidden
 from __future__ import annotations
 
 import functools
-import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from megatron.core import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
+from galva_hp.megatron_import import import_megatron
 from galva_hp.parallel.mappings import (
     differentiable_all_gather,
     differentiable_copy_to_group,
@@ -56,16 +56,9 @@ SEQ_DIM = 1  # activations are [batch, seq, hidden]
 
 @functools.cache
 def _megatron() -> tuple[ModuleType, ModuleType]:
-    """megatron-core's package and its ``tensor_parallel``, imported on first use: a rank whose plan holds no tp
-    layer never pays their import (2.7 CPU-s here, most of it torch's inductor, which megatron's fused kernels
-    import)."""
-    with warnings.catch_warnings():
-        # megatron-core says at import, once per rank, that it falls back from Transformer Engine / Apex kernels to
-        # its own; galva-hp uses only its tensor-parallel layers, for which the fallback changes nothing
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        import megatron.core as core
-        import megatron.core.tensor_parallel as tensor_parallel
-    return core, tensor_parallel
+    """megatron-core's package and its ``tensor_parallel``, imported on first use (:mod:`galva_hp.megatron_import`):
+    a rank whose plan holds no tp layer never pays their import."""
+    return import_megatron("megatron.core"), import_megatron("megatron.core.tensor_parallel")
 
 
 def megatron_config(dtype: torch.dtype = torch.float32) -> ModelParallelConfig:

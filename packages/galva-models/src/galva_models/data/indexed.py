@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from galva_hp.megatron_import import import_megatron
 from galva_models.data.loader import Batch
 
 
 def _open(prefix: str) -> Any:
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    IndexedDataset = import_megatron("megatron.core.datasets.indexed_dataset").IndexedDataset
 
     for suffix in (".bin", ".idx"):
         if not Path(prefix + suffix).is_file():
@@ -103,7 +104,7 @@ def check_dataset(prefix: str, vocab_size: int | None = None) -> int:
     for path in (bin_path, idx_path):
         if not path.is_file():
             raise ValueError(f"{path}: no such file (expected a Megatron indexed dataset prefix)")
-    from megatron.core.datasets.indexed_dataset import _IndexReader
+    _IndexReader = import_megatron("megatron.core.datasets.indexed_dataset")._IndexReader
 
     try:
         index = _IndexReader(str(idx_path), multimodal=False)

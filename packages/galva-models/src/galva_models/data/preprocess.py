@@ -100,14 +100,13 @@ def preprocess(
     progress: bool = True,
 ) -> PreprocessResult:
     """Tokenise ``input_path`` into ``output_prefix.bin`` / ``.idx``. See the module docstring."""
-    import warnings
-
     import numpy as np
     import torch
 
-    with warnings.catch_warnings():  # megatron-core's import-time note on its fallback kernels: not for a data tool
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    from galva_hp.megatron_import import import_megatron
+
+    indexed_dataset = import_megatron("megatron.core.datasets.indexed_dataset")
+    DType, IndexedDatasetBuilder = indexed_dataset.DType, indexed_dataset.IndexedDatasetBuilder
 
     from galva_schema.progress import progress_bar
 
