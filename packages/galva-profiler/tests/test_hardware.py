@@ -124,3 +124,17 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     # the reference's p2p file has bandwidth only: the per-send latency does not travel
     assert [(e.pp, e.bandwidth_gb_per_s) for e in back.p2p] == [(e.pp, e.bandwidth_gb_per_s) for e in profile.p2p]
     assert sorted(os.listdir(tmp_path))[0].startswith("allreduce_bandwidth_1nodes_4gpus")
+
+
+def test_the_base_imports_megatron_core_as_a_rank_does() -> None:
+    """The CPU base is a rank's process before its model: megatron-core imported as galva-hp imports it in a rank
+    (without torch's inductor, 42 MiB resident), in a process that had imported neither."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\nfrom galva_profiler.base_memory import import_runtime\nimport_runtime()\n"
+        "print('megatron.core' in sys.modules, 'torch._inductor.compile_fx' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
