@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What only a GPU shows, in one short run (a lent GPU machine: `run` of the device tool; see CONTRIBUTING.md):
 #   1. the ring's block kernels on CUDA (flash for bf16, memory-efficient for fp32) against whole-sequence attention;
-#   2. benchmarks/runtime/bench_gpu.py: galva-hp against a plain PyTorch loop, ~1B Llama-style model, bf16;
+#   2. benchmarks/runtime/bench_gpu.py: galva-hp against a plain PyTorch loop, DDP and FSDP2, ~1B Llama-style model, bf16;
 #   3. where a one-rank process's base goes (benchmarks/costmodel/gpu_base.py); a launch-bound layer timed
 #      three ways (benchmarks/costmodel/gpu_layer_timing.py); the model profile's CUDA tests
 #      (layers, attention cores, vocabulary and experts timed on the GPU, the bytes the CPU's); and
@@ -47,7 +47,7 @@ timeout 150 $PY -m pytest -q -p no:cacheprovider packages/galva-hp/tests/test_at
 fi
 if [[ $steps == *" bench "* ]]; then
 step "bench_gpu"
-timeout 200 $PY benchmarks/runtime/bench_gpu.py --write-readme 2>&1 | tail -20 | tee "$OUT/bench_gpu.log"
+timeout 400 $PY benchmarks/runtime/bench_gpu.py --write-readme 2>&1 | tail -20 | tee "$OUT/bench_gpu.log"
 cp benchmarks/runtime/README.md "$OUT/runtime-README.md"
 fi
 if [[ $steps == *" profile "* ]]; then

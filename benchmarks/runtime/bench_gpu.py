@@ -3,12 +3,16 @@
     python benchmarks/runtime/bench_gpu.py                         # on a GPU: ~1.0B parameters, seq 2048, bf16
     python benchmarks/runtime/bench_gpu.py --device cpu --tiny     # smoke test of this script on a CPU
 
-Both sides train :func:`galva_hp.testing.models.tiny_llama` at the given size, from the same seed, on the same
+Every side trains :func:`galva_hp.testing.models.tiny_llama` at the given size, from the same seed, on the same
 random batches, one after the other in this process (each side: ``--warmup`` steps, then ``--steps`` timed steps,
 synchronising the device around each step):
 
 - plain: the single-process model, fp32 weights, ``torch.autocast`` bf16, ``torch.optim.AdamW`` (fused on CUDA),
   ``clip_grad_norm_``;
+- ddp: the plain side wrapped in torch's ``DistributedDataParallel`` (the one-rank group: its bucketed fp32
+  all-reduce of the gradients);
+- fsdp2: torch's ``fully_shard`` on every layer and the root, ``MixedPrecisionPolicy`` bf16 parameters and fp32
+  reduction (no autocast), the same optimizer and clipping;
 - galva: the same model built by ``galva_hp.build`` under a one-rank ``Strategy`` (bf16 compute, fp32 master weights
   and gradient reduction), stepped with ``galva_hp.train_step`` (AdamW + clipping by the global norm).
 
@@ -97,6 +101,69 @@ def run_plain(args: argparse.Namespace, device: torch.device, batches) -> list[f
     return timed_steps(step, device, args.warmup, args.steps)  # the model is freed when this returns
 
 
+class _Loss(torch.nn.Module):
+    """The model's mean token loss as one module's forward: what DDP and FSDP2 wrap."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.embedding, self.layers, self.head = model.embedding, torch.nn.ModuleList(model.layers), model.head
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = self.embedding(ids)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        loss_sum, count = self.head(hidden, labels)
+        return loss_sum / count
+
+
+def _wrapped_steps(args, device, batches, wrap, autocast: bool) -> list[float]:
+    module = wrap(_Loss(make_model(args)).to(device))
+    params = list(module.parameters())
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=OPTIM.lr,
+        betas=OPTIM.betas,
+        eps=OPTIM.eps,
+        weight_decay=OPTIM.weight_decay,
+        fused=device.type == "cuda",
+    )
+
+    def step(i: int) -> None:
+        ids, labels = batches[i % len(batches)]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = module(ids, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)
+        optimizer.step()
+
+    return timed_steps(step, device, args.warmup, args.steps)
+
+
+def run_ddp(args: argparse.Namespace, device: torch.device, batches) -> list[float]:
+    """torch's DistributedDataParallel over the one-rank group, autocast bf16, fp32 gradients reduced."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def wrap(module):
+        return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+
+    return _wrapped_steps(args, device, batches, wrap, autocast=True)
+
+
+def run_fsdp2(args: argparse.Namespace, device: torch.device, batches) -> list[float]:
+    """torch's FSDP2 (``fully_shard`` per layer and at the root): bf16 parameters, fp32 reduction, no autocast."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    def wrap(module):
+        for layer in module.layers:
+            fully_shard(layer, mp_policy=policy)
+        return fully_shard(module, mp_policy=policy)
+
+    return _wrapped_steps(args, device, batches, wrap, autocast=False)
+
+
 def run_galva(args: argparse.Namespace, device: torch.device, batches) -> list[float]:
     model = make_model(args)
     strategy = Strategy.uniform(
@@ -154,7 +221,8 @@ def main() -> None:
     del reference
 
     results = {}
-    for name, run in (("plain", run_plain), ("galva", run_galva)):
+    sides = (("plain", run_plain), ("ddp", run_ddp), ("fsdp2", run_fsdp2), ("galva", run_galva))
+    for name, run in sides:
         times = run(args, device, batches)
         gc.collect()
         if device.type == "cuda":
@@ -171,6 +239,7 @@ def main() -> None:
         "|---|---|---|---|",
         *(f"| {n} | {s * 1e3:.1f} | {t:,.0f} | {m:.1%} |" for n, (s, t, m) in results.items()),
         f"| **galva / plain** | | **{ratio:.3f}** (target ≥ 0.95) | |",
+        *(f"| galva / {n} | | {results['galva'][1] / results[n][1]:.3f} | |" for n in ("ddp", "fsdp2")),
     ]
     setup = (
         f"{device_name}; Llama-style {n_params / 1e9:.2f}B parameters (hidden {args.hidden}, {args.layers} layers, "
