@@ -97,6 +97,8 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     for curves in (p.allreduce_time, p.all_gather_time, p.reduce_scatter_time, p.all_to_all_time):
         assert [e.message_mib for e in curves] == [(4096 / 2**20, 0.0625, 0.125, 0.25)] * 2  # + 4 KiB
     assert profile.overlap_slowdown >= 1.0 and profile.compute_slowdown >= 1.0
+    # the reference matmul on rank 0 alone, which the model profile also times (galva_profiler.reference_speed)
+    assert profile.compute_reference_ms is not None and profile.compute_reference_ms > 0.0
     # a rank's process before any model: torch is imported and a step has run (hundreds of MiB resident)
     assert profile.base_memory_mib is not None and profile.base_memory_mib > 100.0
     assert results[0]["report"]["base_memory_mib"] == profile.base_memory_mib

@@ -83,6 +83,8 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     assert step is not None and step[0] + step[1] * layer.parameter_mib * 2**20 / 4 / 1e6 > 0.0
     assert profile.vocab.optimizer_step_ms is not None and profile.optimizer_call_ms is not None
     assert report["layers"][0]["optimizer_step"]["per_module_ms"] == layer.optimizer_step_ms[0]
+    # the reference matmul, sampled between the layers' timed rounds: the minutes the layers were timed in
+    assert profile.compute_reference_ms is not None and profile.compute_reference_ms > 0.0
 
 
 def test_an_image_model_s_vocabulary_takes_images_and_the_last_layer_s_shape() -> None:

@@ -25,6 +25,7 @@ from galva_schema import (
 )
 from galva_search.collectives import Collectives
 from galva_search.cost_model import CostModel, CostSettings, VocabOption, pipeline_time
+from galva_search.cost_settings import TermFactors
 from galva_search.space import Candidate
 
 DDP, ZERO2, ZERO3 = DataParallelType.DDP, DataParallelType.ZERO2, DataParallelType.ZERO3
@@ -280,6 +281,35 @@ def test_a_parallel_forms_measured_overhead_is_compute(make_model, tiny_hw):
     assert got.backward_s - base.backward_s == pytest.approx(extra_b, **EXACT)
     assert got.micro_batch_s - base.micro_batch_s == pytest.approx(extra_f + extra_b, **EXACT)
     assert got.weight_grad_s == pytest.approx(base.weight_grad_s, **EXACT)
+
+
+def test_compute_is_priced_in_the_hardware_profile_s_minutes_through_the_reference_matmul(make_model, tiny_hw):
+    """Where both profiles timed the reference matmul, every profiled compute time (the layers' passes, the
+    vocabulary's, the optimizer's per-call work) is scaled by hardware / model: a model profile whose reference read
+    twice the hardware profile's was timed while the machine ran at half speed. Only one of the two: unchanged."""
+    from galva_schema import Strategy
+    from galva_search.evaluation import evaluate_strategy
+
+    plain = make_model().model_copy(update={"optimizer_call_ms": 2.0})
+    slow = plain.model_copy(update={"compute_reference_ms": 2.0})
+    hw = tiny_hw.model_copy(update={"optimizer_ms_per_million_parameters": 0.0})  # every rank's rate: not scaled
+    timed = hw.model_copy(update={"compute_reference_ms": 1.0})
+    cands = [Candidate(1, 1, 4), Candidate(1, 2, 2), Candidate(1, 1, 4, checkpoint=True)]
+    base = CostModel(hw, plain, CostSettings()).layer_terms(0, cands, 8, 1)
+    got = CostModel(timed, slow, CostSettings()).layer_terms(0, cands, 8, 1)
+    compute = CostModel(hw, plain, CostSettings(factors=TermFactors(dp_comm=0.0, tp_comm=0.0)))
+    halved = CostModel(timed, slow, CostSettings(factors=TermFactors(dp_comm=0.0, tp_comm=0.0)))
+    assert got.forward_s[0] == pytest.approx(base.forward_s[0] / 2, **EXACT)  # one rank's whole layer: compute
+    assert got.backward_s[0] == pytest.approx(base.backward_s[0] / 2, **EXACT)
+    assert halved.layer_terms(0, cands, 8, 1).micro_batch_s == pytest.approx(
+        compute.layer_terms(0, cands, 8, 1).micro_batch_s / 2, **EXACT)
+    assert halved.optimizer_call_s() == pytest.approx(compute.optimizer_call_s() / 2, **EXACT)
+    strategy = Strategy.uniform(world_size=4, num_layers=plain.layer_types[0].num_layers, global_batch_size=8)
+    whole = evaluate_strategy(compute, strategy).iteration_time_s
+    assert evaluate_strategy(halved, strategy).iteration_time_s == pytest.approx(whole / 2, rel=1e-9)
+    for one, model in ((timed, plain), (hw, slow)):  # one side alone says nothing of the minutes
+        assert CostModel(one, model, CostSettings()).layer_terms(0, cands, 8, 1).forward_s == pytest.approx(
+            base.forward_s, **EXACT)
 
 
 def test_a_zero_layers_measured_overhead_per_call_and_per_step(make_model, tiny_hw):

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from galva_profiler.distributed import World, max_over_ranks, synchronize
+from galva_profiler.reference_speed import ReferenceClock
 from galva_profiler.timing import Repeats, median_ms, together_ms
 
 LOOP_MS = 40.0
@@ -42,6 +43,8 @@ MIN_ROUNDS = 7
 CONCURRENCY_ROUNDS = 15
 """Rounds of this test when the others take :data:`MIN_ROUNDS` (it scales with them): its ratio prices every layer."""
 ALONE_THREADS_ENV = "GALVA_PROFILE_ALONE_THREADS"
+REFERENCE_SAMPLES = 3
+"""Samples of the reference matmul after each round's alone loop (a few ms)."""
 
 
 @contextmanager
@@ -63,26 +66,45 @@ def measure_concurrency(
     rounds: int = MIN_ROUNDS,
     loop_ms: float = LOOP_MS,
     span_s: float = 0.0,
-) -> tuple[float, float]:
-    """(rank 0 alone ms, median over at least ``rounds`` rounds of every-rank-at-once / alone), a loop of about
-    ``loop_ms`` alone; the rounds go on until their timed loops add up to ``span_s`` seconds
-    (:data:`galva_profiler.timing.TIMING_SPAN_S`); the same values on every rank."""
+) -> tuple[float, float, float]:
+    """(rank 0 alone ms, median over at least ``rounds`` rounds of every-rank-at-once / alone, the reference
+    matmul's ms on rank 0 alone), a loop of about ``loop_ms`` alone; the rounds go on until their timed loops add up
+    to ``span_s`` seconds (:data:`galva_profiler.timing.TIMING_SPAN_S`); the same values on every rank.
+
+    The reference (:mod:`galva_profiler.reference_speed`) is sampled on rank 0 alone after each round's alone loop,
+    :data:`REFERENCE_SAMPLES` times: the model profile's layers are priced in this test's minutes through it."""
     device = world.device
     a = torch.randn(matmul_size, matmul_size, device=device)
     b = torch.randn(matmul_size, matmul_size, device=device)
     loop = _loop(lambda: torch.mm(a, b), world, loop_ms)
+    reference = ReferenceClock(device)
     alone, ratios = [], []
     timed_ms = 0.0  # of values every rank holds alike: every rank ends after the same round
     index = 0
     while index < repeats.warmup + max(repeats.repetitions, rounds) or timed_ms < span_s * 1e3:
         together = together_ms(loop, world)
         one = _alone_ms(loop, world)
+        _sample_alone(reference, world, index >= repeats.warmup)
         if index >= repeats.warmup:
             alone.append(one)
             ratios.append(together / one)
             timed_ms += together + one
         index += 1
-    return statistics.median(alone), statistics.median(ratios)
+    reference_ms = max_over_ranks(reference.median_ms() or 0.0, device)  # rank 0's; the others hold none
+    return statistics.median(alone), statistics.median(ratios), reference_ms
+
+
+def _sample_alone(reference: ReferenceClock, world: World, keep: bool) -> None:
+    """:data:`REFERENCE_SAMPLES` samples of ``reference`` on rank 0 while the others wait (dropped unless
+    ``keep``: a warm-up round's)."""
+    dist.barrier()
+    if world.rank == 0:
+        with alone_threads():
+            for _ in range(REFERENCE_SAMPLES):
+                reference.sample()
+        if not keep:
+            reference.samples.clear()
+    dist.barrier()
 
 
 def _loop(call: Callable[[], object], world: World, loop_ms: float) -> Callable[[], None]:

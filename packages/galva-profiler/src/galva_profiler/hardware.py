@@ -333,6 +333,7 @@ def hardware_profile(result: SweepResult, world: World, device_memory_mib: float
         reduce_scatter_time=table(Collective.REDUCE_SCATTER),
         overlap_slowdown=result.overlap.slowdown if result.overlap else 1.0,
         compute_slowdown=result.overlap.concurrency_slowdown if result.overlap else 1.0,
+        compute_reference_ms=(result.overlap.reference_ms or None) if result.overlap else None,
         base_memory_mib=result.base_memory_mib,
         optimizer_ms_per_million_parameters=result.optimizer_ms_per_million_parameters,
         processors_per_node=result.processors,

@@ -37,6 +37,7 @@ from galva_profiler.layer_timing import (
 )
 from galva_profiler.model_source import MetaModel
 from galva_profiler.progress import Progress
+from galva_profiler.reference_speed import ReferenceClock
 from galva_profiler.routing import routing_by_layer
 from galva_profiler.timing import TIMING_SPAN_S, Repeats
 from galva_profiler.vocab import POSITIONS, VocabInputs, VocabMeasurement, tie, vocab_memory, vocab_times
@@ -116,6 +117,7 @@ class ModelSweep:
     degrees: dict[str, list[int]]
     vocab_degrees: list[int]
     vocab_step: StepCost | None = None  # the vocabulary layers' optimizer step, as a layer's
+    reference_ms: float | None = None  # the reference matmul, sampled between the layers' timed rounds
 
     def batch_fit(self, times: dict[int, PassTimes], backward: bool = False) -> Fit:
         batches = sorted(times)
@@ -210,11 +212,12 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
     device = _device(options)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # autograd's device threads run the backward's kernels in its context
+    reference = ReferenceClock(device)
     for seq in seqs:
         specs = layer_specs(model.at_length(seq), seq)
         for measurement in layers:
             module = model.layer(measurement.first_index, dtype)
-            _time_layer(module, measurement, seq, specs, batches, options, progress)
+            _time_layer(module, measurement, seq, specs, batches, options, progress, reference)
             if device.type != "cpu":  # on CPU they were timed with the bytes
                 _time_experts(model, measurement, seq, options)
             if not elsewhere:
@@ -231,7 +234,7 @@ def run_model_sweep(model: MetaModel, options: ModelSweepOptions, progress_enabl
             vocab[seq] = _vocab_bytes(model, layers, seq, vocab_degrees, options)
         vocab[seq].times = times
         progress.step(f"vocabulary seq {seq}")
-    return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step)
+    return ModelSweep(model, options, layers, vocab, degrees, vocab_degrees, vocab_step, reference.median_ms())
 
 
 def _device(options: ModelSweepOptions) -> torch.device:
@@ -380,15 +383,17 @@ def _time_layer(
     batches: list[int],
     options: ModelSweepOptions,
     progress: Progress,
+    reference: ReferenceClock | None = None,
 ) -> None:
     """The layer's passes over ``batches``, its optimizer step (then a ``progress`` step), its weight-gradient share
-    and its split backward's overhead, on ``options.device`` (the module goes there and comes back)."""
+    and its split backward's overhead, on ``options.device`` (the module goes there and comes back); ``reference``
+    sampled between the passes' rounds."""
     device, dtype = _device(options), DTYPES[options.precision]
     layer_seq, hidden, repeats = specs[measurement.first_index].seq_length, measurement.hidden, options.repeats
     with on_device(device, module):
         # one untimed pass at the largest size first: allocator and kernel choice settle before any timing
         time_passes(layer_forward(module, batches[-1], layer_seq, hidden, dtype, device), Repeats(0, 1), device)
-        measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
+        measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options, reference)
         if measurement.step is None:  # the tensors do not depend on the sequence length
             measurement.step = step_cost(module, repeats, device)
         progress.step(f"{measurement.name} seq {seq} batches {','.join(map(str, batches))}")
@@ -401,7 +406,7 @@ def _time_layer(
             if problem is None:
                 break
             # outside load caught the rounds unevenly all the same: time them all again
-            measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options)
+            measurement.times[seq] = _time_batches(module, batches, layer_seq, hidden, dtype, options, reference)
         else:
             problem = unsteady_timing(measurement.times[seq])
             if problem is not None:
@@ -416,12 +421,18 @@ def _time_layer(
 
 
 def _time_batches(
-    module: torch.nn.Module, batches: list[int], seq: int, hidden: int, dtype: torch.dtype, options: ModelSweepOptions
+    module: torch.nn.Module,
+    batches: list[int],
+    seq: int,
+    hidden: int,
+    dtype: torch.dtype,
+    options: ModelSweepOptions,
+    reference: ReferenceClock | None = None,
 ) -> dict[int, PassTimes]:
     """The layer at every batch size, interleaved (:func:`time_interleaved`), on ``options.device``."""
     device = _device(options)
     runs = {batch: layer_forward(module, batch, seq, hidden, dtype, device) for batch in batches}
-    return time_interleaved(runs, options.repeats, device, span_s=options.timing_span_s)
+    return time_interleaved(runs, options.repeats, device, span_s=options.timing_span_s, reference=reference)
 
 
 def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:
@@ -638,6 +649,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
             constraints=constraints,
             # the call's own work: the layers' measurement (the first type's: one call, whatever the type)
             optimizer_call_ms=sweep.layers[0].step.per_call_ms if sweep.layers[0].step else None,
+            compute_reference_ms=sweep.reference_ms,
         )
     return profiles
 

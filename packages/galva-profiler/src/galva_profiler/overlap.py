@@ -38,6 +38,7 @@ class OverlapResult:
     comm_overlapped_ms: float
     compute_alone_ms: float = 0.0  # the loop on rank 0 while the others wait (0: not measured)
     concurrency_ratio: float = 1.0  # median over paired repetitions of (every rank at once) / (rank 0 alone)
+    reference_ms: float = 0.0  # the reference matmul on rank 0 alone (reference_speed; 0: not measured)
 
     @property
     def concurrency_slowdown(self) -> float:
@@ -68,6 +69,7 @@ class OverlapResult:
             "overlap_slowdown": self.slowdown,
             "compute_alone_ms": self.compute_alone_ms,
             "concurrency_slowdown": self.concurrency_slowdown,
+            "reference_ms": self.reference_ms,
         }
 
 
@@ -133,7 +135,7 @@ def measure_overlap(
                 sides[side].append(ms)
     # the compute slowdown scales every layer's price: twice the rounds of the other tests (3 quickstarts' 4-rank
     # profiles of one quiet quarter hour read 2.62, 2.14 and 2.47 over 7 rounds)
-    compute_alone_ms, concurrency_ratio = measure_concurrency(
+    compute_alone_ms, concurrency_ratio, reference_ms = measure_concurrency(
         world, matmul_size, repeats, CONCURRENCY_ROUNDS * rounds // MIN_ROUNDS, concurrency_ms, concurrency_span_s
     )
     slowest = {side: max_over_ranks(statistics.median(times), device) for side, times in sides.items()}
@@ -144,6 +146,7 @@ def measure_overlap(
         comm_overlapped_ms=slowest["comm_overlapped"],
         compute_alone_ms=compute_alone_ms,
         concurrency_ratio=concurrency_ratio,
+        reference_ms=reference_ms,
     )
 
 

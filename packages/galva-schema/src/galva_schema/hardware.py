@@ -96,6 +96,12 @@ class HardwareProfile(GalvaFile):
         description="Factor (>= 1) by which compute runs slower with every rank of the profiled world computing at "
         "once than with one rank alone (ranks sharing cores or memory bandwidth); the model profile is measured alone.",
     )
+    compute_reference_ms: PositiveFloat | None = Field(
+        None,
+        description="ms of one fp32 256 x 256 matmul on one rank alone, the median of samples taken between the "
+        "concurrency test's rounds by the layers' clock (the model profile's compute_reference_ms is the same "
+        "matmul in the minutes its layers were timed). None: not measured.",
+    )
     base_memory_mib: NonNegativeFloat | None = Field(
         None,
         description="Memory one rank's process holds before any model is built (MiB), measured after the imports, the "

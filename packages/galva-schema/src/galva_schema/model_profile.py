@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from galva_schema._base import GalvaFile, GalvaModel
 from galva_schema.constraints import ModelConstraints
@@ -298,6 +298,13 @@ class ModelProfile(GalvaFile):
         description="ms of galva-hp's optimizer step that every rank pays once per iteration whatever it holds (the "
         "optimizer's and the learning-rate schedule's own per-call work), beside what each layer adds "
         "(LayerTypeProfile.optimizer_step_ms). None: not profiled (0).",
+    )
+    compute_reference_ms: PositiveFloat | None = Field(
+        None,
+        description="ms of one fp32 256 x 256 matmul, the median of samples taken between the layers' timed passes by "
+        "their clock: the profile's speed in the minutes it timed the layers. With the hardware profile's own "
+        "(HardwareProfile.compute_reference_ms), galva-search prices the layers as if timed in that profile's "
+        "minutes. None: not measured (an older profile: the times as they are).",
     )
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ import numpy as np
 
 from galva_schema import HardwareProfile, ModelProfile, PipelineSchedule
 from galva_search.collectives import Collectives
+from galva_search.compute_speed import compute_scale
 from galva_search.cost_settings import CostSettings, TermFactors
 from galva_search.layer_costs import LayerCosts, LayerTerms
 from galva_search.pipeline_costs import (
@@ -71,6 +72,7 @@ class CostModel:
         self.comm = Collectives(hardware, hardware_source)
         self.model_source = model_source
         self.world_size = hardware.cluster.world_size
+        self._compute_scale = compute_scale(hardware, model)  # the profiles' every-rank slowdown and minutes
         self._layers = LayerCosts(hardware, model, settings, self.comm, model_source)
         self._vocab = VocabCosts(hardware, model, settings, self.comm)
 
@@ -131,7 +133,7 @@ class CostModel:
         each layer's share is ``LayerTerms.step_s``."""
         if self.model.optimizer_call_ms is None:
             return 0.0
-        own = self.model.optimizer_call_ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+        own = self.model.optimizer_call_ms * 1e-3 * self.settings.factors.compute * self._compute_scale
         return own + self.comm.allreduce_latency(self.world_size) * self.settings.factors.dp_comm
 
     # ----------------------------------------------------------------------------------------------- pipeline
@@ -147,7 +149,7 @@ class CostModel:
         """Seconds one layer of type ``type_index`` adds to a micro-batch when zb-h1 splits its backward (the model
         profile's ``split_backward_overhead_ms``, scaled as compute: the job's concurrency and the calibration)."""
         ms = self.model.layer_types[type_index].split_backward_overhead_ms
-        return ms * 1e-3 * self.settings.factors.compute * self.hardware.compute_slowdown
+        return ms * 1e-3 * self.settings.factors.compute * self._compute_scale
 
     def shared_processors(self, pp: int) -> SharedProcessors | None:
         """How a plan of ``pp`` stages shares the nodes' processors, or None where every rank has its own

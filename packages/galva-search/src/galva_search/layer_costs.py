@@ -31,6 +31,7 @@ from galva_schema.model_profile import OverheadForm, ShardedForm
 from galva_schema.sharding import sequence_shards
 from galva_search import expert_costs
 from galva_search.collectives import MIB, Collectives
+from galva_search.compute_speed import compute_scale
 from galva_search.cost_settings import CostSettings
 from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
@@ -141,6 +142,7 @@ class LayerCosts:
         self.comm = comm
         self.model_source = model_source
         self.world_size = hardware.cluster.world_size
+        self._compute_scale = compute_scale(hardware, model)
         self._static_cache: dict[tuple[int, tuple[Candidate, ...]], _LayerStatic] = {}
 
     def activation_per_sample(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
@@ -335,7 +337,7 @@ class LayerCosts:
         f = s.factors
         local = micro_batch / st.dp  # samples per rank
         # context parallelism: 1 / cp of the tokens and, the chunks balanced, of the attention pairs
-        compute_factor = f.compute * self.hardware.compute_slowdown
+        compute_factor = f.compute * self._compute_scale
         forward = _layer_forward_seconds(layer, local / (st.tp * st.cp)) + expert_costs.extra_forward_seconds(
             layer, candidates, local / st.cp
         )

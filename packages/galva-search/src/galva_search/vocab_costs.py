@@ -12,6 +12,7 @@ import numpy as np
 from galva_comm.layout import ranks_per_stage, sharding_group_shape
 from galva_schema import DataParallelType, HardwareProfile, ModelProfile, VocabMemory
 from galva_search.collectives import MIB, Collectives
+from galva_search.compute_speed import compute_scale
 from galva_search.cost_settings import CostSettings
 from galva_search.layer_costs import forward_seconds
 from galva_search.space import Candidate
@@ -103,10 +104,10 @@ class VocabCosts:
         local = micro_batch / dp
         types = self.model.layer_types
         f = s.factors
-        compute_scale = f.compute * self.hardware.compute_slowdown  # the model profile ran alone (docs §3)
-        forward = float(forward_seconds(vocab.forward_time, local / (k * cp), types[-1].seq_length)) * compute_scale
+        scale = f.compute * compute_scale(self.hardware, self.model)  # the model profile ran alone (docs §3)
+        forward = float(forward_seconds(vocab.forward_time, local / (k * cp), types[-1].seq_length)) * scale
         backward = (  # measured beside the forward where profiled, else the coefficient's multiple of it
-            float(forward_seconds(vocab.backward_time, local / (k * cp), types[-1].seq_length)) * compute_scale
+            float(forward_seconds(vocab.backward_time, local / (k * cp), types[-1].seq_length)) * scale
             if vocab.backward_time is not None
             else s.backward_coefficient * forward
         )
@@ -148,7 +149,7 @@ class VocabCosts:
             if vocab.optimizer_step_ms is not None:  # its tensors' share, and the elements this rank steps
                 fixed, per_million = vocab.optimizer_step_ms
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
-                step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * compute_scale
+                step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * scale
             regather = gather if dp_type is ZERO2 else 0.0
             return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, regather_s=regather)
 
