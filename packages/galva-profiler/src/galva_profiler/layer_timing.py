@@ -240,11 +240,66 @@ def _alternating_backwards(
 
 
 def cpu_passes(module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
-    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input."""
+    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input, less the
+    CPU spent inside torch.distributed's collectives (:class:`CollectiveCpu`): a call's own CPU is in the hardware
+    profile's time of that call, which the cost model adds beside."""
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
-    start = time.thread_time()
-    out = module(x)
-    out = out[0] if isinstance(out, tuple) else out
-    middle = time.thread_time()
-    out.backward(torch.ones_like(out))
-    return middle - start, time.thread_time() - middle
+    with CollectiveCpu() as calls:
+        start = time.thread_time()
+        out = module(x)
+        out = out[0] if isinstance(out, tuple) else out
+        middle = time.thread_time()
+        forward_calls = calls.seconds
+        out.backward(torch.ones_like(out))
+        end = time.thread_time()
+    return middle - start - forward_calls, end - middle - (calls.seconds - forward_calls)
+
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all", "all_to_all_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "_all_gather_base",
+    "_reduce_scatter_base",
+)  # fmt: skip
+"""torch.distributed's collectives :class:`CollectiveCpu` meters (those present in this torch)."""
+
+
+class CollectiveCpu:
+    """Inside the block, the calling thread's CPU seconds spent inside torch.distributed's collectives
+    (``seconds``): each of :data:`COLLECTIVES` is wrapped, by attribute, for the block's length (callers that look
+    them up on ``torch.distributed`` per call, as galva-hp's mappings and FSDP2 do). Measured on 2 gloo ranks, an
+    all-gather's call takes 0.12 ms of its caller's CPU, a reduce-scatter's 0.16, an all-reduce's 0.08."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._depth = 0
+
+    def __enter__(self) -> CollectiveCpu:
+        import torch.distributed as dist
+
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None:
+                self._originals[name] = original
+                setattr(dist, name, self._metered(original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def _metered(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._depth += 1
+            start = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:  # one collective calling another is counted once
+                    self.seconds += time.thread_time() - start
+
+        return call

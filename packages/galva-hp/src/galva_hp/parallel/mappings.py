@@ -69,9 +69,14 @@ __all__ = [
     "sum_grad_over",
 ]
 
-# the *_single names are the non-deprecated spellings in recent torch; older torch only has the *_tensor ones
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+def _all_gather_flat(out: Tensor, x: Tensor, group: ProcessGroup | None) -> None:
+    # the *_single names are the non-deprecated spellings in recent torch; older torch only has the *_tensor ones.
+    # Looked up per call: the watchdog and galva-profile's CPU meter wrap torch.distributed's functions.
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
+
+
+def _reduce_scatter_flat(out: Tensor, x: Tensor, group: ProcessGroup | None) -> None:
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x, group=group)
 
 
 def group_size(group: ProcessGroup | None) -> int:
