@@ -20,7 +20,8 @@ group here) and not priced.
 On CPU each timed step starts from cold caches (:data:`EVICT_MIB` touched first): the runtime's step follows a whole
 forward and backward, which leave little of the optimizer's tensors in cache, where back-to-back steps find them
 all there. On the 2-core box a whole tiny-llama's step read 1.6 ms back to back against 2.8 ms after 64 MiB were
-touched in the same minute, and 3.1 ms inside the check's training steps.
+touched in the same minute (32 MiB: the same within the box's noise), and 3.1 ms inside the check's training
+steps.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from galva_hp import GalvaOptimizer
 
 SHRINK = 4  # the reduced point: every tensor at a quarter of its elements
-EVICT_MIB = 64
-"""MiB touched before each timed step on CPU: twice a large server processor's last-level cache."""
+EVICT_MIB = 32
+"""MiB written before each timed step on CPU: a large server processor's last-level cache."""
 MIN_REPETITIONS = 30  # a step of a layer is a millisecond or two: cheap to repeat
 
 
@@ -106,8 +107,8 @@ def step_cost(module: nn.Module, repeats: Repeats, device: torch.device | None =
     try:
         for index in range(warmup + max(repeats.repetitions, MIN_REPETITIONS)):
             for k, optimizer in enumerate(optimizers):
-                if evict is not None:  # cold caches, as after a backward (the module's docstring)
-                    evict.add_(1.0)
+                if evict is not None and index >= warmup:  # cold caches, as after a backward (module docstring)
+                    evict.fill_(float(index))
                 synchronize(device)
                 start = clock()
                 optimizer.clip_grad_norm()
