@@ -18,8 +18,9 @@ The same ranks also time what a parallel form costs beyond the plain layer at it
 against the plain layer on ``[2, s, h]``, the same work per rank, in the main thread's CPU time less the CPU spent
 inside torch.distributed's calls (:func:`galva_profiler.layer_timing.cpu_passes`), so that waiting for the other
 ranks and their collectives (priced apart, from the hardware profile's curves, a call's own CPU included) is left
-out and outside load moves it little. The cost model adds it to the layer's compute: tp's extra Python, copies and splits per call,
-which the plain layer's ``F(b/t)`` does not have (+28% of a tp-2 layer's compute for galva run's default model).
+out and outside load moves it little. The cost model adds it to the layer's compute: tp's extra Python, copies and
+splits per call, which the plain layer's ``F(b/t)`` does not have (+28% of a tp-2 layer's compute for galva run's
+default model).
 At each degree they time the layer under ZeRO-2 and ZeRO-3 the same way (:mod:`galva_profiler.sharded_overhead`).
 """
 

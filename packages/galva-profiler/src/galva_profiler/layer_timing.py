@@ -8,16 +8,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from galva_profiler.distributed import synchronize
 from galva_profiler.timing import Repeats
-
-if TYPE_CHECKING:
-    from galva_profiler.reference_speed import ReferenceClock
 
 K = TypeVar("K")
 
@@ -44,7 +41,7 @@ def time_interleaved(
     device: torch.device | None = None,
     span_s: float = 0.0,
     lead: int | None = None,
-    reference: ReferenceClock | None = None,
+    after_round: Callable[[], object] | None = None,
 ) -> dict[K, PassTimes]:
     """:func:`time_passes` of several forwards (a layer at each batch size), round robin: every repetition (and
     warm-up) runs each forward once, in turn, and each keeps the median of its own repetitions. The timed rounds go
@@ -61,8 +58,8 @@ def time_interleaved(
     ``lead``: untimed passes of a forward's own shape before each of its timed ones; None: :func:`shape_lead` (on
     a GPU one, on CPU none).
 
-    ``reference``: sampled once after every timed round, so its samples span the same minutes as the passes
-    (:mod:`galva_profiler.reference_speed`).
+    ``after_round``: called after every timed round (the model profile samples its reference matmul there, so the
+    samples span the same minutes as the passes: :mod:`galva_profiler.reference_speed`).
     """
     device = device or torch.device("cpu")
     for _ in range(repeats.warmup):
@@ -80,8 +77,8 @@ def time_interleaved(
             forward_ms, backward_ms = _one_pass(forward, device)
             forwards_ms[key].append(forward_ms)
             backwards_ms[key].append(backward_ms)
-        if reference is not None:
-            reference.sample()
+        if after_round is not None:
+            after_round()
         rounds += 1
     median = statistics.median
     return {key: PassTimes(median(forwards_ms[key]), median(backwards_ms[key])) for key in forwards}

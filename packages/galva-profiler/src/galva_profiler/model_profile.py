@@ -432,7 +432,8 @@ def _time_batches(
     """The layer at every batch size, interleaved (:func:`time_interleaved`), on ``options.device``."""
     device = _device(options)
     runs = {batch: layer_forward(module, batch, seq, hidden, dtype, device) for batch in batches}
-    return time_interleaved(runs, options.repeats, device, span_s=options.timing_span_s, reference=reference)
+    sample = None if reference is None else reference.sample
+    return time_interleaved(runs, options.repeats, device, span_s=options.timing_span_s, after_round=sample)
 
 
 def _vocab_inputs(model: MetaModel, seq: int, dtype: torch.dtype) -> VocabInputs:
