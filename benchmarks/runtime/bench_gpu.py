@@ -76,44 +76,16 @@ def timed_steps(step, device: torch.device, warmup: int, steps: int) -> list[flo
     return times
 
 
-def run_plain(args: argparse.Namespace, device: torch.device, batches) -> list[float]:
-    model = make_model(args)
-    modules = torch.nn.ModuleList([model.embedding, *model.layers, model.head]).to(device)
-    params = list(modules.parameters())
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=OPTIM.lr,
-        betas=OPTIM.betas,
-        eps=OPTIM.eps,
-        weight_decay=OPTIM.weight_decay,
-        fused=device.type == "cuda",
-    )
-
-    def step(i: int) -> None:
-        ids, labels = batches[i % len(batches)]
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model.reference_loss(ids, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, OPTIM.max_grad_norm)
-        optimizer.step()
-
-    return timed_steps(step, device, args.warmup, args.steps)  # the model is freed when this returns
-
-
 class _Loss(torch.nn.Module):
-    """The model's mean token loss as one module's forward: what DDP and FSDP2 wrap."""
+    """The model's ``reference_loss`` as one module's forward, its parts registered: what DDP and FSDP2 wrap."""
 
     def __init__(self, model) -> None:
         super().__init__()
         self.embedding, self.layers, self.head = model.embedding, torch.nn.ModuleList(model.layers), model.head
+        self.model = model  # a LayeredModel, not a module: the same parts, unregistered twice
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        hidden = self.embedding(ids)
-        for layer in self.layers:
-            hidden = layer(hidden)
-        loss_sum, count = self.head(hidden, labels)
-        return loss_sum / count
+        return self.model.reference_loss(ids, labels)
 
 
 def _wrapped_steps(args, device, batches, wrap, autocast: bool) -> list[float]:
@@ -138,6 +110,11 @@ def _wrapped_steps(args, device, batches, wrap, autocast: bool) -> list[float]:
         optimizer.step()
 
     return timed_steps(step, device, args.warmup, args.steps)
+
+
+def run_plain(args: argparse.Namespace, device: torch.device, batches) -> list[float]:
+    """The single-process model as it is, autocast bf16."""
+    return _wrapped_steps(args, device, batches, lambda module: module, autocast=True)
 
 
 def run_ddp(args: argparse.Namespace, device: torch.device, batches) -> list[float]:

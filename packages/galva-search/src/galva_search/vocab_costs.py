@@ -62,6 +62,7 @@ class VocabCosts:
         self.settings = settings
         self.comm = comm
         self.world_size = hardware.cluster.world_size
+        self._compute_scale = compute_scale(hardware, model)  # the model profile ran alone (docs §3)
         self._boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, np.ndarray]] = {}
 
     def options(
@@ -104,7 +105,7 @@ class VocabCosts:
         local = micro_batch / dp
         types = self.model.layer_types
         f = s.factors
-        scale = f.compute * compute_scale(self.hardware, self.model)  # the model profile ran alone (docs §3)
+        scale = f.compute * self._compute_scale
         forward = float(forward_seconds(vocab.forward_time, local / (k * cp), types[-1].seq_length)) * scale
         backward = (  # measured beside the forward where profiled, else the coefficient's multiple of it
             float(forward_seconds(vocab.backward_time, local / (k * cp), types[-1].seq_length)) * scale
