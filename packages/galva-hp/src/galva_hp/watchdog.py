@@ -3,8 +3,8 @@ the job names the rank that stopped, its step and the collective the others wait
 
 Every rank runs one daemon thread. It publishes a heartbeat to the job's rendezvous store (torchrun's, or whatever
 ``MASTER_ADDR:MASTER_PORT`` names) every ``interval`` seconds and at the top of every step (a rank stopped a moment
-later is named at its real step): wall time, the step, the collective the rank is in
-(``torch.distributed`` collectives are wrapped while the watchdog runs) and when the rank last made progress. The
+later is named at its real step): wall time, the step, the collective the rank is in (torch.distributed's calls
+are intercepted while the watchdog runs: :mod:`galva_comm.intercept`) and when the rank last made progress. The
 monitor ranks (the first and the last) read every rank's heartbeat. A rank is stuck when
 
 * its heartbeat is older than ``timeout`` (the whole process stopped: SIGSTOP, a stalled node, a dead host), or
@@ -35,7 +35,6 @@ SIGINT, :data:`EXIT_INTERRUPTED`; 143 for SIGTERM), no traceback.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import socket
@@ -46,6 +45,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from galva_comm.intercept import CALLS, Intercept
 from galva_hp.heartbeat import Heartbeat, diagnose, step_text
 
 __all__ = [
@@ -69,14 +69,6 @@ EXIT_FAILED = 1
 """Exit status of a rank that raised an exception of its own (:meth:`Watchdog.crash`)."""
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
-
-_COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_to_all",
-    "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
-    "broadcast_object_list", "reduce", "gather", "scatter", "barrier", "monitored_barrier", "send", "recv", "isend",
-    "irecv", "batch_isend_irecv", "all_reduce_coalesced",
-)  # fmt: skip
-
 
 def startup_timeout(timeout_s: float) -> float:
     """The timeout of start-up (before the first step): the collective timeout, but at least 5 minutes."""
@@ -108,7 +100,7 @@ class Watchdog:
         self._old_wakeup_fd = -1
         self._old_sigint: Any = None
         self._old_sigterm: Any = None
-        self._originals: dict[str, Callable[..., Any]] = {}
+        self._intercept = Intercept(self._tracked, CALLS, key="galva-watchdog")
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> Watchdog:
@@ -122,7 +114,7 @@ class Watchdog:
                 False,
                 timedelta(seconds=max(5.0, min(30.0, self.timeout_s))),
             )
-        self._wrap_collectives()
+        self._intercept.install()
         if threading.current_thread() is threading.main_thread():
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
@@ -140,7 +132,7 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._unwrap_collectives()
+        self._intercept.remove()
         if self._wake_w is not None and threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(self._old_wakeup_fd)
             signal.signal(signal.SIGINT, self._old_sigint)
@@ -330,39 +322,17 @@ class Watchdog:
         _exit(exit_status(signum))
 
     # ------------------------------------------------------------------------------------- collective tracking
-    def _wrap_collectives(self) -> None:
-        import torch.distributed as dist
-
-        for name in _COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is None or getattr(original, "_galva_watchdog", False):
-                continue
-            self._originals[name] = original
-            setattr(dist, name, self._tracked(name, original))
-
-    def _unwrap_collectives(self) -> None:
-        import torch.distributed as dist
-
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals.clear()
-
-    def _tracked(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            group = kwargs.get("group")
-            size = _group_size(group)
-            self._collective = name if size is None else f"{name} (group of {size})"
-            self._collectives += 1
+    def _tracked(self, name: str, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of torch.distributed (:class:`galva_comm.intercept.Intercept`): named while it runs."""
+        size = _group_size(kwargs.get("group"))
+        self._collective = name if size is None else f"{name} (group of {size})"
+        self._collectives += 1
+        self._progress_time = time.time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._collective = None
             self._progress_time = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._collective = None
-                self._progress_time = time.time()
-
-        call._galva_watchdog = True  # type: ignore[attr-defined]
-        return call
 
 
 def _first_line(err: BaseException) -> str:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from galva_comm.intercept import COLLECTIVES, Intercept
 from galva_profiler.distributed import synchronize
 from galva_profiler.timing import Repeats
 
@@ -252,51 +253,30 @@ def cpu_passes(module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype
     return middle - start - forward_calls, end - middle - (calls.seconds - forward_calls)
 
 
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all", "all_to_all_single",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "_all_gather_base",
-    "_reduce_scatter_base",
-)  # fmt: skip
-"""torch.distributed's collectives :class:`CollectiveCpu` meters (those present in this torch)."""
-
-
 class CollectiveCpu:
     """Inside the block, the calling thread's CPU seconds spent inside torch.distributed's collectives
-    (``seconds``): each of :data:`COLLECTIVES` is wrapped, by attribute, for the block's length (callers that look
-    them up on ``torch.distributed`` per call, as galva-hp's mappings and FSDP2 do). Measured on 2 gloo ranks, an
-    all-gather's call takes 0.12 ms of its caller's CPU, a reduce-scatter's 0.16, an all-reduce's 0.08."""
+    (``seconds``), through :class:`galva_comm.intercept.Intercept` (callers that look them up on
+    ``torch.distributed`` per call, as galva-hp's mappings and FSDP2 do). Measured on 2 gloo ranks, an all-gather's
+    call takes 0.12 ms of its caller's CPU, a reduce-scatter's 0.16, an all-reduce's 0.08."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._originals: dict[str, Callable[..., Any]] = {}
         self._depth = 0
+        self._intercept = Intercept(self._metered, COLLECTIVES, key="galva-collective-cpu")
 
     def __enter__(self) -> CollectiveCpu:
-        import torch.distributed as dist
-
-        for name in COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is not None:
-                self._originals[name] = original
-                setattr(dist, name, self._metered(original))
+        self._intercept.install()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import torch.distributed as dist
+        self._intercept.remove()
 
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals.clear()
-
-    def _metered(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self._depth += 1
-            start = time.thread_time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                if self._depth == 0:  # one collective calling another is counted once
-                    self.seconds += time.thread_time() - start
-
-        return call
+    def _metered(self, name: str, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._depth += 1
+        start = time.thread_time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:  # one collective calling another is counted once
+                self.seconds += time.thread_time() - start
