@@ -13,7 +13,8 @@ one device, which measures only its base memory and optimizer rate):
 * what one call of each collective costs inside a busy step beyond the curve's 4 KiB time, every rank alternating
   compute segments and calls (:mod:`galva_profiler.busy_calls`);
 * p2p bandwidth between the middle stages of pipelines of degree ``pp`` (galva_comm.layout's pipeline groups), and
-  the latency of one send (a 4 KiB send's time less what the bandwidth explains);
+  the latency of one send (a 4 KiB send's time less what the bandwidth explains; the least median of
+  :data:`P2P_BLOCKS` blocks);
 * the overlap slowdown of compute and communication, and the compute slowdown of every rank computing at once
   against one alone (:mod:`galva_profiler.overlap`);
 * first, before any buffer of the sweep exists, the base memory of one rank's process
@@ -61,6 +62,10 @@ LATENCY_REPETITIONS = 15
 """Repetitions, at least, of every curve's round robin, its 4 KiB point included (a small message is cheap to repeat,
 and its time under outside load needs them: 3 gave 0.67 ms at 0.25 MiB over 2 gloo ranks where the same run's other
 sizes took 1-9 ms)."""
+P2P_BLOCKS = 3
+"""Blocks of the 4 KiB send's repetitions; its latency is the least of their medians. One block spans ~0.1 s, and a
+shared box's slow burst can fill it: a 2-rank profile read 3.9 ms where the sends of the minutes around took 0.14-0.22
+ms, which priced every message of a pipeline at 3.9 ms (an interleaved plan's gain off by 4 points)."""
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
 
@@ -275,7 +280,7 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             # the per-message term the cost model charges every send (interleaving's extra ones too): as many
             # repetitions as the collectives' latency points (the median of --quick's 5 once read 2.6 ms, quiet 0.2-0.3)
             latency_repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, LATENCY_REPETITIONS))
-            small_ms = time_p2p(pipelines, P2P_LATENCY_BYTES, world, latency_repeats)
+            small_ms = min(time_p2p(pipelines, P2P_LATENCY_BYTES, world, latency_repeats) for _ in range(P2P_BLOCKS))
             explained_ms = P2P_LATENCY_BYTES / (result.p2p[step.group_size] * 1e9) * 1e3
             result.p2p_latency_ms[step.group_size] = max(0.0, small_ms - explained_ms)
             # a send to a receiver already waiting, between compute segments: what a pipeline's hand-over costs
