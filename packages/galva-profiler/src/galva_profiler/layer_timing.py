@@ -193,22 +193,56 @@ def split_backward_overhead_share(
     as galva-hp's pipeline runs it (:func:`galva_hp.pipeline.input_backward`, then
     :func:`galva_hp.pipeline.weight_backward`: the graph analysis and one autograd call per parameter group); the
     share is the median of the paired ratios less one (split over whole, repetition by repetition: pairs cancel slow
-    drifts), at least 0. On CPU both are the calling thread's CPU time (autograd runs CPU work on it, and outside load
-    adds little to it), on a device wall time. The caller prices it on the layer's backward as the profile times it,
-    so the overhead and the layer's times share one clock (in milliseconds of CPU time the overhead weighed half its
+    drifts), at least 0, over at least :data:`MIN_SPLIT_REPETITIONS` pairs (5 read 1.8 to 3.7 ms a layer call in
+    one hour). On CPU both are the calling thread's CPU time (autograd runs CPU work on it, and outside load adds
+    little to it), on a device wall time. The caller prices it on the layer's backward as the profile times it, so
+    the overhead and the layer's times share one clock (in milliseconds of CPU time the overhead weighed half its
     share beside wall times a loaded machine had doubled).
+
+    On CPU each backward starts from cold caches, and :data:`~galva_profiler.layer_step.EVICT_MIB` are written
+    between ``I`` and ``W`` (untimed): the schedule runs ``W`` after other micro-batches' passes, so what ``I`` left
+    for it is out of cache. A GPT-2 layer (hidden 256, batch 2, one thread, 30 pairs): 2.6-2.8 ms beyond the whole
+    backward back to back, 4.1-4.8 ms with 32 MiB written between ``I`` and ``W``; this function, four runs in a
+    row, shares 0.167-0.184 (3.1-3.4 ms); inside zb-h1 steps on 2 ranks, chunks of 4 layers, 5.2 ms a layer call.
     """
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
+    from galva_profiler.layer_step import EVICT_MIB
 
     device = device or torch.device("cpu")
+    cpu = device.type == "cpu"
+    clock = time.thread_time if cpu else time.perf_counter
+    evict = torch.zeros(EVICT_MIB * 2**20 // 4) if cpu else None
+
+    def cold() -> float:
+        """Seconds spent writing the eviction buffer (0 on a device)."""
+        if evict is None:
+            return 0.0
+        start = clock()
+        evict.add_(1.0)
+        return clock() - start
+
+    def whole(out: torch.Tensor, seed: torch.Tensor) -> float:
+        paused = cold()
+        torch.autograd.backward([out], [seed])
+        return paused
+
+    def split(out: torch.Tensor, seed: torch.Tensor) -> float:
+        paused = cold()
+        pending = input_backward([out], [seed], x)
+        paused += cold()
+        weight_backward(pending)
+        return paused
+
     x = torch.randn(batch, seq, hidden, dtype=dtype, device=device, requires_grad=True)
-    whole, split = _alternating_backwards(
-        module, x,
-        (lambda out, seed: torch.autograd.backward([out], [seed]),
-         lambda out, seed: weight_backward(input_backward([out], [seed], x))),
-        repeats, device, time.thread_time if device.type == "cpu" else time.perf_counter,
+    times = _alternating_backwards(
+        module, x, (whole, split),
+        Repeats(repeats.warmup, max(repeats.repetitions, MIN_SPLIT_REPETITIONS)), device, clock,
     )  # fmt: skip
-    return max(0.0, statistics.median(s / w - 1.0 for s, w in zip(split, whole) if w > 0.0))
+    return max(0.0, statistics.median(s / w - 1.0 for s, w in zip(times[1], times[0]) if w > 0.0))
+
+
+MIN_SPLIT_REPETITIONS = 15
+"""Pairs of backwards, at least, behind the split backward's overhead."""
 
 
 def _alternating_backwards(
@@ -220,7 +254,8 @@ def _alternating_backwards(
     clock: Callable[[], float],
 ) -> list[list[float]]:
     """Seconds of each of ``backwards(out, seed)`` per timed repetition, each on a fresh forward of ``x``, the
-    variants alternating repetition by repetition (drifts of a shared machine's load hit them alike)."""
+    variants alternating repetition by repetition (drifts of a shared machine's load hit them alike). A backward
+    that returns a float spent that many of the clock's seconds on untimed work, which is left out."""
     times: list[list[float]] = [[] for _ in backwards]
     for index in range(repeats.warmup + repeats.repetitions):
         for k, backward in enumerate(backwards):
@@ -230,10 +265,10 @@ def _alternating_backwards(
             seed = torch.ones_like(out)
             synchronize(device)
             start = clock()
-            backward(out, seed)
+            paused = backward(out, seed)
             synchronize(device)
             if index >= repeats.warmup:
-                times[k].append(clock() - start)
+                times[k].append(clock() - start - (paused if isinstance(paused, float) else 0.0))
     return times
 
 
