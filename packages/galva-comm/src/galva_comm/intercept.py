@@ -11,6 +11,7 @@ so they must be removed in the reverse order of installation (a ``with`` block d
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -74,10 +75,9 @@ class Intercept:
     def _wrapped(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         around = self.around
 
+        @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             return around(name, fn, args, kwargs)
 
-        call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-        call.__wrapped__ = fn  # type: ignore[attr-defined]
         call._galva_intercept = self.key  # type: ignore[attr-defined]
         return call

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,19 @@ SHRINK = 4  # the reduced point: every tensor at a quarter of its elements
 EVICT_MIB = 32
 """MiB written before each timed step on CPU: a large server processor's last-level cache."""
 MIN_REPETITIONS = 30  # a step of a layer is a millisecond or two: cheap to repeat
+
+
+def cache_evictor(device: torch.device) -> Callable[[], None]:
+    """A call that writes :data:`EVICT_MIB` on CPU, so that what runs next starts from cold caches; nothing on a
+    device (the module's docstring)."""
+    if device.type != "cpu":
+        return lambda: None
+    buffer = torch.zeros(EVICT_MIB * 2**20 // 4)
+
+    def evict() -> None:
+        buffer.add_(1.0)
+
+    return evict
 
 
 def _copies(module: nn.Module, shrink: int, device: torch.device) -> list[nn.Parameter]:
@@ -101,14 +115,14 @@ def step_cost(module: nn.Module, repeats: Repeats, device: torch.device | None =
     warmup = max(1, repeats.warmup)  # the first step creates AdamW's moments
     times: list[list[float]] = [[] for _ in sets]
     threads = torch.get_num_threads()
-    evict = torch.zeros(EVICT_MIB * 2**20 // 4) if cpu else None
+    evict = cache_evictor(device)
     if cpu:  # see the module's docstring
         torch.set_num_threads(1)
     try:
         for index in range(warmup + max(repeats.repetitions, MIN_REPETITIONS)):
             for k, optimizer in enumerate(optimizers):
-                if evict is not None and index >= warmup:  # cold caches, as after a backward (module docstring)
-                    evict.fill_(float(index))
+                if index >= warmup:  # cold caches, as after a backward (module docstring)
+                    evict()
                 synchronize(device)
                 start = clock()
                 optimizer.clip_grad_norm()

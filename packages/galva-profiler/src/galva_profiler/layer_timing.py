@@ -206,19 +206,16 @@ def split_backward_overhead_share(
     row, shares 0.167-0.184 (3.1-3.4 ms); inside zb-h1 steps on 2 ranks, chunks of 4 layers, 5.2 ms a layer call.
     """
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
-    from galva_profiler.layer_step import EVICT_MIB
+    from galva_profiler.layer_step import cache_evictor
 
     device = device or torch.device("cpu")
-    cpu = device.type == "cpu"
-    clock = time.thread_time if cpu else time.perf_counter
-    evict = torch.zeros(EVICT_MIB * 2**20 // 4) if cpu else None
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    evict = cache_evictor(device)
 
     def cold() -> float:
-        """Seconds spent writing the eviction buffer (0 on a device)."""
-        if evict is None:
-            return 0.0
+        """Seconds spent evicting (nothing on a device)."""
         start = clock()
-        evict.add_(1.0)
+        evict()
         return clock() - start
 
     def whole(out: torch.Tensor, seed: torch.Tensor) -> float:
