@@ -9,8 +9,8 @@ module starts. Output goes to ``<out>.tmp-<random>`` and is renamed to ``<out>``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,9 @@ def hf_to_galva(
         writer = CheckpointWriter(tmp)
         for module in layout.modules:
             infos = {name: weights.info[name] for name in module.shapes}
-            writer.stream_module(module.name, infos, _read_hf_tensors(weights, list(infos)), advance)
+            # closed here, not when collected: a Ctrl-C while a suspended reader's files close must reach this frame
+            with closing(_read_hf_tensors(weights, list(infos))) as tensors:
+                writer.stream_module(module.name, infos, tensors, advance)
         for path in side_files(source):
             writer.copy_hf_file(path)
         layers = sum(layer_of_module(m.name) is not None for m in layout.modules)
@@ -88,12 +90,14 @@ def galva_to_hf(
             relative = f"{HF_DIR}/{name}"
             reader.verify(relative)
             copy_file(source / relative, tmp / name)
-        stream = _galva_tensors(reader)
         weight_map: dict[str, str] = {}
-        for i, names in enumerate(shards):
-            file = shard_name(i, len(shards))
-            write_safetensors(tmp / file, {n: infos[n] for n in names}, _take(stream, names), {"format": "pt"}, advance)
-            weight_map.update(dict.fromkeys(names, file))
+        with closing(_galva_tensors(reader)) as stream:  # closed here, as h2g's readers
+            for i, names in enumerate(shards):
+                file = shard_name(i, len(shards))
+                write_safetensors(
+                    tmp / file, {n: infos[n] for n in names}, _take(stream, names), {"format": "pt"}, advance
+                )
+                weight_map.update(dict.fromkeys(names, file))
         if len(shards) > 1:
             index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
             write_json_atomic(tmp / INDEX, index)
@@ -137,7 +141,7 @@ def _check_hf_tensors(weights: HFWeights, layout: ModelLayout, config_path: Path
                 raise CheckpointError(f"{where}: tensor {name} missing (module {module.name} of {config_path})")
 
 
-def _read_hf_tensors(weights: HFWeights, names: Sequence[str]) -> Iterator[torch.Tensor]:
+def _read_hf_tensors(weights: HFWeights, names: Sequence[str]) -> Generator[torch.Tensor, None, None]:
     """One module's tensors in order, from the source files it needs (opened for this module only)."""
     with ExitStack() as stack:
         handles = {path: stack.enter_context(open_safetensors(path)) for path in {weights.file_of[n] for n in names}}
@@ -179,7 +183,7 @@ def _check_manifest(reader: CheckpointReader, layout: ModelLayout) -> None:
         raise CheckpointError(f"{where}: tied {manifest.tied} but the config implies {dict(layout.tied)}")
 
 
-def _galva_tensors(reader: CheckpointReader) -> Iterator[tuple[str, torch.Tensor]]:
+def _galva_tensors(reader: CheckpointReader) -> Generator[tuple[str, torch.Tensor], None, None]:
     for entry in reader.manifest.modules:
         yield from reader.iter_module(entry.name)
 
