@@ -156,6 +156,33 @@ def test_a_signal_while_the_command_takes_its_signals_is_the_one_line(tmp_path):
     assert out.strip() == "130" and err.splitlines() == ["demo: interrupted (SIGINT)"], err
 
 
+@pytest.mark.parametrize("end_process", [True, False])
+def test_a_signal_as_the_command_ends_is_never_a_traceback(tmp_path, end_process):
+    """SIGTERM landing after the body returned, while run_command hands the signals back (a rank's launcher ending
+    the job as that rank finished: a traceback from the handler's exception, on CI, once). The command's process
+    keeps its success; called in-process, the signal goes to the handler handed back, once it is back."""
+    program = f"""
+        real = signal.set_wakeup_fd
+        calls = []
+
+        def set_wakeup_fd(fd, **kwargs):
+            calls.append(fd)
+            if len(calls) == 2:  # uninstall handing the wakeup fd back: the body has returned
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)  # the handler runs here
+            return real(fd, **kwargs)
+
+        signal.set_wakeup_fd = set_wakeup_fd
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("handed back", flush=True))
+        started()
+        code = run_command("demo", lambda: 0, end_process={end_process})
+        print(code, flush=True)
+        """
+    out, err = _read_to_end(_start(tmp_path, program))
+    assert err == ""
+    assert out.splitlines() == (["0"] if end_process else ["handed back", "0"])
+
+
 def test_a_main_thread_stuck_in_native_code_is_ended_by_the_helper_thread(tmp_path):
     # the main thread never sees the signal (blocked in it, as in a C++ collective that never returns to Python)
     program = """

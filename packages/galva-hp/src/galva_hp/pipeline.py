@@ -47,6 +47,7 @@ runs at the speed of ``Schedule1F1B`` (ratio in the benchmark README), so adopti
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,12 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.autograd.graph import Node
-from torch.distributed.pipelining._backward import (
-    construct_reverse_graph,
-    get_param_groups,
-    stage_backward_input,
-    stage_backward_weight,
-)
+from torch.distributed.pipelining._backward import get_param_groups, stage_backward_weight
 
 from galva_comm.schedules import Step, schedule_order
 
@@ -294,12 +290,39 @@ SplitBackward = tuple[list[nn.Parameter], list[dict[str, Any]]]  # what ``W`` ne
 
 def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, received: Tensor) -> SplitBackward:
     """A split backward's ``I``: the gradient of ``received`` (into its ``.grad``) and of the weights
-    :func:`_split_weights` leaves to it, keeping what :func:`weight_backward` needs for the other weights' gradients.
+    :func:`_split_weights` leaves to it, keeping what :func:`weight_backward` needs for the other weights' gradients:
+    the gradient each of their groups' intermediate node received. The graph is analysed once, here (torch's
+    ``stage_backward_input`` analyses it again, a Python walk over every node of the chunk per call).
     (galva-profile times this pair against one ``torch.autograd.backward``: zb-h1's overhead per layer.)"""
-    weights, with_input = _split_weights(roots, received)
-    seeds = None if grads is None else list(grads)
-    _, groups = stage_backward_input(list(roots), seeds, [received, *with_input], iter(weights))
+    weights, groups, with_input = _split_weights(roots, received)
+    handles = [group["intermediates"][0].register_prehook(_keeper(group)) for group in groups]
+    targets = [received, *with_input]
+    try:
+        found = torch.autograd.grad(
+            list(roots),
+            targets,
+            None if grads is None else list(grads),
+            retain_graph=True,  # ``W`` starts again from the kept intermediates, through their saved tensors
+            allow_unused=True,
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    for target, grad in zip(targets, found, strict=True):
+        if grad is not None:
+            target.grad = grad if target.grad is None else target.grad + grad
+    for root in roots:
+        root.detach_()  # the output side of the graph is done: free what it holds before ``W``
     return weights, groups
+
+
+def _keeper(group: dict[str, Any]) -> Any:
+    """A pre-hook that keeps the gradient its node receives, as ``stage_backward_weight`` reads it."""
+
+    def keep(grad_outputs: tuple[Tensor | None, ...]) -> None:
+        group["grads"] = [grad_outputs]
+
+    return keep
 
 
 def weight_backward(split: SplitBackward) -> None:
@@ -308,9 +331,12 @@ def weight_backward(split: SplitBackward) -> None:
     stage_backward_weight(iter(weights), groups)
 
 
-def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+def _split_weights(
+    roots: Sequence[Tensor], received: Tensor
+) -> tuple[list[nn.Parameter], list[dict[str, Any]], list[nn.Parameter]]:
     """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, but ``received``, in
-    two lists: those whose gradients the ``W`` step computes, and those the ``I`` step computes with the input's.
+    two lists: those whose gradients the ``W`` step computes, with their groups (the node where each group's gradient
+    path meets the input-gradient path), and those the ``I`` step computes with the input's.
 
     ``W`` restarts autograd at the nodes where a weight's gradient path meets the input-gradient path, with the
     gradients ``I`` left there. A weight that meets that path at several nodes, one behind the other (a parameter
@@ -319,7 +345,9 @@ def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[nn.P
     that the ``W`` of other weights has already freed ("backward through the graph a second time"). Such a weight's
     gradient is cheap to take in ``I``, which walks that path anyway."""
     seen: set[Node] = set()
-    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    starts = [r.grad_fn for r in roots if r.grad_fn is not None]
+    stack = list(starts)
+    reverse: dict[Node, list[Node]] = collections.defaultdict(list)  # node -> the nodes that feed it gradients
     leaves: dict[Node, nn.Parameter] = {}  # accumulate-grad node -> its leaf (plain leaf tensors too, as autograd does)
     inputs: list[Node] = []
     while stack:
@@ -332,8 +360,18 @@ def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[nn.P
             inputs.append(node)
         elif isinstance(variable, Tensor):
             leaves[node] = variable  # type: ignore[assignment]
-        stack.extend(fn for fn, _ in node.next_functions if fn is not None)
-    reverse = construct_reverse_graph([r.grad_fn for r in roots if r.grad_fn is not None])
+        for fn, _ in node.next_functions:
+            if fn is not None:
+                reverse[fn].append(node)
+                stack.append(fn)
     groups = get_param_groups(inputs, list(leaves), reverse)
     several = {node for group in groups if len(group["intermediates"]) > 1 for node in group["params"]}
-    return [t for n, t in leaves.items() if n not in several], [t for n, t in leaves.items() if n in several]
+    kept = [group for group in groups if len(group["intermediates"]) == 1]
+    for group in kept:
+        group["intermediates"] = list(group["intermediates"])
+        group["grads"] = [()]  # an intermediate autograd never reaches: no gradient for its weights
+    return (
+        [t for n, t in leaves.items() if n not in several],
+        kept,
+        [t for n, t in leaves.items() if n in several],
+    )

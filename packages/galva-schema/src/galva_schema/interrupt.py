@@ -175,6 +175,8 @@ class _Guard:
     def __init__(self, prog: str) -> None:
         self.prog = prog
         self.signum: int | None = None  # the signal the handler raised for
+        self.muted = False  # the body has ended: a signal is kept in ``late`` instead of raised
+        self.late: int | None = None
         self.handled = threading.Event()  # the main thread ran the handler: it is unwinding in Python
         self.done = threading.Event()  # the body returned or raised
         self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
@@ -192,9 +194,16 @@ class _Guard:
         self.old_wakeup_fd = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
         self.thread.start()
 
+    def mute(self) -> None:
+        """From now on a signal is kept, not raised: the body has ended, and :meth:`uninstall` must not be cut
+        half-way (a rank's SIGTERM from its launcher landed on its first line once, a traceback on CI)."""
+        self.muted = True
+
     def uninstall(self, finished: bool = False) -> None:
         """Stop watching; with ``finished`` (the command's process, its work done) the signals are ignored from now
-        on instead of handed back: the exit status stays the command's through the interpreter's shutdown."""
+        on instead of handed back: the exit status stays the command's through the interpreter's shutdown. Without
+        it, a signal kept since :meth:`mute` goes to the handler handed back."""
+        self.muted = True
         self.done.set()
         if self in _RUNNING:
             _RUNNING.remove(self)
@@ -208,10 +217,15 @@ class _Guard:
             signal.signal(signum, signal.SIG_IGN if finished else handler)
         self.reader.close()
         self.writer.close()
+        if self.late is not None and not finished:
+            signal.raise_signal(self.late)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.handled.is_set():
             return  # a second signal while the first unwinds: the thread holds the deadline
+        if self.muted:
+            self.late = int(signum)
+            return
         self.handled.set()
         self.signum = int(signum)
         if _HELD.depth:  # inside forking(): it raises it as it ends
@@ -308,12 +322,15 @@ def run_command(prog: str, body: Callable[[], int], *, end_process: bool = False
     guard = _Guard(prog)
     finished = False
     try:
-        # inside the try: the handler is live from install's first step on, and a signal landing before the try
-        # (Ctrl-C the moment a rank reached this) raised past it, a traceback instead of the line
-        guard.install()
-        status = body()
-        finished = end_process  # the work is done and its outputs whole: a later signal does not undo that
-        return status
+        try:
+            # inside the try: the handler is live from install's first step on, and a signal landing before the try
+            # (Ctrl-C the moment a rank reached this) raised past it, a traceback instead of the line
+            guard.install()
+            status = body()
+            finished = end_process  # the work is done and its outputs whole: a later signal does not undo that
+            return status
+        finally:
+            guard.mute()  # a signal landing here is raised, and caught below; once muted it is kept
     except Interrupted as err:
         return _ended(guard, err.signum, end_process)
     except KeyboardInterrupt:  # raised by a library's own SIGINT handler, or before ours was installed
