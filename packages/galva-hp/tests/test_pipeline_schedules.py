@@ -164,3 +164,44 @@ def test_activations_skip_the_header_once_their_shape_is_known() -> None:
     assert first["exact"] and second["exact"]
     assert first["sends"] == 6 + 4
     assert "chunk 0's output changed to torch.float32 (2, 6, 3)" in str(first["refused"])
+
+
+def test_the_split_backward_gives_the_whole_backward_s_gradients() -> None:
+    """``I`` then ``W`` against one ``torch.autograd.backward`` on the same graph: a weight read twice (its gradient
+    taken in ``I``), weights meeting the input's path at one node (an addmm, a norm, an elementwise scale), a weight
+    whose only path is the loss's last node, and a chunk output that is not a loss (a seeded gradient)."""
+    import torch
+
+    from galva_hp.pipeline import input_backward, weight_backward
+
+    torch.manual_seed(0)
+    linear, norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+    shared, scale, offset = (torch.nn.Parameter(torch.randn(8)) for _ in range(3))
+    params = [*linear.parameters(), *norm.parameters(), shared, scale, offset]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        h = norm(linear(x * shared)) * scale
+        return torch.tanh(h * shared)  # the shared weight read again, a node behind
+
+    x0 = torch.randn(4, 8)
+    seed = torch.randn(4, 8)
+    for seeded in (True, False):
+        grads = []
+        for split in (False, True):
+            for p in params:
+                p.grad = None
+            x = x0.clone().requires_grad_(True)
+            out = forward(x)
+            roots = [out] if seeded else [out.square().sum() + offset.sum()]
+            if split:
+                pending = input_backward(roots, [seed] if seeded else None, x)
+                assert all(p.grad is None for p in (linear.weight, norm.weight, scale))  # left to W
+                weight_backward(pending)
+            else:
+                torch.autograd.backward(roots, [seed] if seeded else None)
+            grads.append([x.grad, *(p.grad for p in params)])
+        for whole, parted in zip(*grads, strict=True):
+            if whole is None:
+                assert parted is None
+            else:
+                torch.testing.assert_close(parted, whole, rtol=0, atol=1e-6)

@@ -22,9 +22,11 @@ order :func:`~galva_comm.schedules.simulate` finishes.
 
 Backward steps: ``B`` back-propagates a chunk's micro-batch in one autograd call. Zero-bubble schedules split it:
 ``I`` computes only the gradient of the chunk's input (what the previous chunk waits for) and ``W`` later computes
-the weights' gradients from the intermediate gradients ``I`` kept, without running any node twice
-(``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``, a private module of
-torch: the split needs autograd-graph surgery that torch has no public API for). The weights of a chunk are the leaf
+the weights' gradients from the intermediate gradients ``I`` kept, without running any node's input-gradient work
+twice: ``I`` keeps, through node pre-hooks, the gradient reaching each node where weights' paths meet the input's, and
+``W`` restarts autograd there (``torch.autograd.grad`` from ``GradientEdge`` to ``GradientEdge``), the scheme of the
+zero-bubble paper and of ``torch.distributed.pipelining._backward``. Galva does its own graph walk: that private
+module's package imports torch's compiler (0.9 s and 29 MiB a rank, for every job). The weights of a chunk are the leaf
 tensors its graph accumulates into, found by walking the graph, so FSDP2's gathered parameters, shared parameters and
 tied copies are all covered; a weight read by several layers of the chunk (T5's relative-position table) gets its
 gradient in ``I`` instead (:func:`_split_weights` says why). A ``W`` writes ``.grad`` directly: no
@@ -54,9 +56,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
-from torch.autograd.graph import Node
-from torch.distributed.pipelining._backward import get_param_groups, stage_backward_weight
+from torch import Tensor
+from torch.autograd.graph import GradientEdge, Node
 
 from galva_comm.schedules import Step, schedule_order
 
@@ -65,6 +66,7 @@ __all__ = [
     "ScheduleHooks",
     "SplitBackward",
     "Step",
+    "WeightGroup",
     "input_backward",
     "run_schedule",
     "schedule_order",
@@ -285,24 +287,39 @@ def run_schedule(
     return outputs
 
 
-SplitBackward = tuple[list[nn.Parameter], list[dict[str, Any]]]  # what ``W`` needs: the weights, their groups
+@dataclass
+class WeightGroup:
+    """Weights whose gradient paths all meet the input-gradient path at one node: ``W`` restarts autograd there,
+    from the gradient that node received during ``I``."""
+
+    node: Node
+    weights: list[Tensor] = field(default_factory=list)
+    accumulators: list[Node] = field(default_factory=list)  # each weight's accumulate-grad node
+    grads: tuple[Tensor | None, ...] = ()  # what ``node`` received in ``I``; empty until then (or if it never ran)
+
+    def keep(self, grad_outputs: tuple[Tensor | None, ...]) -> None:
+        """The pre-hook ``I`` puts on ``node``."""
+        self.grads = tuple(grad_outputs)
+
+
+SplitBackward = list[WeightGroup]
+"""What ``W`` needs of an ``I``: the groups of the weights it left."""
 
 
 def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, received: Tensor) -> SplitBackward:
     """A split backward's ``I``: the gradient of ``received`` (into its ``.grad``) and of the weights
     :func:`_split_weights` leaves to it, keeping what :func:`weight_backward` needs for the other weights' gradients:
-    the gradient each of their groups' intermediate node received. The graph is analysed once, here (torch's
-    ``stage_backward_input`` analyses it again, a Python walk over every node of the chunk per call).
+    the gradient each group's node received.
     (galva-profile times this pair against one ``torch.autograd.backward``: zb-h1's overhead per layer.)"""
-    weights, groups, with_input = _split_weights(roots, received)
-    handles = [group["intermediates"][0].register_prehook(_keeper(group)) for group in groups]
+    groups, with_input = _split_weights(roots, received)
+    handles = [group.node.register_prehook(group.keep) for group in groups]
     targets = [received, *with_input]
     try:
         found = torch.autograd.grad(
             list(roots),
             targets,
             None if grads is None else list(grads),
-            retain_graph=True,  # ``W`` starts again from the kept intermediates, through their saved tensors
+            retain_graph=True,  # ``W`` starts again from the groups' nodes, through their saved tensors
             allow_unused=True,
         )
     finally:
@@ -313,42 +330,43 @@ def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, rece
             target.grad = grad if target.grad is None else target.grad + grad
     for root in roots:
         root.detach_()  # the output side of the graph is done: free what it holds before ``W``
-    return weights, groups
-
-
-def _keeper(group: dict[str, Any]) -> Any:
-    """A pre-hook that keeps the gradient its node receives, as ``stage_backward_weight`` reads it."""
-
-    def keep(grad_outputs: tuple[Tensor | None, ...]) -> None:
-        group["grads"] = [grad_outputs]
-
-    return keep
+    return groups
 
 
 def weight_backward(split: SplitBackward) -> None:
-    """A split backward's ``W``: the remaining weights' gradients, accumulated into their ``.grad``."""
-    weights, groups = split
-    stage_backward_weight(iter(weights), groups)
+    """A split backward's ``W``: the remaining weights' gradients, accumulated into their ``.grad``; one autograd
+    call per group, each from its node down to its weights only (their paths never cross another group's)."""
+    for group in split:
+        edges = [(GradientEdge(group.node, i), g) for i, g in enumerate(group.grads) if g is not None]
+        group.grads = ()
+        if not edges:
+            continue  # autograd never reached the node: no gradient for these weights
+        found = torch.autograd.grad(
+            [edge for edge, _ in edges],
+            [GradientEdge(node, 0) for node in group.accumulators],
+            [g for _, g in edges],
+            allow_unused=True,
+        )
+        for weight, grad in zip(group.weights, found, strict=True):
+            if grad is not None:
+                weight.grad = grad if weight.grad is None else weight.grad + grad
 
 
-def _split_weights(
-    roots: Sequence[Tensor], received: Tensor
-) -> tuple[list[nn.Parameter], list[dict[str, Any]], list[nn.Parameter]]:
-    """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, but ``received``, in
-    two lists: those whose gradients the ``W`` step computes, with their groups (the node where each group's gradient
-    path meets the input-gradient path), and those the ``I`` step computes with the input's.
+def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[WeightGroup], list[Tensor]]:
+    """The leaf tensors (parameters) the autograd graph of ``roots`` accumulates gradients into, but ``received``:
+    those whose gradients ``W`` computes, grouped by the node where their paths meet the input-gradient path (the
+    nodes the gradient of ``received`` runs through), and those ``I`` computes with the input's.
 
-    ``W`` restarts autograd at the nodes where a weight's gradient path meets the input-gradient path, with the
-    gradients ``I`` left there. A weight that meets that path at several nodes, one behind the other (a parameter
-    read by two layers of the chunk: T5's relative-position table, any shared weight), would make ``W`` run the
-    input-gradient path between those nodes again: twice the chunk's backward between them, through saved tensors
-    that the ``W`` of other weights has already freed ("backward through the graph a second time"). Such a weight's
-    gradient is cheap to take in ``I``, which walks that path anyway."""
+    ``W`` restarts autograd at that node, with the gradient ``I`` left there. A weight whose paths meet the
+    input-gradient path at several nodes, one behind the other (a parameter read by two layers of the chunk: T5's
+    relative-position table, any shared weight), would make ``W`` run the input-gradient path between those nodes
+    again: twice the chunk's backward between them, through saved tensors that the ``W`` of other weights has
+    already freed ("backward through the graph a second time"). Such a weight's gradient is cheap to take in ``I``,
+    which walks that path anyway; so is one whose paths never meet it."""
     seen: set[Node] = set()
-    starts = [r.grad_fn for r in roots if r.grad_fn is not None]
-    stack = list(starts)
-    reverse: dict[Node, list[Node]] = collections.defaultdict(list)  # node -> the nodes that feed it gradients
-    leaves: dict[Node, nn.Parameter] = {}  # accumulate-grad node -> its leaf (plain leaf tensors too, as autograd does)
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    users: dict[Node, list[Node]] = collections.defaultdict(list)  # node -> the nodes that pass it gradients
+    leaves: dict[Node, Tensor] = {}  # accumulate-grad node -> its leaf (plain leaf tensors too, as autograd does)
     inputs: list[Node] = []
     while stack:
         node = stack.pop()
@@ -359,19 +377,34 @@ def _split_weights(
         if variable is received:
             inputs.append(node)
         elif isinstance(variable, Tensor):
-            leaves[node] = variable  # type: ignore[assignment]
+            leaves[node] = variable
         for fn, _ in node.next_functions:
             if fn is not None:
-                reverse[fn].append(node)
+                users[fn].append(node)
                 stack.append(fn)
-    groups = get_param_groups(inputs, list(leaves), reverse)
-    several = {node for group in groups if len(group["intermediates"]) > 1 for node in group["params"]}
-    kept = [group for group in groups if len(group["intermediates"]) == 1]
-    for group in kept:
-        group["intermediates"] = list(group["intermediates"])
-        group["grads"] = [()]  # an intermediate autograd never reaches: no gradient for its weights
-    return (
-        [t for n, t in leaves.items() if n not in several],
-        kept,
-        [t for n, t in leaves.items() if n in several],
-    )
+    on_input_path = _reached(inputs, users, stop=frozenset())
+    groups: dict[Node, WeightGroup] = {}
+    with_input: list[Tensor] = []
+    for accumulator, leaf in leaves.items():
+        met = _reached([accumulator], users, stop=on_input_path) & on_input_path
+        if len(met) != 1:
+            with_input.append(leaf)
+            continue
+        (node,) = met
+        group = groups.setdefault(node, WeightGroup(node))
+        group.weights.append(leaf)
+        group.accumulators.append(accumulator)
+    return list(groups.values()), with_input
+
+
+def _reached(starts: list[Node], users: dict[Node, list[Node]], stop: frozenset[Node] | set[Node]) -> set[Node]:
+    """The nodes gradients flow from to ``starts`` (``starts`` included), not walking on past those in ``stop``."""
+    reached = set(starts)
+    queue = collections.deque(starts)
+    while queue:
+        for user in users.get(queue.popleft(), ()):
+            if user not in reached:
+                reached.add(user)
+                if user not in stop:
+                    queue.append(user)
+    return reached
