@@ -203,7 +203,8 @@ def split_backward_overhead_share(
     between ``I`` and ``W`` (untimed): the schedule runs ``W`` after other micro-batches' passes, so what ``I`` left
     for it is out of cache. A GPT-2 layer (hidden 256, batch 2, one thread, 30 pairs): 2.6-2.8 ms beyond the whole
     backward back to back, 4.1-4.8 ms with 32 MiB written between ``I`` and ``W``; this function, four runs in a
-    row, shares 0.167-0.184 (3.1-3.4 ms); inside zb-h1 steps on 2 ranks, chunks of 4 layers, 5.2 ms a layer call.
+    row, shares 0.167-0.184 (3.1-3.4 ms); inside zb-h1 steps on 2 ranks, chunks of 4 layers, 5.2 ms a layer call while
+    ``input_backward`` walked the graph twice (once since; the profile then read 2.3-3.1 ms).
     """
     from galva_hp.pipeline import input_backward, weight_backward  # the runtime's own split (model extra)
     from galva_profiler.layer_step import cache_evictor
