@@ -51,6 +51,7 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Hashable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -325,9 +326,7 @@ def input_backward(roots: Sequence[Tensor], grads: Sequence[Tensor] | None, rece
     finally:
         for handle in handles:
             handle.remove()
-    for target, grad in zip(targets, found, strict=True):
-        if grad is not None:
-            target.grad = grad if target.grad is None else target.grad + grad
+    _accumulate(targets, found)
     for root in roots:
         root.detach_()  # the output side of the graph is done: free what it holds before ``W``
     return groups
@@ -347,9 +346,14 @@ def weight_backward(split: SplitBackward) -> None:
             [g for _, g in edges],
             allow_unused=True,
         )
-        for weight, grad in zip(group.weights, found, strict=True):
-            if grad is not None:
-                weight.grad = grad if weight.grad is None else weight.grad + grad
+        _accumulate(group.weights, found)
+
+
+def _accumulate(tensors: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
+    """Add each gradient into its tensor's ``.grad``, as autograd's own accumulation does."""
+    for tensor, grad in zip(tensors, grads, strict=True):
+        if grad is not None:
+            tensor.grad = grad if tensor.grad is None else tensor.grad + grad
 
 
 def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[WeightGroup], list[Tensor]]:
@@ -397,7 +401,7 @@ def _split_weights(roots: Sequence[Tensor], received: Tensor) -> tuple[list[Weig
     return list(groups.values()), with_input
 
 
-def _reached(starts: list[Node], users: dict[Node, list[Node]], stop: frozenset[Node] | set[Node]) -> set[Node]:
+def _reached(starts: list[Node], users: dict[Node, list[Node]], stop: AbstractSet[Node]) -> set[Node]:
     """The nodes gradients flow from to ``starts`` (``starts`` included), not walking on past those in ``stop``."""
     reached = set(starts)
     queue = collections.deque(starts)

@@ -175,8 +175,7 @@ class _Guard:
     def __init__(self, prog: str) -> None:
         self.prog = prog
         self.signum: int | None = None  # the signal the handler raised for
-        self.muted = False  # the body has ended: a signal is kept in ``late`` instead of raised
-        self.late: int | None = None
+        self.late: int | None = None  # a signal that landed once ``done`` was set: kept, not raised
         self.handled = threading.Event()  # the main thread ran the handler: it is unwinding in Python
         self.done = threading.Event()  # the body returned or raised
         self.said = threading.Lock()  # the line is printed once, by the main thread or the helper thread
@@ -197,13 +196,12 @@ class _Guard:
     def mute(self) -> None:
         """From now on a signal is kept, not raised: the body has ended, and :meth:`uninstall` must not be cut
         half-way (a rank's SIGTERM from its launcher landed on its first line once, a traceback on CI)."""
-        self.muted = True
+        self.done.set()
 
     def uninstall(self, finished: bool = False) -> None:
         """Stop watching; with ``finished`` (the command's process, its work done) the signals are ignored from now
         on instead of handed back: the exit status stays the command's through the interpreter's shutdown. Without
         it, a signal kept since :meth:`mute` goes to the handler handed back."""
-        self.muted = True
         self.done.set()
         if self in _RUNNING:
             _RUNNING.remove(self)
@@ -223,7 +221,7 @@ class _Guard:
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.handled.is_set():
             return  # a second signal while the first unwinds: the thread holds the deadline
-        if self.muted:
+        if self.done.is_set():
             self.late = int(signum)
             return
         self.handled.set()
