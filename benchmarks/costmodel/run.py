@@ -88,7 +88,8 @@ def ranking(*report_paths: Path) -> tuple[str, str]:
 
 
 def reprice(world: int, model: Path, call_extra: bool = True, work: Path = WORK) -> str:
-    """The last run's measured times (``.work/check{world}.json``) against the cost model as it is now, on
+    """The last run's measured times (``.work/check{world}.json``, and galva-search's own plans in
+    ``check{world}-top.json``) against the cost model as it is now, on
     ``model`` and ``.work/hw{world}.json``: what a change of the cost model or of one profile does, with the
     measurements held fixed; ``call_extra=False`` prices every collective call at its idle curve (the hardware
     profile's busy-call term left out). One line per strategy and the median / max |time error| over them."""
@@ -99,7 +100,8 @@ def reprice(world: int, model: Path, call_extra: bool = True, work: Path = WORK)
     if not call_extra:
         hardware = hardware.model_copy(update={"call_extra": ()})
     lines, errors = [], []
-    for measured in json.loads((work / f"check{world}.json").read_text())["strategies"]:
+    checks = [work / f"check{world}.json", work / f"check{world}-top.json"]
+    for measured in (m for path in checks if path.exists() for m in json.loads(path.read_text())["strategies"]):
         strategy = Strategy.from_dict(measured["strategy"])
         evaluation = predict(hardware, profile, strategy, CheckOptions())
         error = evaluation.iteration_time_s / measured["measured_time_s"] - 1
@@ -132,27 +134,41 @@ def steps_ms(strategy: dict) -> list[float]:
     return [max(r["forward_backward_ms"][i] + r["optimizer_ms"][i] for r in ranks) for i in steps]
 
 
-def pooled(world: int, rounds: list[Path]) -> str:
+def pooled(world: int, rounds: list[Path], top: bool = False) -> str:
     """Every round's checks of ``world`` ranks together: per strategy the mean of the rounds' predictions (each on its
-    round's profiles) against the median of all the rounds' timed steps, and the median / max |time error|; beside it
+    round's profiles) against the median of all their timed steps, and the median / max |time error|; beside it
     each round's own error. The box's drift moves both sides from minute to minute (a layer's CPU time by +-25%); the
-    rounds sample it over the whole benchmark."""
+    rounds sample it over the whole benchmark. ``top``: galva-search's own plans (``check{world}-top.json``), pooled
+    where two rounds chose the same plan (its description, which carries the prediction, left out)."""
     by_name: dict[str, tuple[list[float], list[float], list[float]]] = {}
     for work in rounds:
-        report = json.loads((work / f"check{world}.json").read_text())
+        path = work / (f"check{world}-top.json" if top else f"check{world}.json")
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
         predicted = {r["strategy"]: r["predicted_time_s"] * 1e3 for r in report["rows"]}
         for strategy in report["strategies"]:
-            preds, steps, errors = by_name.setdefault(strategy["name"], ([], [], []))
+            name = strategy["name"]
+            if top:
+                plan = {k: v for k, v in strategy["strategy"].items() if k != "description"}
+                vocab = plan.get("vocab") or {}
+                vocab_form = ", ".join(f"vocab {k} {v}" for k, v in vocab.items() if v not in (None, False, 1))
+                name = f"{name[len('galva-search-'):]}: {Strategy.from_dict(plan).describe()}" + (
+                    f", {vocab_form}" if vocab_form else "")
+            preds, steps, errors = by_name.setdefault(name, ([], [], []))
             preds.append(predicted[strategy["name"]])
             steps.extend(steps_ms(strategy))
             errors.append(predicted[strategy["name"]] / strategy["measured_time_s"] / 1e3 - 1)
+    if not by_name:
+        return f"{world} ranks: no galva-search plans were checked"
     lines, errors = [], []
     for name, (preds, steps, own) in by_name.items():
         error = statistics.fmean(preds) / statistics.median(steps) - 1
         errors.append(abs(error))
         lines.append(f"{world} {name:18s} {statistics.fmean(preds):7.1f} / {statistics.median(steps):7.1f} ms "
                      f"{error:+7.1%} | rounds: " + " ".join(f"{e:+.1%}" for e in own))
-    return "\n".join([*lines, f"{world} ranks, {len(rounds)} rounds pooled: median |time error| "
+    what = "galva-search's own plans" if top else f"{len(rounds)} rounds pooled"
+    return "\n".join([*lines, f"{world} ranks, {what}: median |time error| "
                        f"{statistics.median(errors):.1%}, max {max(errors):.1%}"])
 
 
@@ -218,6 +234,7 @@ def main() -> int:
             (work / f"ranking{world}.md").write_text(pairs + "\n")
             print(f"plan ranking, round {index + 1}, {world} ranks: {summary}\n")
     print("\n".join(pooled(world, rounds) for world in (2, 4)))
+    print("\n".join(pooled(world, rounds, top=True) for world in (2, 4)))
     return 0
 
 

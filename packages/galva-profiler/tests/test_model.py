@@ -83,6 +83,26 @@ def test_profile_validates_with_constraints_and_measured_activations(sweep32) ->
     assert step is not None and step[0] + step[1] * layer.parameter_mib * 2**20 / 4 / 1e6 > 0.0
     assert profile.vocab.optimizer_step_ms is not None and profile.optimizer_call_ms is not None
     assert report["layers"][0]["optimizer_step"]["per_module_ms"] == layer.optimizer_step_ms[0]
+    # the vocabulary's forms, on the ranks that measured their bytes: the calls each makes as recorded (vocab tp:
+    # the embedding's forward all-reduce of the hidden state; the head's loss reduces over the vocabulary slices and
+    # its backward all-reduces the hidden state's gradient; ZeRO-3: a unit per module gathering its parameters
+    # forward and backward and reduce-scattering their gradients) and the work beyond the plain modules
+    forms = profile.vocab.forms
+    assert {name: set(by_degree) for name, by_degree in forms.items()} == {"tp": {2}, "zero3": {2}}
+    hidden_state = SEQ * HIDDEN * 4
+    embedding = forms["tp"][2].embedding.calls
+    assert [(c.op, c.backward, c.bytes_per_sample, c.bytes_fixed) for c in embedding] == [
+        ("all_reduce", False, hidden_state, 0.0)
+    ]
+    head = forms["tp"][2].head.calls
+    assert ("all_reduce", True, hidden_state) in [(c.op, c.backward, c.bytes_per_sample) for c in head]
+    assert sum(not c.backward for c in head) >= 2  # the vocabulary-parallel loss's own
+    table = sum(p.numel() for p in sweep32.model.layered.embedding.parameters()) * 4
+    zero3 = forms["zero3"][2].embedding.calls
+    assert [(c.op, c.backward, c.bytes_fixed) for c in zero3] == [
+        ("all_gather", False, table), ("all_gather", True, table), ("reduce_scatter", True, table)
+    ]
+    assert all(sum(f[2].part(p).overhead_ms[:2]) > 0.0 for f in forms.values() for p in ("embedding", "head"))
     # the reference matmul, sampled between the layers' timed rounds: the minutes the layers were timed in
     assert profile.compute_reference_ms is not None and profile.compute_reference_ms > 0.0
 

@@ -482,6 +482,58 @@ def test_vocab_terms_single_stage(tiny, tiny_hw):
     assert v.memory_mib == pytest.approx(400 + 4 * 20.0)  # states of vocab tp 1, replicated
 
 
+def test_a_profiled_vocab_form_is_priced_call_by_call_with_its_own_work(tiny, tiny_hw):
+    """Where the profile recorded a form's collectives and timed its own work (VocabProfile.forms), each call is
+    priced from the hardware's curves at the plan's local batch and the work is added to the pass it was timed in:
+    the tp form's calls replace the two all-reduces assumed without them, ZeRO-3's its one gather; each module's
+    part goes to the stage that holds it."""
+    from galva_schema import CollectiveCall, VocabForm, VocabPart
+
+    def part(f: float, b: float, step: float, *calls: CollectiveCall) -> VocabPart:
+        return VocabPart(overhead_ms=(f, b, step), calls=calls)
+
+    per_token = S * H * E  # one sample's hidden state
+    reduce = CollectiveCall(op="all_reduce", backward=False, bytes_per_sample=per_token)
+    small = CollectiveCall(op="all_reduce", backward=True, bytes_per_sample=4 * S, bytes_fixed=8)
+    tp = VocabForm(embedding=part(1.0, 0.5, 0.0, reduce), head=part(2.0, 1.0, 0.0, reduce, small, small))
+    gather = CollectiveCall(op="all_gather", backward=False, bytes_per_sample=0.0, bytes_fixed=2**20)
+    again = gather.model_copy(update={"backward": True})
+    scatter = CollectiveCall(op="reduce_scatter", backward=True, bytes_per_sample=0.0, bytes_fixed=2**20)
+    zero3 = VocabForm(
+        embedding=part(0.3, 0.4, 0.1, gather, again, scatter), head=part(0.3, 0.4, 0.2, gather, again, scatter)
+    )
+    forms = {"tp": {2: tp}, "zero3": {2: zero3}}
+    profiled = tiny.model_copy(update={"vocab": tiny.vocab.model_copy(update={"forms": forms})})
+    plain, cost = CostModel(tiny_hw, tiny), CostModel(tiny_hw, profiled)
+    comm = cost.comm
+
+    def priced(local: float) -> tuple[float, float]:
+        """(the tp form's four calls, the two all-reduces assumed without them) at ``local`` samples a rank"""
+        reduces = 2 * float(comm.allreduce(2, True, local * per_token))
+        two = 2 * float(comm.allreduce(2, True, local * per_token))
+        return reduces + 2 * float(comm.allreduce(2, True, local * 4 * S + 8)), two
+
+    # one stage of the 4 ranks: vocab tp 2 beside dp 2, 4 samples a rank
+    (v,) = cost.vocab_terms(1, VocabOption(2), 8, 1, [1])
+    (base,) = plain.vocab_terms(1, VocabOption(2), 8, 1, [1])
+    calls, assumed = priced(4)
+    assert v.micro_batch_s - base.micro_batch_s == pytest.approx(calls - assumed + 4.5e-3, **EXACT)
+    # two stages of 2 ranks, 8 samples a rank: the embedding's part on the first, the head's on the last
+    first, last = cost.vocab_terms(2, VocabOption(2), 8, 4, [2, 1])
+    first0, last0 = plain.vocab_terms(2, VocabOption(2), 8, 4, [2, 1])
+    calls, assumed = priced(8)
+    one = assumed / 2
+    assert first.micro_batch_s - first0.micro_batch_s == pytest.approx(1.5e-3, **EXACT)  # one call, as assumed
+    assert last.micro_batch_s - last0.micro_batch_s == pytest.approx(calls - one - one + 3e-3, **EXACT)
+    assert calls - assumed > 0.0  # the head's two small calls
+    # ZeRO-3 over the 4 ranks (profiled at 2: the largest degree below): a unit per module, two gathers forward
+    (z,) = cost.vocab_terms(1, VocabOption(1, zero3=True), 8, 1, [1])
+    (z0,) = plain.vocab_terms(1, VocabOption(1, zero3=True), 8, 1, [1])
+    assert z.step_s - z0.step_s == pytest.approx(3e-4, **EXACT)
+    assert z.micro_batch_s > 2 * float(comm.all_gather(4, True, 2**20)) + 0.6e-3 + 0.8e-3 + 2 * 0.004 * 3 / 4
+    assert z.micro_batch_s > z0.micro_batch_s
+
+
 def test_vocab_terms_split_over_first_and_last_stage(tiny, tiny_hw):
     cost = CostModel(tiny_hw, tiny)
     first, last = cost.vocab_terms(2, VocabOption(1), 8, 4, [2, 1])

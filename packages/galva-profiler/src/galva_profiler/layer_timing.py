@@ -271,13 +271,18 @@ def _alternating_backwards(
 
 
 def cpu_passes(module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:
-    """Main-thread CPU seconds of one forward and of its backward (seeded with ones) on a fresh input, less the
-    CPU spent inside torch.distributed's collectives (:class:`CollectiveCpu`): a call's own CPU is in the hardware
-    profile's time of that call, which the cost model adds beside."""
+    """:func:`cpu_pass` of ``module`` on a fresh ``[batch, seq, hidden]`` input."""
     x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    return cpu_pass(lambda: module(x))
+
+
+def cpu_pass(forward: Callable[[], Any]) -> tuple[float, float]:
+    """Main-thread CPU seconds of ``forward()`` and of the backward of its output (its first element if a tuple;
+    seeded with ones), less the CPU spent inside torch.distributed's collectives (:class:`CollectiveCpu`): a call's
+    own CPU is in the hardware profile's time of that call, which the cost model adds beside."""
     with CollectiveCpu() as calls:
         start = time.thread_time()
-        out = module(x)
+        out = forward()
         out = out[0] if isinstance(out, tuple) else out
         middle = time.thread_time()
         forward_calls = calls.seconds

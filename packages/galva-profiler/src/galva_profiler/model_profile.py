@@ -646,6 +646,7 @@ def model_profiles(sweep: ModelSweep) -> dict[int, ModelProfile]:
                 memory_pp_last=memory["pp_last"],
                 backward_time=_forward_time(sweep, {s: v.times for s, v in sweep.vocab.items()}, seq, backward=True),
                 optimizer_step_ms=_step_ms(sweep.vocab_step),
+                forms={name: dict(by_degree) for name, by_degree in vocab.forms.items()},
             ),
             constraints=constraints,
             # the call's own work: the layers' measurement (the first type's: one call, whatever the type)

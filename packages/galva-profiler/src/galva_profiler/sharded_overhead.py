@@ -56,7 +56,7 @@ def sharded_overhead_ms(
     ``dp_type`` unit over ``group`` costs beyond ``plain`` on this rank's same work, each at least 0: the backward
     with gradient sync on (the iteration's last micro-batch), the accumulating one with it off (the micro-batches
     before). Collective: every rank of ``group`` calls it."""
-    from galva_hp.data_parallel import local_tensor, wrap
+    from galva_hp.data_parallel import wrap
     from galva_hp.precision import PrecisionPolicy
     from galva_schema import DataParallelType
 
@@ -75,21 +75,30 @@ def sharded_overhead_ms(
             times = cpu_passes(module, SAMPLES, seq, hidden, dtype)
             if index >= warmup:
                 best[k] = [min(a, t) for a, t in zip(best[k], times)]
+    (plain_f, plain_b), (_, accumulating_b), (unit_f, unit_b) = best
+    return (
+        max(0.0, (unit_f - plain_f) * 1e3),
+        max(0.0, (unit_b - plain_b) * 1e3),
+        step_overhead_ms(unit),
+        max(0.0, (accumulating_b - plain_b) * 1e3),
+    )
+
+
+def step_overhead_ms(unit: Any) -> float:
+    """ms galva-hp's AdamW on the sharded (DTensor) parameters of ``unit``, an FSDP2 unit whose gradients are
+    reduced, costs beyond the same on plain tensors of the same local shapes, at least 0."""
+    from galva_hp.data_parallel import local_tensor
+
     sharded = [p for _, p in unit.master_parameters()]
     shards = [nn.Parameter(local_tensor(p).detach().clone()) for p in sharded]
     for p, s in zip(sharded, shards):
         s.grad = local_tensor(p.grad).clone() if p.grad is not None else torch.zeros_like(s)
     optimizers = [runtime_optimizer(shards).optimizer, runtime_optimizer(sharded).optimizer]
+    warmup, repeats = REPEATS
     steps = [float("inf")] * 2
     for index in range(warmup + repeats):
         for k, optimizer in enumerate(optimizers):
             took = _step_cpu(optimizer)
             if index >= warmup:
                 steps[k] = min(steps[k], took)
-    (plain_f, plain_b), (_, accumulating_b), (unit_f, unit_b) = best
-    return (
-        max(0.0, (unit_f - plain_f) * 1e3),
-        max(0.0, (unit_b - plain_b) * 1e3),
-        max(0.0, (steps[1] - steps[0]) * 1e3),
-        max(0.0, (accumulating_b - plain_b) * 1e3),
-    )
+    return max(0.0, (steps[1] - steps[0]) * 1e3)

@@ -14,6 +14,7 @@ sample.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 from galva_profiler.activation_memory import saved_bytes
 from galva_profiler.layer_timing import PassTimes, on_device, time_interleaved
 from galva_profiler.timing import Repeats
+from galva_schema import VocabForm
 
 STATE_BYTES_PER_PARAMETER = {torch.float32: 16, torch.bfloat16: 18, torch.float16: 18}
 """Model-state bytes galva-hp holds per parameter under ddp with AdamW, by compute dtype (measured by
@@ -67,6 +69,7 @@ class VocabMeasurement:
     times: dict[int, PassTimes] = field(default_factory=dict)  # batch -> times of embedding + head + loss
     model_states_mib: dict[str, dict[int, float]] = field(default_factory=dict)
     activation_mib_per_sample: dict[str, dict[int, float]] = field(default_factory=dict)
+    forms: dict[str, dict[int, VocabForm]] = field(default_factory=dict)  # form -> degree -> beyond the plain modules
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +77,10 @@ class VocabMeasurement:
             "backward_ms": {b: t.backward_ms for b, t in self.times.items()},
             "model_states_mib": self.model_states_mib,
             "activation_mib_per_sample": self.activation_mib_per_sample,
+            "forms": {
+                name: {k: f.model_dump(mode="json") for k, f in by_degree.items()}
+                for name, by_degree in self.forms.items()
+            },
         }
 
 
@@ -179,17 +186,33 @@ def _position_bytes(
 
 def _rank_worker(
     rank: int, world_size: int, layered: Any, inputs: VocabInputs, hidden: int, dtype: torch.dtype, megatron_sp: bool
-) -> dict[str, tuple[int, int]]:
+) -> tuple[dict[str, tuple[int, int]], dict[str, VocabForm]]:
+    """This rank's bytes per position in the vocabulary-parallel form, and what the forms cost beyond the plain
+    modules (:func:`galva_profiler.vocab_forms.measure_forms`)."""
     import torch.distributed as dist
 
     from galva_hp.model import ParallelContext
+    from galva_profiler.vocab_forms import measure_forms
 
+    plain_embedding, plain_head = copy.deepcopy(layered.embedding), copy.deepcopy(layered.head)
     ctx = ParallelContext(tp_group=dist.group.WORLD, megatron_sp=megatron_sp)
     embedding = layered.parallelizer.embedding(layered.embedding, ctx)
     head = layered.parallelizer.head(layered.head, ctx)
     local_seq = inputs.head_seq // world_size if megatron_sp else inputs.head_seq
     offset = rank * local_seq if megatron_sp else 0
-    return _position_bytes(embedding, head, inputs, local_seq, hidden, dtype, offset, _tied(layered))
+    sizes = _position_bytes(embedding, head, inputs, local_seq, hidden, dtype, offset, _tied(layered))
+    head_hidden = hidden if inputs.head_input is None else inputs.head_input[1]
+
+    def head_input(batch: int, seq: int) -> tuple[Tensor, Tensor]:
+        hidden_in = torch.randn(batch, seq, head_hidden, dtype=dtype, requires_grad=True)
+        _, labels = inputs.make(batch)
+        return hidden_in, inputs.labels_of(labels, offset if seq < inputs.head_seq else 0, seq)
+
+    forms = measure_forms(
+        plain_embedding, plain_head, embedding, head, lambda b: inputs.make(b)[0], head_input,
+        (inputs.head_seq, local_seq), dist.group.WORLD, dtype,
+    )  # fmt: skip
+    return sizes, forms
 
 
 def vocab_memory(
@@ -202,8 +225,10 @@ def vocab_memory(
     timeout_s: float = 300.0,
 ) -> VocabMeasurement:
     """Model states and activation bytes per sample of each position, at degree 1 and each of ``degrees`` (forked
-    ranks, on CPU: saved bytes do not depend on the device); no times."""
+    ranks, on CPU: saved bytes do not depend on the device), and there what the parallel forms cost beyond the plain
+    modules (``forms``); no times."""
     from galva_comm.testing import run_distributed
+    from galva_profiler.vocab_forms import slowest
 
     result = VocabMeasurement()
     tied = _tied(layered)
@@ -214,9 +239,11 @@ def vocab_memory(
                 _rank_worker, degree, layered, inputs, hidden, dtype, megatron_sp, timeout=timeout_s
             )
             per_degree[degree] = {
-                position: (max(r[position][0] for r in ranks), max(r[position][1] for r in ranks))
+                position: (max(r[0][position][0] for r in ranks), max(r[0][position][1] for r in ranks))
                 for position in POSITIONS
             }
+            for name, form in slowest([r[1] for r in ranks]).items():
+                result.forms.setdefault(name, {})[degree] = form
     for position in POSITIONS:
         result.model_states_mib[position] = {k: v[position][0] / MIB for k, v in per_degree.items()}
         result.activation_mib_per_sample[position] = {k: v[position][1] / MIB for k, v in per_degree.items()}

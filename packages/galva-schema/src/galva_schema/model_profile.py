@@ -258,6 +258,48 @@ class VocabMemory(GalvaModel):
     )
 
 
+CallOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+
+
+class CollectiveCall(GalvaModel):
+    """One torch.distributed collective a vocabulary form makes per micro-batch (recorded on the profiler's ranks)."""
+
+    op: CallOp = Field(
+        description="all_reduce, all_gather (bytes: its output), reduce_scatter (bytes: its input) or all_to_all; "
+        "a broadcast or any other call is recorded as an all-reduce of its buffer."
+    )
+    backward: bool = Field(description="Made in the backward pass (else in the forward).")
+    bytes_per_sample: NonNegativeFloat = Field(description="Buffer bytes per local sample the form reads.")
+    bytes_fixed: NonNegativeFloat = Field(0.0, description="Buffer bytes whatever the batch (parameters, counts).")
+
+    def nbytes(self, samples: float) -> float:
+        """The buffer at ``samples`` local samples."""
+        return self.bytes_per_sample * samples + self.bytes_fixed
+
+
+class VocabPart(GalvaModel):
+    """One vocabulary module (the embedding, or the final norm with the head and loss) in one parallel form."""
+
+    overhead_ms: tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat] = Field(
+        description="(forward, backward, optimizer step) ms of the calling thread beyond the plain module on the same "
+        "work per rank, the CPU spent inside torch.distributed's calls left out (their time is priced per call)."
+    )
+    calls: tuple[CollectiveCall, ...] = Field((), description="Its collectives per micro-batch, in call order.")
+
+
+class VocabForm(GalvaModel):
+    """What a parallel form of the vocabulary layers does beyond the plain modules, measured on forked ranks."""
+
+    embedding: VocabPart
+    head: VocabPart
+
+    def part(self, name: Literal["embedding", "head"]) -> VocabPart:
+        return self.embedding if name == "embedding" else self.head
+
+
+VocabFormName = Literal["tp", "zero3"]  # vocabulary tp (at the profile's megatron_sp), ZeRO-3 units (FSDP2)
+
+
 class VocabProfile(GalvaModel):
     """Embedding, final norm, head and loss."""
 
@@ -276,6 +318,13 @@ class VocabProfile(GalvaModel):
         description="(ms, ms per million parameters) all vocabulary layers together add to galva-hp's optimizer "
         "step (as LayerTypeProfile.optimizer_step_ms); a pipeline stage holding half of them pays half the first. "
         "None: not profiled (the hardware profile's rate per parameter).",
+    )
+    forms: dict[VocabFormName, dict[PositiveInt, VocabForm]] = Field(
+        default_factory=dict,
+        description="By form and degree (tp: the vocabulary tp degree, at the profile's megatron_sp; zero3: the "
+        "sharding group's size), what the form's embedding and head cost beyond the plain modules and the "
+        "collectives they call. Empty: not profiled (a tp form's two all-reduces and ZeRO-3's one gather per "
+        "stage priced from the parameters, no overhead).",
     )
 
 

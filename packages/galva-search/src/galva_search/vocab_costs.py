@@ -4,13 +4,15 @@ on the stages that hold them (docs/cost-model.md §3, §4), and re-sharding betw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Literal
 
 import numpy as np
 
 from galva_comm.layout import ranks_per_stage, sharding_group_shape
-from galva_schema import DataParallelType, HardwareProfile, ModelProfile, VocabMemory
+from galva_schema import CollectiveCall, DataParallelType, HardwareProfile, ModelProfile, VocabForm, VocabMemory
 from galva_search.collectives import MIB, Collectives
 from galva_search.compute_speed import compute_scale
 from galva_search.cost_settings import CostSettings
@@ -21,6 +23,16 @@ from galva_search.transitions import vocab_boundaries_per_sample, vocab_layout
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
+Part = Literal["embedding", "head"]
+_PRICE = {"all_reduce": "allreduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+          "all_to_all": "all_to_all"}  # a recorded call's op -> the Collectives method that prices it
+
+
+def _at_degree(by_degree: dict[int, VocabForm], degree: int) -> VocabForm | None:
+    """The form profiled at ``degree``, else at the largest degree below it (FSDP2's work per call grows with the
+    tensors, not the group); None for one rank or none profiled."""
+    below = [d for d in by_degree if d <= degree]
+    return by_degree[max(below)] if degree > 1 and below else None
 
 
 @dataclass(frozen=True)
@@ -118,12 +130,36 @@ class VocabCosts:
         e = s.element_bytes
         profile_bytes = state_bytes_per_parameter(self.model.precision, s.state_accounting)
 
+        tp_form = vocab.forms.get("tp", {}).get(k) if k > 1 and not option.sp else None
+        zero3_form = _at_degree(vocab.forms.get("zero3", {}), shard) if dp_type is ZERO3 else None
+
+        def extra(form: VocabForm | None, parts: tuple[Part, ...], index: int) -> float:
+            """Seconds the form's ``parts`` spend beyond the plain modules: forward, backward or step (``index``)."""
+            if form is None:
+                return 0.0
+            return sum(form.part(p).overhead_ms[index] for p in parts) * 1e-3 * scale
+
+        def calls(
+            form: VocabForm, parts: tuple[Part, ...], n: int, blocks: bool, keep: Callable[[CollectiveCall], bool]
+        ) -> float:
+            """Seconds of the form's recorded calls that ``keep`` selects, priced over ``n`` ranks (``blocks``:
+            consecutive ones)."""
+            priced = [
+                float(getattr(comm, _PRICE[c.op])(n, blocks, c.nbytes(local / cp)))
+                for p in parts for c in form.part(p).calls if keep(c)
+            ]  # fmt: skip
+            return sum(priced)
+
         def position(
-            memory: VocabMemory, share: float, tp_messages: int, seq: int, hidden: int, n: float
+            memory: VocabMemory, parts: tuple[Part, ...], share: float, tp_messages: int, seq: int, hidden: int,
+            n: float,
         ) -> VocabTerms:
-            fwd, bwd = forward * share, backward * share
+            fwd = forward * share + extra(tp_form, parts, 0) + extra(zero3_form, parts, 0)
+            bwd = backward * share + extra(tp_form, parts, 1) + extra(zero3_form, parts, 1)
             tp_time = 0.0
-            if k > 1 and not option.sp:
+            if tp_form is not None:  # the form's own calls, as the profiler recorded them
+                tp_time = calls(tp_form, parts, k, True, lambda c: True) * f.tp_comm
+            elif k > 1 and not option.sp:
                 tp_time = tp_messages * float(comm.allreduce(k, True, local * seq / cp * hidden * e)) * f.tp_comm
             # the profile's states are at its own precision: parameters per rank, then this plan's bytes for them
             parameters = memory.model_states_mib[1 if option.sp else k] * MIB / profile_bytes
@@ -138,7 +174,15 @@ class VocabCosts:
                 sync = float(comm.reduce_scatter(shard, consecutive, grad_bytes)) * f.dp_comm + gather
             elif shard > 1:
                 sync = float(comm.allreduce(shard, consecutive, grad_bytes)) * f.dp_comm
-            if dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
+            if zero3_form is not None:  # a unit per module: its gathers and reduce-scatter as recorded
+                on_shard = partial(calls, zero3_form, parts, shard, consecutive)
+                gather = on_shard(lambda c: not c.backward) * f.dp_comm
+                gather_bwd = on_shard(lambda c: c.backward and c.op == "all_gather") * f.dp_comm
+                reduce = on_shard(lambda c: c.backward and c.op != "all_gather") * f.dp_comm
+                overlapped_gather = float(comm.overlapped(bwd, gather_bwd))
+                micro = fwd + tp_time + gather + overlapped_gather
+                exposed = float(comm.overlapped(bwd, gather_bwd + reduce)) - overlapped_gather
+            elif dp_type is ZERO3:  # as a ZeRO-3 layer: gathers every micro-batch, reduce-scatter in the last one
                 gather_bwd = float(comm.overlapped(bwd, gather))
                 micro = fwd + tp_time + gather + gather_bwd
                 exposed = float(comm.overlapped(bwd, sync)) - gather_bwd
@@ -146,23 +190,26 @@ class VocabCosts:
                 micro = fwd + bwd + tp_time
                 exposed = float(comm.overlapped(bwd, sync)) - bwd
             act = memory.activation_mib_per_sample[k] / cp * local * f.activations
-            step = 0.0
+            step = extra(zero3_form, parts, 2)
             if vocab.optimizer_step_ms is not None:  # its tensors' share, and the elements this rank steps
                 fixed, per_million = vocab.optimizer_step_ms
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
-                step = (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * scale
+                step += (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * scale
             regather = gather if dp_type is ZERO2 else 0.0
             return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, regather_s=regather)
 
         first, last = types[0], types[-1]
         if pp == 1:
             # embedding all-reduce and head all-reduce on the one stage; both halves of the compute
-            only = position(vocab.memory_pp_off, 1.0, 2, last.seq_length, last.hidden_size, in_flight[0])
+            both: tuple[Part, ...] = ("embedding", "head")
+            only = position(vocab.memory_pp_off, both, 1.0, 2, last.seq_length, last.hidden_size, in_flight[0])
             return [only]
         empty = VocabTerms(0.0, 0.0, 0.0)
         out = [empty] * pp
-        out[0] = position(vocab.memory_pp_first, 0.5, 1, first.seq_length, first.hidden_size, in_flight[0])
-        out[-1] = position(vocab.memory_pp_last, 0.5, 1, last.seq_length, last.hidden_size, in_flight[-1])
+        out[0] = position(
+            vocab.memory_pp_first, ("embedding",), 0.5, 1, first.seq_length, first.hidden_size, in_flight[0]
+        )
+        out[-1] = position(vocab.memory_pp_last, ("head",), 0.5, 1, last.seq_length, last.hidden_size, in_flight[-1])
         return out
 
     def boundaries(
