@@ -191,6 +191,14 @@ def summary(sweep: object, profiles: dict[int, ModelProfile], paths: dict[int, P
             f"activation MiB/sample first {_fmt(v.memory_pp_first.activation_mib_per_sample)} "
             f"last {_fmt(v.memory_pp_last.activation_mib_per_sample)}"
         )
+        forms = [
+            f"{name} {degree}: {len(form.embedding.calls) + len(form.head.calls)} calls, "
+            f"{sum(form.embedding.overhead_ms) + sum(form.head.overhead_ms):.2f} ms of its own"
+            for name, by_degree in v.forms.items()
+            for degree, form in sorted(by_degree.items())
+        ]  # fmt: skip
+        if forms:
+            lines.append(f"  vocabulary forms beyond the plain modules, a micro-batch: {'; '.join(forms)}")
         lines.append(f"  wrote {paths[seq]}")
     if all(p.constraints is None for p in profiles.values()):
         lines.append("  note: the model adapter gave no constraints")

@@ -196,7 +196,9 @@ class VocabCosts:
                 local_parameters = parameters / (shard if dp_type in (ZERO2, ZERO3) else 1)
                 step += (fixed * share + per_million * local_parameters / 1e6) * 1e-3 * scale
             regather = gather if dp_type is ZERO2 else 0.0
-            return VocabTerms(micro, exposed, states + act * n, states, act, 0.5 * bwd, step, regather_s=regather)
+            # zb-h1 defers the weight gradients' matmuls: half the plain backward, not the forms' own work
+            weight_grad = 0.5 * backward * share
+            return VocabTerms(micro, exposed, states + act * n, states, act, weight_grad, step, regather_s=regather)
 
         first, last = types[0], types[-1]
         if pp == 1:
