@@ -196,7 +196,9 @@ def main() -> None:
     print("rank 0 per unit (median ms, forward / backward hooks): " + ", ".join(
         f"{k} {v * 1e3:.1f}" for k, v in units.items()))
     print(f"units' sum {sum(units.values()) * 1e3:.1f} ms of the step's {r0['step'] * 1e3:.1f} ms")
-    in_step = sum(v for k, v in units.items() if k.startswith("layers.")) / strategy.num_layers
+    # rank 0's own layers (its stage's, under a pipeline), each with a forward and a backward span
+    own_layers = {k.split()[0] for k in units if k.startswith("layers.")}
+    in_step = sum(v for k, v in units.items() if k.startswith("layers.")) / max(1, len(own_layers))
     form = "ulysses" if layer.ulysses else ("megatron_sp" if strategy.megatron_sp else "tp")
     overhead = sum(mp.layer_types[0].parallel_overhead_ms.get(form, {}).get(layer.tp, (0.0, 0.0)))
     dp_type = (layer.dp_type or strategy.default_dp_type).value
