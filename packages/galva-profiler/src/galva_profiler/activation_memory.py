@@ -30,12 +30,13 @@ import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from galva_profiler.layer_timing import cpu_passes
+from galva_profiler.layer_timing import FORM_SAMPLES, cpu_passes, excess_ms, fastest_passes
 
 MODES = ("tp", "megatron_sp", "ulysses")
 
@@ -97,10 +98,6 @@ def _measure(module: nn.Module, seq: int, hidden: int, dtype: torch.dtype) -> tu
     return per_sample(call(module)), per_sample(call(Checkpointed(module)))
 
 
-OVERHEAD_SAMPLES = 2  # the plain layer's batch when timing a form's overhead (the form's: 2 x degree, Megatron tp)
-OVERHEAD_REPEATS = (1, 4)  # warm-up, timed repetitions (each form alternately, the fastest kept)
-
-
 def overhead_ms(
     plain: nn.Module, parallel: nn.Module, mode: str, degree: int, seq: int, hidden: int, dtype: torch.dtype
 ) -> tuple[float, float]:
@@ -109,20 +106,16 @@ def overhead_ms(
 
     The two alternate repetition by repetition and each keeps its fastest (outside load only adds time), in the main
     thread's CPU time (a rank waiting for its group's collective spends none)."""
-    samples = OVERHEAD_SAMPLES * degree
-    if mode == "tp":  # the form sees the whole sequence of all its samples, the plain layer 1/degree of them
-        plain_shape, parallel_shape = (OVERHEAD_SAMPLES, seq), (samples, seq)
-    else:  # a sequence split: [b, s/t, h] per rank against the plain layer's b/t of [b, s, h]
-        plain_shape, parallel_shape = (OVERHEAD_SAMPLES, seq), (samples, seq // degree)
-    warmup, repeats = OVERHEAD_REPEATS
-    best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, parallel] x [forward, backward]
-    for index in range(warmup + repeats):
-        for k, (module, (b, s)) in enumerate(((plain, plain_shape), (parallel, parallel_shape))):
-            module.zero_grad(set_to_none=True)
-            times = cpu_passes(module, b, s, hidden, dtype)
-            if index >= warmup:
-                best[k] = [min(a, t) for a, t in zip(best[k], times)]
-    return max(0.0, (best[1][0] - best[0][0]) * 1e3), max(0.0, (best[1][1] - best[0][1]) * 1e3)
+    samples = FORM_SAMPLES * degree
+    # Megatron tp: the form sees the whole sequence of all its samples; a sequence split: [b, s/t, h] per rank
+    parallel_seq = seq if mode == "tp" else seq // degree
+
+    def run(module: nn.Module, batch: int, seq: int) -> tuple[float, float]:
+        module.zero_grad(set_to_none=True)
+        return cpu_passes(module, batch, seq, hidden, dtype)
+
+    base, form = fastest_passes([partial(run, plain, FORM_SAMPLES, seq), partial(run, parallel, samples, parallel_seq)])
+    return excess_ms(form, base)
 
 
 def _rank_worker(

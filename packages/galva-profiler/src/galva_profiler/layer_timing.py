@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -268,6 +268,31 @@ def _alternating_backwards(
             if index >= repeats.warmup:
                 times[k].append(clock() - start - (paused if isinstance(paused, float) else 0.0))
     return times
+
+
+FORM_SAMPLES = 2
+"""The plain module's batch when a parallel form's own work is timed against it (the form's: the same work a rank)."""
+FASTEST_OF = (1, 4)
+"""Warm-up and timed rounds of :func:`fastest_passes`."""
+
+
+def fastest_passes(runs: Sequence[Callable[[], tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Each of ``runs`` (one pass, returning its forward and backward seconds: :func:`cpu_pass`) in turn, round by
+    round (a drift of the machine's speed falls on all alike), after :data:`FASTEST_OF` warm-up rounds; the fastest
+    forward and backward of each (outside load only adds time)."""
+    warmup, repeats = FASTEST_OF
+    best = [(float("inf"), float("inf")) for _ in runs]
+    for index in range(warmup + repeats):
+        for k, run in enumerate(runs):
+            forward, backward = run()
+            if index >= warmup:
+                best[k] = (min(best[k][0], forward), min(best[k][1], backward))
+    return best
+
+
+def excess_ms(times: tuple[float, float], baseline: tuple[float, float]) -> tuple[float, float]:
+    """(forward, backward) ms ``times`` take beyond ``baseline`` (seconds each), at least 0."""
+    return max(0.0, (times[0] - baseline[0]) * 1e3), max(0.0, (times[1] - baseline[1]) * 1e3)
 
 
 def cpu_passes(module: torch.nn.Module, batch: int, seq: int, hidden: int, dtype: torch.dtype) -> tuple[float, float]:

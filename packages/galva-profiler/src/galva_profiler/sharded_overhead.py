@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from galva_profiler.layer_step import runtime_optimizer
-from galva_profiler.layer_timing import cpu_passes
+from galva_profiler.layer_timing import FASTEST_OF, FORM_SAMPLES, cpu_passes, excess_ms, fastest_passes
 
 SHARDED = ("zero2", "zero3")
-SAMPLES = 2  # per rank, as the tp forms' overhead (activation_memory.OVERHEAD_SAMPLES)
-REPEATS = (1, 4)  # warm-up, timed repetitions (alternating, the fastest kept)
 
 
 def _step_cpu(optimizer: torch.optim.Optimizer) -> float:
@@ -56,32 +55,31 @@ def sharded_overhead_ms(
     ``dp_type`` unit over ``group`` costs beyond ``plain`` on this rank's same work, each at least 0: the backward
     with gradient sync on (the iteration's last micro-batch), the accumulating one with it off (the micro-batches
     before). Collective: every rank of ``group`` calls it."""
+    unit = sharded_unit("layer", plain, dp_type, group, dtype)
+
+    def run(module: nn.Module, sync: bool | None) -> tuple[float, float]:
+        if sync is not None:
+            unit.before_backward(sync)
+        module.zero_grad(set_to_none=True)
+        return cpu_passes(module, FORM_SAMPLES, seq, hidden, dtype)
+
+    # the plain layer, the unit accumulating, the unit reducing: reducing last, so the step below has its gradients
+    base, accumulating, reducing = fastest_passes(
+        [partial(run, plain, None), partial(run, unit.module, False), partial(run, unit.module, True)]
+    )
+    forward, backward = excess_ms(reducing, base)
+    return forward, backward, step_overhead_ms(unit), excess_ms(accumulating, base)[1]
+
+
+def sharded_unit(name: str, plain: nn.Module, dp_type: str, group: Any, dtype: torch.dtype) -> Any:
+    """A copy of ``plain`` as galva-hp's ``dp_type`` unit over ``group``: fp32 shards computing in ``dtype`` (FSDP2's
+    mixed-precision policy), as galva-hp holds it. Collective: every rank of ``group`` calls it."""
     from galva_hp.data_parallel import wrap
     from galva_hp.precision import PrecisionPolicy
     from galva_schema import DataParallelType
 
-    # galva-hp keeps fp32 shards and computes in the profile's precision (FSDP2's mixed-precision policy)
     policy = PrecisionPolicy() if dtype == torch.float32 else PrecisionPolicy(dtype, torch.float32)
-    unit = wrap("layer", copy.deepcopy(plain).float(), DataParallelType(dp_type), group, policy)
-    warmup, repeats = REPEATS
-    # the plain layer, the unit accumulating, the unit reducing: reducing last, so the step below has its gradients
-    runs: tuple[tuple[nn.Module, bool | None], ...] = ((plain, None), (unit.module, False), (unit.module, True))
-    best = [[float("inf")] * 2 for _ in runs]  # [run] x [forward, backward]
-    for index in range(warmup + repeats):
-        for k, (module, sync) in enumerate(runs):
-            if sync is not None:
-                unit.before_backward(sync)
-            module.zero_grad(set_to_none=True)
-            times = cpu_passes(module, SAMPLES, seq, hidden, dtype)
-            if index >= warmup:
-                best[k] = [min(a, t) for a, t in zip(best[k], times)]
-    (plain_f, plain_b), (_, accumulating_b), (unit_f, unit_b) = best
-    return (
-        max(0.0, (unit_f - plain_f) * 1e3),
-        max(0.0, (unit_b - plain_b) * 1e3),
-        step_overhead_ms(unit),
-        max(0.0, (accumulating_b - plain_b) * 1e3),
-    )
+    return wrap(name, copy.deepcopy(plain).float(), DataParallelType(dp_type), group, policy)
 
 
 def step_overhead_ms(unit: Any) -> float:
@@ -94,7 +92,7 @@ def step_overhead_ms(unit: Any) -> float:
     for p, s in zip(sharded, shards):
         s.grad = local_tensor(p.grad).clone() if p.grad is not None else torch.zeros_like(s)
     optimizers = [runtime_optimizer(shards).optimizer, runtime_optimizer(sharded).optimizer]
-    warmup, repeats = REPEATS
+    warmup, repeats = FASTEST_OF
     steps = [float("inf")] * 2
     for index in range(warmup + repeats):
         for k, optimizer in enumerate(optimizers):

@@ -18,7 +18,6 @@ prices call by call. A weight tied between the embedding and the head is timed u
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
@@ -27,35 +26,22 @@ import torch
 from torch import Tensor, nn
 
 from galva_profiler.collective_calls import per_sample, record
-from galva_profiler.layer_timing import cpu_pass
+from galva_profiler.layer_timing import FORM_SAMPLES, cpu_pass, excess_ms, fastest_passes
 from galva_schema import VocabForm, VocabPart
-
-SAMPLES = 2  # the plain module's batch (as the layers' forms: activation_memory.OVERHEAD_SAMPLES)
-REPEATS = (1, 4)  # warm-up, timed repetitions (alternating, the fastest kept)
 
 PARTS: tuple[Literal["embedding", "head"], ...] = ("embedding", "head")
 Pass = Callable[[int], Any]
 """A module's forward at a batch size: its output (or ``(loss, count)``), ready for a backward seeded with ones."""
 
 
-def _part(plain: Pass, form: Pass, form_batch: int, step_ms: float = 0.0) -> VocabPart:
-    """``form`` at ``form_batch`` samples against ``plain`` at :data:`SAMPLES`, and ``form``'s calls."""
-    warmup, repeats = REPEATS
-    best = [[float("inf")] * 2, [float("inf")] * 2]  # [plain, form] x [forward, backward]
-    for index in range(warmup + repeats):
-        for k, (run, batch) in enumerate(((plain, SAMPLES), (form, form_batch))):
-            times = cpu_pass(partial(run, batch))
-            if index >= warmup:
-                best[k] = [min(a, t) for a, t in zip(best[k], times)]
-    small, large = record(lambda: form(form_batch)), record(lambda: form(2 * form_batch))
+def _part(plain: Pass, form: Pass, form_batch: int) -> VocabPart:
+    """``form`` at ``form_batch`` samples against ``plain`` at :data:`~galva_profiler.layer_timing.FORM_SAMPLES`
+    (no step), and ``form``'s calls."""
+    runs = [partial(cpu_pass, partial(plain, FORM_SAMPLES)), partial(cpu_pass, partial(form, form_batch))]
+    base, own = fastest_passes(runs)
+    small, large = record(partial(form, form_batch)), record(partial(form, 2 * form_batch))
     calls = per_sample(small, large, form_batch, 2 * form_batch)
-    forward, backward = (max(0.0, (f - p) * 1e3) for p, f in zip(best[0], best[1]))
-    return VocabPart(overhead_ms=(forward, backward, step_ms), calls=calls)
-
-
-def _zero_grad(*modules: nn.Module) -> None:
-    for module in modules:
-        module.zero_grad(set_to_none=True)
+    return VocabPart(overhead_ms=(*excess_ms(own, base), 0.0), calls=calls)
 
 
 def measure_forms(
@@ -72,10 +58,7 @@ def measure_forms(
     """``{"tp": ..., "zero3": ...}`` on this rank of ``group`` (every rank calls it). ``embedding``, ``head``: this
     rank's vocabulary-parallel forms; ``embed_input(b)``: the embedding's input; ``head_input(b, seq)``: the head's
     hidden input and labels at sequence ``seq``; ``head_seq``: (the plain head's sequence, the form's)."""
-    from galva_hp.data_parallel import wrap
-    from galva_hp.precision import PrecisionPolicy
-    from galva_profiler.sharded_overhead import step_overhead_ms
-    from galva_schema import DataParallelType
+    from galva_profiler.sharded_overhead import sharded_unit, step_overhead_ms
 
     degree = group.size()
     plain_seq, form_seq = head_seq
@@ -87,25 +70,19 @@ def measure_forms(
         return lambda b: module(*head_input(b, seq))[0]
 
     tp = VocabForm(
-        embedding=_part(embed(plain_embedding), embed(embedding), SAMPLES * degree),
-        head=_part(score(plain_head, plain_seq), score(head, form_seq), SAMPLES * degree),
+        embedding=_part(embed(plain_embedding), embed(embedding), FORM_SAMPLES * degree),
+        head=_part(score(plain_head, plain_seq), score(head, form_seq), FORM_SAMPLES * degree),
     )
-    _zero_grad(plain_embedding, plain_head, embedding, head)
-    policy = PrecisionPolicy() if dtype == torch.float32 else PrecisionPolicy(dtype, torch.float32)
-    units = {
-        name: wrap(name, copy.deepcopy(module).float(), DataParallelType.ZERO3, group, policy)
-        for name, module in (("embedding", plain_embedding), ("head", plain_head))
-    }
+    for module in (plain_embedding, plain_head, embedding, head):
+        module.zero_grad(set_to_none=True)
     parts = {}
-    for name, plain_pass, unit_pass in (
-        ("embedding", embed(plain_embedding), embed(units["embedding"].module)),
-        ("head", score(plain_head, plain_seq), score(units["head"].module, plain_seq)),
-    ):
-        unit = units[name]
+    modules = (("embedding", plain_embedding, embed), ("head", plain_head, partial(score, seq=plain_seq)))
+    for name, plain, as_pass in modules:
+        unit = sharded_unit(name, plain, "zero3", group, dtype)
         unit.before_backward(True)
-        part = _part(plain_pass, unit_pass, SAMPLES)
+        part = _part(as_pass(plain), as_pass(unit.module), FORM_SAMPLES)
         parts[name] = part.model_copy(update={"overhead_ms": (*part.overhead_ms[:2], step_overhead_ms(unit))})
-    return {"tp": tp, "zero3": VocabForm(embedding=parts["embedding"], head=parts["head"])}
+    return {"tp": tp, "zero3": VocabForm(**parts)}
 
 
 def slowest(forms: list[dict[str, VocabForm]]) -> dict[str, VocabForm]:
