@@ -13,7 +13,11 @@ check`) and, step by step and interleaved in the same processes:
   cost model prices a rank's layer at (``b / tp`` samples), every rank at once;
 * **layer, rank 0 alone**: the same on rank 0 while the others wait (what the single-process model profile sees);
 * **comm share**: on rank 0, for two steps under ``torch.profiler``, the self CPU time of communication ops
-  (all-reduce, gathers, sends, waits) against the step's wall time.
+  (all-reduce, gathers, sends, waits) against the step's wall time;
+* **tail** (``--tail``): the step's world all-reduces after the schedule (the loss's totals, the clip's squared
+  norm) and the AdamW step, on the clock every process of the machine shares (``time.perf_counter``: one node), so
+  ranks compare: each call from the last rank's arrival to the last rank's exit (what a step pays beyond its slowest
+  rank), the ranks' mean wait in it, and each rank's step, beside the cost model's clip latency and optimizer terms.
 
 It prints each beside the cost model's term: ``(1 + beta) * F(b/tp)`` (the model profile), times
 ``compute_slowdown`` (the hardware profile), and the predicted step with its breakdown. Ratios of things measured in
@@ -36,7 +40,7 @@ COMM = ("allreduce", "all_reduce", "allgather", "all_gather", "reduce_scatter", 
 CLOCK = time.perf_counter  # of the unit spans, phases and timeline: wall, or the main thread's CPU time (--cpu)
 
 
-def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) -> dict[str, Any]:
+def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool, tail: bool = False) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -68,10 +72,25 @@ def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) 
     phases: dict[str, list[float]] = {}
 
     cpu: dict[str, list[float]] = {"step": [], "layer": [], "thread_step": []}
+    calls: list[tuple[int, float, float]] = []  # (elements, entry, exit) of each blocking all-reduce, perf_counter
+    tails: list[dict[str, Any]] = []
+    if tail:
+        plain_all_reduce = dist.all_reduce
+
+        def logged(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            entry = time.perf_counter()
+            work = plain_all_reduce(tensor, *args, **kwargs)
+            if not kwargs.get("async_op", False):
+                calls.append((tensor.numel(), entry, time.perf_counter()))
+            return work
+
+        dist.all_reduce = logged
 
     def train() -> float:
         batch = source.batch(0)
         dist.barrier()
+        calls.clear()
+        marks_s = [time.perf_counter()]
         c0, h0 = time.process_time(), time.thread_time()
         t = [CLOCK()]
         timeline.clear()
@@ -80,11 +99,16 @@ def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) 
         t.append(CLOCK())
         model.forward_backward(batch.inputs, batch.labels)
         t.append(CLOCK())
+        marks_s.append(time.perf_counter())
         optimizer.clip_grad_norm()
         t.append(CLOCK())
+        marks_s.append(time.perf_counter())
         optimizer.step()
         model.after_step()
         t.append(CLOCK())
+        marks_s.append(time.perf_counter())
+        if tail:  # the last two blocking all-reduces: the loss's totals, then the clip's norm
+            tails.append({"marks": marks_s, "calls": calls[-2:]})
         timeline.extend(zip(("zero_grad.", "forward_backward.", "clip.", "step."), t[1:]))
         cpu["step"].append(time.process_time() - c0)
         cpu["thread_step"].append(time.thread_time() - h0)
@@ -141,6 +165,12 @@ def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) 
         dist.barrier()
     train()
     last = [(name, (at - timeline[0][1]) * 1e3) for name, at in timeline]
+    if tail:
+        tails.clear()
+        for _ in range(steps):
+            train()
+        dist.all_reduce = plain_all_reduce
+    kept_tails = list(tails)  # not the profiled steps' below
     comm_share = None
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -152,7 +182,7 @@ def _rank(rank: int, world: int, run: str, steps: int, x: int, cpu_clock: bool) 
         comm_share = comm / wall
     return {"rank": rank, **{k: statistics.median(v) if v else None for k, v in rows.items()},
             "comm_share": comm_share, "units": {k: statistics.median(v) for k, v in spans.items()},
-            "timeline": last, "cpu": {k: statistics.median(v) for k, v in cpu.items() if v},
+            "timeline": last, "cpu": {k: statistics.median(v) for k, v in cpu.items() if v}, "tail": kept_tails,
             "phases": {k: statistics.median(v) for k, v in phases.items()}}
 
 
@@ -163,6 +193,8 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true", help="print rank 0's unit timeline of one step")
     parser.add_argument("--cpu", action="store_true",
                         help="units, phases and timeline in the main thread's CPU time (load-robust), not wall")
+    parser.add_argument("--tail", action="store_true",
+                        help="time the step's tail: the loss's and the clip's world all-reduces and the AdamW step")
     parser.add_argument("--json", action="store_true", help="print every rank's raw numbers")
     args = parser.parse_args()
     from galva_comm.testing import run_distributed
@@ -176,7 +208,9 @@ def main() -> None:
     layer = strategy.layers[0]
     b = strategy.micro_batch_size // (strategy.world_size // (strategy.pp * layer.tp * layer.cp))
     x = max(1, b // layer.tp)
-    results = run_distributed(_rank, strategy.world_size, str(args.run), args.steps, x, args.cpu, timeout=900)
+    results = run_distributed(
+        _rank, strategy.world_size, str(args.run), args.steps, x, args.cpu, args.tail, timeout=900
+    )
     r0 = next(r for r in results if r["rank"] == 0)
     slowest_step = max(r["step"] for r in results)
     ev = evaluate_strategy(CostModel(hw, mp, CostSettings()), strategy)
@@ -216,6 +250,8 @@ def main() -> None:
           + " ms (main thread " + ", ".join(f"{c['thread_step'] * 1e3:.1f}" for c in cpus) + "); one layer "
           + ", ".join(f"{c['layer'] * 1e3:.2f}" for c in cpus) + " ms")
     print("rank 0 phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r0["phases"].items()))
+    if args.tail:
+        _print_tail(results, CostModel(hw, mp, CostSettings().for_strategy(strategy)), strategy.world_size)
     if args.timeline:
         print("rank 0 timeline of one step (ms, gaps over 3 ms marked):")
         prev = 0.0
@@ -224,6 +260,34 @@ def main() -> None:
             prev = at
     if args.json:
         print(json.dumps(results))
+
+
+def _print_tail(results: list[dict[str, Any]], cost: Any, world: int) -> None:
+    """The tail's calls and step, medians over the steps, beside their prices (``--tail``)."""
+    steps = min(len(r["tail"]) for r in results)
+    rows: dict[str, list[float]] = {}
+
+    def add(key: str, ms: float) -> None:
+        rows.setdefault(key, []).append(ms)
+
+    for k in range(steps):
+        tails = [r["tail"][k] for r in results]
+        add("barrier release spread", 1e3 * (max(t["marks"][0] for t in tails) - min(t["marks"][0] for t in tails)))
+        for index, name in enumerate(("loss all-reduce", "clip all-reduce")):
+            entries = [t["calls"][index][1] for t in tails if len(t["calls"]) == 2]
+            exits = [t["calls"][index][2] for t in tails if len(t["calls"]) == 2]
+            if len(entries) == len(tails):
+                add(f"{name}: last arrival to last exit", 1e3 * (max(exits) - max(entries)))
+                add(f"{name}: ranks' mean time inside", 1e3 * statistics.mean(b - a for a, b in zip(entries, exits)))
+        add("clip (norm + all-reduce), slowest rank", 1e3 * max(t["marks"][2] - t["marks"][1] for t in tails))
+        add("AdamW step, slowest rank", 1e3 * max(t["marks"][3] - t["marks"][2] for t in tails))
+        add("last schedule end to last step end", 1e3 * (max(t["marks"][3] for t in tails)
+                                                         - max(t["marks"][1] for t in tails)))
+    print(f"tail of the step ({steps} steps, median ms; one node's shared clock):")
+    for key, values in rows.items():
+        print(f"  {key}: {statistics.median(values):.2f}")
+    print(f"  priced: clip all-reduce {cost.comm.allreduce_latency(world) * 1e3:.2f} (curve + busy extra), "
+          f"optimizer call {cost.optimizer_call_s() * 1e3:.2f} (clip included); the loss's all-reduce not priced")
 
 
 if __name__ == "__main__":
