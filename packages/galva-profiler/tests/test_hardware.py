@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from galva_comm.testing import run_distributed
 from galva_profiler.collectives import Collective
@@ -140,3 +141,51 @@ def test_the_base_imports_megatron_core_as_a_rank_does() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+LATE_MS = 40.0
+
+
+def _late_release(rank: int, world_size: int) -> dict[str, float | list[float]]:
+    """Every collective point on 4 ranks in groups of 2, rank 3 released from each barrier LATE_MS after its
+    partner; and the per-repetition reduction on made-up times."""
+    import time
+
+    import torch.distributed as dist
+
+    from galva_comm.groups import ProcessGroupCache
+    from galva_profiler import collectives
+    from galva_profiler.distributed import World
+
+    world = World(rank, world_size, rank, world_size, "gloo", torch.device("cpu"))
+    groups = layout_groups(world_size, 2, True)
+    cache = ProcessGroupCache(backend="gloo")
+    cache.create(groups)
+    plain_barrier = dist.barrier
+
+    def late_barrier(*args: object, **kwargs: object) -> None:
+        plain_barrier(*args, **kwargs)
+        if rank == 3:
+            time.sleep(LATE_MS / 1e3)
+
+    collectives.dist.barrier = late_barrier  # type: ignore[assignment]
+    try:
+        repeats = Repeats(warmup=1, repetitions=3)
+        one = collectives.time_collective(Collective.ALL_REDUCE, groups, 4096, world, cache, repeats)
+        curve = collectives.time_curve(Collective.ALL_REDUCE, groups, [4096, 65536], world, cache, repeats)
+    finally:
+        collectives.dist.barrier = plain_barrier
+    made_up = [[5.0, 1.0], [2.0, 3.0], [9.0, 9.0], [4.0, 0.5]][rank]  # groups (0, 1) and (2, 3)
+    return {"one": one, "curve": curve, "made_up": collectives.from_last_arrival(made_up, groups, world)}
+
+
+def test_a_collective_is_timed_from_its_groups_last_arrival() -> None:
+    """A rank released late from the barrier before a call makes its partner wait: that wait is the late rank's
+    (in a step, the slowest rank's work), not the call's. Timed by the slowest rank, every point read at least
+    LATE_MS; timed from the last arrival, a 4 KiB all-reduce on gloo is far below it."""
+    results = run_distributed(_late_release, 4, timeout=120)
+    assert all(r == results[0] for r in results)  # known to every rank alike
+    assert results[0]["one"] < LATE_MS / 2
+    assert all(ms < LATE_MS / 2 for ms in results[0]["curve"])
+    # per repetition the least time of each group, then the slowest group: min(5, 2) vs min(9, 4); min(1, 3) vs (9, .5)
+    assert results[0]["made_up"] == [4.0, 1.0]

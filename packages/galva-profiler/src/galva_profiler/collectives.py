@@ -1,7 +1,8 @@
 """Timing one collective in every group of a layout at once, as training runs them (all groups busy together).
 
-Each rank times its own group's collective (warm-up, repetitions, median, a barrier of the group before each
-repetition so that the ranks start together); the result is the slowest rank's median, known to every rank.
+Each rank times its own group's collective from its own release from a barrier of the group (warm-up, repetitions);
+each repetition's time is the group's call from its last rank's arrival (:func:`from_last_arrival`), the slowest
+group's where several run at once, and the point is the median (or trimmed mean) of those, known to every rank.
 Message sizes are bytes *per rank*: the buffer an all-reduce or all-to-all works on, the gathered output of an
 all-gather, the input of a reduce-scatter — the sizes galva-search's cost model prices.
 """
@@ -80,13 +81,41 @@ def time_collective(
     cache: ProcessGroupCache,
     repeats: Repeats,
 ) -> float:
-    """ms per ``kind`` of ``message_bytes`` per rank, run in all ``groups`` at once; the max over all ranks."""
+    """ms per ``kind`` of ``message_bytes`` per rank, run in all ``groups`` at once: the median over the repetitions
+    of each one's call from its group's last arrival, the slowest group's (:func:`from_last_arrival`)."""
     group = group_of(groups, world.rank)
     pg = cache.get(group)
     n = len(group)
     run = _operation(kind, _elements(message_bytes, n), pg, n, world.device)
-    ms = median_ms(run, repeats, world.device, before=lambda: dist.barrier(group=pg))
-    return max_over_ranks(ms, world.device)
+    times = []
+    for index in range(repeats.warmup + repeats.repetitions):
+        dist.barrier(group=pg)
+        synchronize(world.device)
+        start = time.perf_counter()
+        run()
+        synchronize(world.device)
+        if index >= repeats.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(from_last_arrival(times, groups, world))
+
+
+def from_last_arrival(times_ms: Sequence[float], groups: list[Group], world: World) -> list[float]:
+    """Per repetition, a call's time from its group's last arrival: the least of the group's ranks' times (each rank
+    timed from its own release from the barrier before it), and where several groups run at once the slowest
+    group's; collective, the same list on every rank.
+
+    Why the least: a barrier releases its ranks one by one, and a rank released early waits in the call for the last
+    one; on 4 CPU ranks sharing 2 cores the release spread read 5.1-5.5 ms (0.02 ms at 2 ranks), so the slowest rank's
+    time, which the points kept before, held a 4 KiB all-reduce at 6.0-6.5 ms where the step's own world all-reduces
+    took 2.3-6.0 ms from the last rank's arrival (``benchmarks/costmodel/README.md``, set H). In a step the ranks'
+    arrival is the slowest rank's work, priced as its own; what a call adds is from the last arrival on, which the
+    last-released rank times: it waits for no one."""
+    local = torch.tensor(list(times_ms), dtype=torch.float64, device=world.device)
+    gathered = [torch.empty_like(local) for _ in range(world.size)]
+    dist.all_gather(gathered, local)
+    by_rank = torch.stack(gathered)
+    per_group = torch.stack([by_rank[list(group)].min(dim=0).values for group in groups])
+    return [float(ms) for ms in per_group.max(dim=0).values.cpu()]
 
 
 SMALL_ROUNDS = 4
@@ -110,7 +139,8 @@ def time_curve(
     the scheduler's next tick, about 3 ms later), and in a fixed order each size kept its phase against the tick
     repetition after repetition: one quiet 2-rank all-reduce curve read 0.73, 3.60, 1.06, 3.90, 2.01 ms at 4 KiB,
     0.25, 0.5, 1 and 2 MiB (medians of 7), the next profile's points each in the other mode. A random order (the same
-    on every rank) gives every size every phase, and the mean is what a step pays over its calls."""
+    on every rank) gives every size every phase, and the mean is what a step pays over its calls. Each repetition is
+    its call from the group's last arrival (:func:`from_last_arrival`)."""
     group = group_of(groups, world.rank)
     pg = cache.get(group)
     n = len(group)
@@ -131,7 +161,7 @@ def time_curve(
             synchronize(world.device)
             if index >= repeats.warmup:
                 times[k].append((time.perf_counter() - start) * 1e3)
-    return [max_over_ranks(trimmed_mean(timed), world.device) for timed in times]
+    return [trimmed_mean(from_last_arrival(timed, groups, world)) for timed in times]
 
 
 def trimmed_mean(values: Sequence[float]) -> float:
