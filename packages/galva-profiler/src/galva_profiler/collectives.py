@@ -22,7 +22,7 @@ import torch.distributed as dist
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group
 from galva_profiler.distributed import World, max_over_ranks, synchronize
-from galva_profiler.timing import Repeats, median_ms
+from galva_profiler.timing import Repeats, median_ms, repetitions_ms
 
 MIB = 2**20
 
@@ -87,15 +87,7 @@ def time_collective(
     pg = cache.get(group)
     n = len(group)
     run = _operation(kind, _elements(message_bytes, n), pg, n, world.device)
-    times = []
-    for index in range(repeats.warmup + repeats.repetitions):
-        dist.barrier(group=pg)
-        synchronize(world.device)
-        start = time.perf_counter()
-        run()
-        synchronize(world.device)
-        if index >= repeats.warmup:
-            times.append((time.perf_counter() - start) * 1e3)
+    times = repetitions_ms(run, repeats, world.device, before=lambda: dist.barrier(group=pg))
     return statistics.median(from_last_arrival(times, groups, world))
 
 

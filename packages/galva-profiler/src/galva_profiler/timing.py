@@ -46,6 +46,16 @@ def median_ms(
     before: Callable[[], object] | None = None,
 ) -> float:
     """Median wall time of ``run()`` in ms; ``before()`` runs untimed ahead of each call (e.g. a barrier)."""
+    return statistics.median(repetitions_ms(run, repeats, device, before))
+
+
+def repetitions_ms(
+    run: Callable[[], object],
+    repeats: Repeats,
+    device: torch.device,
+    before: Callable[[], object] | None = None,
+) -> list[float]:
+    """Wall time of each timed ``run()`` in ms, after the warm-up; ``before()`` as :func:`median_ms`."""
     for _ in range(repeats.warmup):
         if before is not None:
             before()
@@ -60,7 +70,7 @@ def median_ms(
         run()
         synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def span_ms(start: float, end: float, world: World) -> float:
