@@ -135,11 +135,13 @@ def steps_ms(strategy: dict) -> list[float]:
 
 
 def pooled(world: int, rounds: list[Path], top: bool = False) -> str:
-    """Every round's checks of ``world`` ranks together: per strategy the mean of the rounds' predictions (each on its
-    round's profiles) against the median of all their timed steps, and the median / max |time error|; beside it
+    """Every round's checks of ``world`` ranks together: per strategy the median of the rounds' predictions (each on
+    its round's profiles) against the median of all their timed steps, and the median / max |time error|; beside it
     each round's own error. The box's drift moves both sides from minute to minute (a layer's CPU time by +-25%); the
-    rounds sample it over the whole benchmark. ``top``: galva-search's own plans (``check{world}-top.json``), pooled
-    where two rounds chose the same plan (its description, which carries the prediction, left out)."""
+    rounds sample it over the whole benchmark, and a median on both sides keeps one round's slow profile (one 4-rank
+    hardware profile priced every tp form 25% above the other rounds') from moving the figure. ``top``: galva-search's
+    own plans (``check{world}-top.json``), pooled where two rounds chose the same plan (its description, which carries
+    the prediction, left out)."""
     by_name: dict[str, tuple[list[float], list[float], list[float]]] = {}
     for work in rounds:
         path = work / (f"check{world}-top.json" if top else f"check{world}.json")
@@ -163,9 +165,9 @@ def pooled(world: int, rounds: list[Path], top: bool = False) -> str:
         return f"{world} ranks: no galva-search plans were checked"
     lines, errors = [], []
     for name, (preds, steps, own) in by_name.items():
-        error = statistics.fmean(preds) / statistics.median(steps) - 1
+        error = statistics.median(preds) / statistics.median(steps) - 1
         errors.append(abs(error))
-        lines.append(f"{world} {name:18s} {statistics.fmean(preds):7.1f} / {statistics.median(steps):7.1f} ms "
+        lines.append(f"{world} {name:18s} {statistics.median(preds):7.1f} / {statistics.median(steps):7.1f} ms "
                      f"{error:+7.1%} | rounds: " + " ".join(f"{e:+.1%}" for e in own))
     what = "galva-search's own plans" if top else f"{len(rounds)} rounds pooled"
     return "\n".join([*lines, f"{world} ranks, {what}: median |time error| "
@@ -199,8 +201,8 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="profile and check this many times in turn, each in .work/round<i>/ (default 2), then pool")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="profile and check this many times in turn, each in .work/round<i>/ (default 4), then pool")
     ap.add_argument("--ranking-only", action="store_true", help="only print the summaries from .work/round*/")
     ap.add_argument("--reprice", type=Path, metavar="MODEL_JSON",
                     help="only re-predict the measured times of a round's check{2,4}.json on this model profile and "

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from galva_schema import (
+    CallExtra,
     CollectiveTimes,
     DataParallelType,
     HardwareProfile,
@@ -73,8 +74,6 @@ def test_measured_curves_interpolate_inside_and_fit_outside(tiny_hw):
 def test_every_collective_call_pays_the_profiles_busy_extra_once(tiny, tiny_hw):
     """A call inside a busy step costs its idle time plus the profile's ``call_extra`` of its kind and group size:
     once per call, whatever its size; nothing for a group of one, an empty message or an older profile."""
-    from galva_schema import CallExtra
-
     extras = tuple(
         CallExtra(group_size=2, collective=kind, ms=ms)
         for kind, ms in (("all_reduce", 1.0), ("all_gather", 2.0), ("reduce_scatter", 3.0), ("all_to_all", 4.0))
@@ -98,8 +97,6 @@ def test_megatron_sp_all_gathers_right_after_a_reduce_scatter_cost_their_idle_cu
     """Megatron-SP's all-gathers follow a reduce-scatter over the same group with only a norm between, so their ranks
     arrive together: the busy extra falls on its 4 reduce-scatters a layer (5 recomputing) and on one all-gather, the
     backward's first after the recomputed MLP, when checkpointed; none on the other all-gathers."""
-    from galva_schema import CallExtra
-
     extras = tuple(
         CallExtra(group_size=2, collective=kind, ms=ms) for kind, ms in (("all_gather", 2.0), ("reduce_scatter", 3.0))
     )
@@ -115,8 +112,6 @@ def test_megatron_sp_all_gathers_right_after_a_reduce_scatter_cost_their_idle_cu
 def test_a_pipeline_send_pays_the_profiles_busy_send_extra(tiny, tiny_hw):
     """A send to a waiting receiver costs the idle latency plus the profile's ``call_extra`` of ``"p2p"`` at that
     pipeline degree: in every layer's p2p term at that degree, nowhere without a pipeline or at another degree."""
-    from galva_schema import CallExtra
-
     hw = tiny_hw.model_copy(update={"call_extra": (CallExtra(group_size=2, collective="p2p", ms=1.5),)})
     idle, busy = Collectives(tiny_hw), Collectives(hw)
     assert busy.p2p_latency(2) - idle.p2p_latency(2) == pytest.approx(1.5e-3, **EXACT)
@@ -461,6 +456,32 @@ def test_redistribution_between_layouts(make_model, tiny_hw):
     r = sp_cost.redistribution(0, cands, 8)
     # Megatron-SP tp 2 -> 1: the busiest rank fetches 1/8 of the micro-batch forward and 1/8 backward
     assert r[1, 0] == pytest.approx(2 * (2 * S * H * E / 2) / 200e9, **EXACT)
+
+
+def test_a_boundary_pays_one_call_per_direction_that_moves(make_model, tiny_hw):
+    """Each redistribution plan that moves cells is one all_to_all_single in the runtime: a micro-batch pays its
+    latency (the all-to-all curve's smallest point plus the busy extra) once per such direction, whatever the
+    micro-batch's size; a boundary whose layouts agree pays nothing, and a profile without the curve only the bytes."""
+    curve = CollectiveTimes(group_size=2, message_mib=(0.00390625, 4.0), time_ms=(0.75, 2.0))
+    extra = CallExtra(group_size=2, collective="all_to_all", ms=0.5)
+    hw = tiny_hw.model_copy(update={"all_to_all_time": (curve,), "call_extra": (extra,)})
+    cands = [Candidate(1, 1, 4), Candidate(1, 2, 2, True), Candidate(1, 2, 2, False), Candidate(1, 2, 2, True,
+                                                                                                 dp_type=ZERO3)]
+    call = (0.75 + 0.5) * 1e-3
+    for micro_batch in (8, 2):
+        bytes_only = CostModel(tiny_hw, make_model()).redistribution(0, cands, micro_batch)
+        calls = CostModel(hw, make_model()).redistribution(0, cands, micro_batch) - bytes_only
+        # tp 1 -> 2 gathers forward and splits locally backward; tp 2 -> 1 the reverse: one call either way
+        assert calls[0, 1] == pytest.approx(call, **EXACT) and calls[1, 0] == pytest.approx(call, **EXACT)
+        # consecutive <-> strided pairs move cells both ways: two calls
+        assert calls[1, 2] == pytest.approx(2 * call, **EXACT) and calls[2, 1] == pytest.approx(2 * call, **EXACT)
+        assert calls[1, 3] == 0.0 and np.all(np.diag(calls) == 0.0)
+    # the vocabulary's boundaries (tp 1 embedding and head) into and out of a tp 2 layer: one call each
+    into, out = CostModel(hw, make_model()).vocab_boundaries(VocabOption(1), cands[:2], 8)
+    into_bytes, out_bytes = CostModel(tiny_hw, make_model()).vocab_boundaries(VocabOption(1), cands[:2], 8)
+    assert into[0] == into_bytes[0] == 0.0 and out[0] == out_bytes[0] == 0.0
+    assert into[1] - into_bytes[1] == pytest.approx(call, **EXACT)
+    assert out[1] - out_bytes[1] == pytest.approx(call, **EXACT)
 
 
 # ------------------------------------------------------------------------------------------------ vocabulary

@@ -83,6 +83,13 @@ class Collectives:
         curve = self._measured(self._allreduce_curves, n, True) if n > 1 else None
         return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + self.call_extra(n, "all_reduce")
 
+    def all_to_all_latency(self, n: int) -> float:
+        """Seconds of one all-to-all call of a few bytes over ``n`` ranks after a stretch of compute: the measured
+        curve's smallest size plus the busy extra, whichever ranks the group holds (latency, not bandwidth); 0
+        without a curve, where only the bytes are priced."""
+        curve = self._all_to_all_curves.get(n) if n > 1 else None
+        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + self.call_extra(n, "all_to_all")
+
     def call_extra(self, n: int, collective: str) -> float:
         """Seconds one ``collective`` call over ``n`` ranks costs inside a busy step beyond its idle curve: the
         profile's ``call_extra`` (0 for a group of 1 and for profiles without it)."""

@@ -36,7 +36,7 @@ from galva_search.cost_settings import CostSettings
 from galva_search.ring_costs import ring_bandwidth_gb_per_s, ring_terms
 from galva_search.space import Candidate
 from galva_search.states import state_fraction
-from galva_search.transitions import redistribution_per_sample, switch_penalty
+from galva_search.transitions import redistribution_calls, redistribution_per_sample, switch_penalty
 
 _state_fraction = cache(state_fraction)  # a table asks it per candidate of the few (type, shard, ...) there are
 
@@ -101,6 +101,7 @@ class _LayerStatic:
     recompute_per_sample: np.ndarray  # checkpointed candidates: what the recomputation holds during backward
     gather_mib: np.ndarray  # ZeRO-3: one full compute-precision copy of the layer's parameters on this rank
     redistribution_per_sample: np.ndarray
+    redistribution_calls: np.ndarray  # [from][to]: seconds per micro-batch of the boundary's calls themselves
     penalty: np.ndarray
     overhead_ms: np.ndarray  # [candidate][forward, backward]: the parallel form's own cost per call
     # [candidate][forward, backward, step, accumulating backward]: a ZeRO unit's own cost (FSDP2, DTensor step)
@@ -119,7 +120,8 @@ class _LayerStatic:
             gather=self.gather[index], p2p_per_byte=self.p2p_per_byte[index], comm_groups=comm_groups,
             states=self.states[:, index], activation_per_sample=self.activation_per_sample[index],
             recompute_per_sample=self.recompute_per_sample[index], gather_mib=self.gather_mib[index],
-            redistribution_per_sample=self.redistribution_per_sample[pairs], penalty=self.penalty[pairs],
+            redistribution_per_sample=self.redistribution_per_sample[pairs],
+            redistribution_calls=self.redistribution_calls[pairs], penalty=self.penalty[pairs],
             overhead_ms=self.overhead_ms[index], sharded_ms=self.sharded_ms[index], step_ms=self.step_ms[index],
             bucket_bytes=self.bucket_bytes[index], bucket_group=self.bucket_group[index],
         )  # fmt: skip
@@ -309,6 +311,7 @@ class LayerCosts:
             redistribution_per_sample=redistribution_per_sample(
                 comm, candidates, stage_size, s.megatron_sp, layer.seq_length * layer.hidden_size * e
             ),
+            redistribution_calls=redistribution_calls(comm, candidates, stage_size, s.megatron_sp),
             penalty=switch_penalty(candidates, s.switch_penalty_s),
             overhead_ms=np.array([_overhead_ms(layer, c, s.megatron_sp) for c in candidates], dtype=float).reshape(
                 n, 2
@@ -418,9 +421,10 @@ class LayerCosts:
     def redistribution(self, type_index: int, candidates: Sequence[Candidate], micro_batch: int) -> np.ndarray:
         """``[S][S]`` seconds per micro-batch to move activations (forward) and their gradients (backward) from a
         layer under candidate ``i`` to the next layer, of type ``type_index``, under candidate ``j``
-        (:mod:`galva_search.transitions`: what galva_comm's redistribution plans move)."""
+        (:mod:`galva_search.transitions`: what galva_comm's redistribution plans move, and their calls)."""
         factor = self.settings.factors.redistribution
-        return self._static(type_index, tuple(candidates)).redistribution_per_sample * (micro_batch * factor)
+        static = self._static(type_index, tuple(candidates))
+        return (static.redistribution_per_sample * micro_batch + static.redistribution_calls) * factor
 
     def switch_penalties(self, type_index: int, candidates: Sequence[Candidate]) -> np.ndarray:
         """``[S][S]`` tie-breaker seconds between neighbours (:func:`galva_search.transitions.switch_penalty`)."""

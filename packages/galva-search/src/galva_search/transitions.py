@@ -6,11 +6,18 @@ transition is therefore the share of the micro-batch that the busiest rank sends
 asked of :func:`galva_comm.layout.busiest_rank_fraction` once per (stage size, source layout, target layout) and
 memoised for the process, at the bus bandwidth of groups of the larger model-parallel degree (times cp) with the
 layout of the wider side. Pairs with context parallelism are bounded instead (:func:`exchange_share`).
+
+Each plan that moves anything is also one ``all_to_all_single`` call, whatever its size: a micro-batch pays that
+call's latency once per direction (:func:`exchange_calls`), priced as the profile's all-to-all of groups of the wider
+side at its smallest size, with the busy extra (the call follows the layer's compute); without an all-to-all curve in
+the profile only the bytes are priced. On 2 gloo CPU ranks such a call took 1.7-2.1 ms in the step where the bytes
+cost tens of microseconds: a plan switching between dp and tp layers (layer 0 ZeRO-3, layers 1-2 tp 2, layer 3 dp)
+was priced 0.04 ms for its two calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 
 import numpy as np
@@ -50,6 +57,17 @@ def exchange_share(stage_ranks: int, source: Layout, target: Layout) -> float:
     return _one_way(stage_ranks, source, target) + _one_way(stage_ranks, target, source)
 
 
+def exchange_calls(stage_ranks: int, source: Layout, target: Layout) -> int:
+    """Collective calls a micro-batch makes at a boundary from layout ``source`` to ``target``: one per direction
+    (the forward plan, the backward's reverse plan) that moves cells between ranks; both for pairs with context
+    parallelism (bounded as :func:`exchange_share`)."""
+    if source == target:
+        return 0
+    if source[3] > 1 or target[3] > 1:
+        return 2
+    return int(_one_way(stage_ranks, source, target) > 0) + int(_one_way(stage_ranks, target, source) > 0)
+
+
 def _held(stage_ranks: int, layout: Layout) -> float:
     """Share of a micro-batch's boundary activation one rank holds under ``layout``: ``1 / (dp cp)`` of it, over the
     model-parallel degree again where that splits the sequence (``dp cp = stage / degree``)."""
@@ -75,16 +93,43 @@ def transfer_seconds(
     return share * activation_bytes / (comm.bus_bandwidth_gb_per_s(wide[0] * wide[3], wide[1]) * GB)
 
 
+def call_seconds(comm: Collectives, stage_ranks: int, source: Layout, target: Layout) -> float:
+    """Seconds per micro-batch of the boundary's collective calls themselves (:func:`exchange_calls`), whatever the
+    bytes: each an all-to-all's latency over groups of the wider side (:meth:`Collectives.all_to_all_latency`)."""
+    calls = exchange_calls(stage_ranks, source, target)
+    if calls == 0:
+        return 0.0
+    wide = max(source, target, key=lambda layout: layout[0] * layout[3])
+    return calls * comm.all_to_all_latency(wide[0] * wide[3])
+
+
+def redistribution_calls(
+    comm: Collectives, candidates: Sequence[Candidate], stage_ranks: int, megatron_sp: bool
+) -> np.ndarray:
+    """``[S][S]`` seconds per micro-batch of the calls (:func:`call_seconds`) from candidate ``i`` to ``j``."""
+    return _pairwise(
+        [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates],
+        lambda a, b: call_seconds(comm, stage_ranks, a, b),
+    )
+
+
+def _pairwise(layouts: list[Layout], price: Callable[[Layout, Layout], float]) -> np.ndarray:
+    """``price`` of every pair of ``layouts``, computed once per pair of distinct layouts."""
+    distinct = list(dict.fromkeys(layouts))  # a dozen layouts for a hundred candidates
+    small = np.array([[price(a, b) for b in distinct] for a in distinct])
+    index = np.array([distinct.index(lay) for lay in layouts], dtype=int)
+    return small[np.ix_(index, index)] if len(index) else np.zeros((0, 0))
+
+
 def redistribution_per_sample(
     comm: Collectives, candidates: Sequence[Candidate], stage_ranks: int, megatron_sp: bool, sample_bytes: float
 ) -> np.ndarray:
     """``[S][S]`` seconds per sample of the micro-batch from candidate ``i`` to candidate ``j`` (``sample_bytes``:
     one sample's boundary activation, ``seq * hidden * element bytes``)."""
-    layouts = [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates]
-    distinct = list(dict.fromkeys(layouts))  # a dozen layouts for a hundred candidates
-    small = np.array([[transfer_seconds(comm, stage_ranks, a, b, sample_bytes) for b in distinct] for a in distinct])
-    index = np.array([distinct.index(lay) for lay in layouts], dtype=int)
-    return small[np.ix_(index, index)] if len(index) else np.zeros((0, 0))
+    return _pairwise(
+        [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates],
+        lambda a, b: transfer_seconds(comm, stage_ranks, a, b, sample_bytes),
+    )
 
 
 def vocab_boundaries_per_sample(
@@ -97,10 +142,21 @@ def vocab_boundaries_per_sample(
     last_sample_bytes: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seconds per sample from the embedding into the first layer, and from the last layer into the head, per
-    candidate of that layer."""
+    candidate of that layer (the bytes; :func:`vocab_boundary_calls` the calls)."""
     layouts = [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates]
     into = np.array([transfer_seconds(comm, stage_ranks, vocab, lay, first_sample_bytes) for lay in layouts])
     out = np.array([transfer_seconds(comm, stage_ranks, lay, vocab, last_sample_bytes) for lay in layouts])
+    return into, out
+
+
+def vocab_boundary_calls(
+    comm: Collectives, candidates: Sequence[Candidate], stage_ranks: int, megatron_sp: bool, vocab: Layout
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per micro-batch of the calls (:func:`call_seconds`) from the embedding into the first layer, and from
+    the last layer into the head, per candidate of that layer."""
+    layouts = [candidate_layout(c, stage_ranks, megatron_sp) for c in candidates]
+    into = np.array([call_seconds(comm, stage_ranks, vocab, lay) for lay in layouts])
+    out = np.array([call_seconds(comm, stage_ranks, lay, vocab) for lay in layouts])
     return into, out
 
 

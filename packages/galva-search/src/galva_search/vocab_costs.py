@@ -19,7 +19,7 @@ from galva_search.cost_settings import CostSettings
 from galva_search.layer_costs import forward_seconds
 from galva_search.space import Candidate
 from galva_search.states import state_bytes_per_parameter, state_fraction
-from galva_search.transitions import vocab_boundaries_per_sample, vocab_layout
+from galva_search.transitions import vocab_boundaries_per_sample, vocab_boundary_calls, vocab_layout
 
 ZERO2 = DataParallelType.ZERO2
 ZERO3 = DataParallelType.ZERO3
@@ -75,7 +75,8 @@ class VocabCosts:
         self.comm = comm
         self.world_size = hardware.cluster.world_size
         self._compute_scale = compute_scale(hardware, model)  # the model profile ran alone (docs §3)
-        self._boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        # per (option, candidates): seconds per sample into and out of the layers, then the calls' seconds
+        self._boundary_cache: dict[tuple[VocabOption, tuple[Candidate, ...]], tuple[np.ndarray, ...]] = {}
 
     def options(
         self, pp: int, max_tp: int, *, allow_sp: bool, allow_zero3: bool, allow_tp: bool = True, max_cp: int = 1
@@ -226,15 +227,19 @@ class VocabCosts:
             pp = candidates[0].pp if candidates else 1
             first, last = self.model.layer_types[0], self.model.layer_types[-1]
             e = self.settings.element_bytes
-            hit = vocab_boundaries_per_sample(
+            stage_ranks = ranks_per_stage(self.world_size, pp)
+            layout = vocab_layout(option.tp, option.sp, self.settings.megatron_sp, option.cp)
+            per_sample = vocab_boundaries_per_sample(
                 self.comm,
                 candidates,
-                ranks_per_stage(self.world_size, pp),
+                stage_ranks,
                 self.settings.megatron_sp,
-                vocab_layout(option.tp, option.sp, self.settings.megatron_sp, option.cp),
+                layout,
                 first.seq_length * first.hidden_size * e,
                 last.seq_length * last.hidden_size * e,
             )
+            calls = vocab_boundary_calls(self.comm, candidates, stage_ranks, self.settings.megatron_sp, layout)
+            hit = (*per_sample, *calls)
             self._boundary_cache[key] = hit
-        scale = micro_batch * self.settings.factors.redistribution
-        return hit[0] * scale, hit[1] * scale
+        factor = self.settings.factors.redistribution
+        return (hit[0] * micro_batch + hit[2]) * factor, (hit[1] * micro_batch + hit[3]) * factor
