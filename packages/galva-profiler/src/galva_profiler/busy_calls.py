@@ -4,12 +4,21 @@ The curves (:mod:`galva_profiler.collectives`) time each call from a barrier, ev
 In a training step a call follows a stretch of compute on every rank: the ranks arrive at different times (each
 rank's compute jitters; on CPU the ranks share cores with the backend's own threads) and a waiting rank must be
 woken, so each call costs the spread of the arrival and the wake-up besides its idle time. Measured as the job meets
-it: every rank alternates a compute segment (a matmul loop of about :data:`SEGMENT_MS` on one rank alone, about a
-small layer's pass) and one call of a latency-bound (4 KiB) message, :data:`CALLS` times, against the same segments
-without the calls, from a barrier to the last rank's end (:func:`galva_profiler.timing.together_ms`). The trimmed mean
-of the rounds' per-call differences less the curve's own 4 KiB time (a trimmed mean too:
-:func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On CPU gloo ranks it is a millisecond or
-more a call; with a device per rank (NCCL) it is small, measured the same way.
+it: every rank alternates a compute segment (passes of a small transformer layer, :func:`_layer_pass`, repeated for
+about :data:`SEGMENT_MS` on one rank alone) and one call of a latency-bound (4 KiB) message, :data:`CALLS` times,
+against the same segments without the calls, from a barrier to the last rank's end
+(:func:`galva_profiler.timing.together_ms`). The trimmed mean of the rounds' per-call differences less the curve's own
+4 KiB time (a trimmed mean too: :func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On CPU
+gloo ranks it is a millisecond or more a call; with a device per rank (NCCL) it is small, measured the same way.
+
+The segment is a layer's pass, not one matmul in a loop, because the extra is the ranks' arrival spread and that
+spread is the compute's own jitter: a layer's dozen small operators, each allocating its output, jitter as a step's
+layers do, where a loop of one matmul keeps the ranks in step. Side by side on the 2-core box (4 tests of each,
+alternating, 2026-11-28): 2 ranks' busy all-reduce, all-gather and reduce-scatter read 0.7 ms a call more with the
+layer (2.1 -> 2.8, 1.6 -> 2.3, 2.4 -> 3.1; all-to-all 1.3 -> 1.5), where 2-rank steps priced on the matmul's extra
+read 12-27% under for their collective-heavy plans (their calls inside the step 0.6-0.9 ms above the idle curve on
+average); on 4 ranks over groups of 2 the two read alike (all-reduce 3.3 -> 2.8, all-gather 2.3 -> 2.2, all-to-all
+1.8 -> 2.3).
 
 Every collective of a group size is timed in one round robin (:func:`busy_calls_ms`): each round runs the plain loop
 and one loop per collective in a shuffled order, and each collective's difference is taken against its own round's
@@ -32,6 +41,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from galva_comm.groups import ProcessGroupCache
 from galva_comm.layout import Group
@@ -45,7 +55,12 @@ SEGMENT_MS = 2.0
 CALLS = 8
 """Calls per timed loop."""
 MESSAGE_BYTES = 4096  # latency-bound: what the curve's size terms add is theirs, not this term's
-MATMUL = 128  # the segment's matmul: small, so that the loop's length is close to SEGMENT_MS on CPU and GPU alike
+LAYER_TOKENS = 64
+"""Tokens of the segment's layer pass (2 sequences of 32): small, so that the loop's length is close to
+:data:`SEGMENT_MS` on CPU and GPU alike."""
+LAYER_HIDDEN = 128
+LAYER_HEADS = 4
+LAYER_FFN = 344  # a llama-like MLP, about 2.7 x the hidden size
 
 
 def busy_calls_ms(
@@ -112,10 +127,34 @@ def busy_send_ms(
 
 
 def _segment(world: World, segment_ms: float) -> Callable[[], None]:
-    """A matmul loop of about ``segment_ms`` on one rank alone (the compute between two calls)."""
-    a = torch.randn(MATMUL, MATMUL, device=world.device)
-    b = torch.randn(MATMUL, MATMUL, device=world.device)
-    return _loop(lambda: torch.mm(a, b), world, segment_ms)
+    """Passes of :func:`_layer_pass` for about ``segment_ms`` on one rank alone (the compute between two calls)."""
+    return _loop(_layer_pass(world.device), world, segment_ms)
+
+
+def _layer_pass(device: torch.device) -> Callable[[], torch.Tensor]:
+    """The forward of a small pre-norm transformer layer (causal attention, gated MLP) on :data:`LAYER_TOKENS`
+    tokens: the operators a step computes between two calls, each allocating its output."""
+    generator = torch.Generator().manual_seed(0)
+
+    def weight(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * shape[0] ** -0.5).to(device)
+
+    hidden, heads, sequences = LAYER_HIDDEN, LAYER_HEADS, 2
+    x = weight(LAYER_TOKENS, hidden)
+    qkv, out = weight(hidden, 3 * hidden), weight(hidden, hidden)
+    gate_up, down = weight(hidden, 2 * LAYER_FFN), weight(LAYER_FFN, hidden)
+
+    def split_heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(sequences, LAYER_TOKENS // sequences, heads, hidden // heads).transpose(1, 2)
+
+    def run() -> torch.Tensor:
+        q, k, v = (split_heads(t) for t in (F.rms_norm(x, (hidden,)) @ qkv).chunk(3, dim=-1))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+        h = x + attended @ out
+        gate, up = (F.rms_norm(h, (hidden,)) @ gate_up).chunk(2, dim=-1)
+        return h + (F.silu(gate) * up) @ down
+
+    return run
 
 
 def _per_call(
