@@ -95,8 +95,11 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert [e.pp for e in profile.p2p] == [2, 4]
     assert [e.group_size for e in profile.allreduce_time] == [4, 2]
     p = profile
-    for curves in (p.allreduce_time, p.all_gather_time, p.reduce_scatter_time, p.all_to_all_time):
+    for curves in (p.all_gather_time, p.reduce_scatter_time, p.all_to_all_time):
         assert [e.message_mib for e in curves] == [(4096 / 2**20, 0.0625, 0.125, 0.25)] * 2  # + 4 KiB
+    # the all-reduce's also one fp32 element per rank: the step's scalar all-reduces (the loss's totals, the clip)
+    assert [e.message_mib for e in p.allreduce_time] == [(4 * n / 2**20, 4096 / 2**20, 0.0625, 0.125, 0.25)
+                                                         for n in (4, 2)]
     assert profile.overlap_slowdown >= 1.0 and profile.compute_slowdown >= 1.0
     # the reference matmul on rank 0 alone, which the model profile also times (galva_profiler.reference_speed)
     assert profile.compute_reference_ms is not None and profile.compute_reference_ms > 0.0
@@ -119,7 +122,7 @@ def test_tiny_sweep_on_four_ranks_gives_one_valid_profile_every_rank_agrees_on(t
     assert results[0]["done"] == len(plan_sweep(4, TINY))
     fits = results[0]["report"]["collective_time_ms"]
     assert {f["collective"] for f in fits} == {c.value for c in Collective}
-    assert all(len(f["alpha_beta_fit"]["residuals"]) == 4 for f in fits)
+    assert all(len(f["alpha_beta_fit"]["residuals"]) == (5 if f["collective"] == "all_reduce" else 4) for f in fits)
     # the reference's files round-trip through galva-schema's converters
     write_galvatron_hardware(profile, tmp_path)
     back = read_galvatron_hardware(tmp_path, num_nodes=1, gpus_per_node=4, backend="gloo")

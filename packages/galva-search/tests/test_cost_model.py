@@ -854,16 +854,18 @@ def test_ddp_sync_is_priced_per_bucket_as_galva_hp_forms_them(make_model, tiny_h
         evaluate_strategy(CostModel(hw, plain, CostSettings(bucket_cap_bytes=0)), strategy).iteration_time_s, **EXACT)
 
 
-def test_the_step_pays_the_clip_all_reduce_where_it_is_measured(make_model, tiny_hw):
-    """galva-hp's clip all-reduces one number over the world every step: priced at the all-reduce curve's smallest
-    size with the measured step (optimizer_call_ms), nothing without a curve or without the measured step."""
-    from galva_schema import CollectiveTimes
-
+def test_the_step_pays_the_loss_and_clip_all_reduces_where_it_is_measured(make_model, tiny_hw):
+    """galva-hp all-reduces a few numbers over the world twice every step, the loss's totals right after the
+    gradients' reduction and the clip's squared norm after the norms: priced at the all-reduce curve's smallest size,
+    the busy extra on the clip's only, with the measured step (optimizer_call_ms); nothing without a curve or without
+    the measured step."""
     stepped = make_model().model_copy(update={"optimizer_call_ms": 0.5})
-    curve = CollectiveTimes(group_size=4, message_mib=(0.00390625, 4.0), time_ms=(1.25, 2.0))
-    hw = tiny_hw.model_copy(update={"allreduce_time": (curve,)})
+    curve = CollectiveTimes(group_size=4, message_mib=(16 / 2**20, 0.00390625, 4.0), time_ms=(1.25, 1.5, 2.0))
+    extra = CallExtra(group_size=4, collective="all_reduce", ms=0.75)
+    hw = tiny_hw.model_copy(update={"allreduce_time": (curve,), "call_extra": (extra,)})
     call = 0.5e-3 * tiny_hw.compute_slowdown
-    assert CostModel(hw, stepped, CostSettings()).optimizer_call_s() == pytest.approx(call + 1.25e-3, **EXACT)
+    assert CostModel(hw, stepped, CostSettings()).optimizer_call_s() == pytest.approx(
+        call + 1.25e-3 + (1.25e-3 + 0.75e-3), **EXACT)
     assert CostModel(tiny_hw, stepped, CostSettings()).optimizer_call_s() == pytest.approx(call, **EXACT)
     assert CostModel(hw, make_model(), CostSettings()).optimizer_call_s() == 0.0
 

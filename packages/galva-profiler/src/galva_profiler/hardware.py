@@ -66,6 +66,16 @@ P2P_BLOCKS = 3
 """Blocks of the 4 KiB send's repetitions; its latency is the least of their medians. One block spans ~0.1 s, and a
 shared box's slow burst can fill it: a 2-rank profile read 3.9 ms where the sends of the minutes around took 0.14-0.22
 ms, which priced every message of a pipeline at 3.9 ms (an interleaved plan's gain off by 4 points)."""
+
+
+def scalar_bytes(group_size: int) -> int:
+    """The size of the all-reduce curve's smallest point: one fp32 element per rank, the few numbers the runtime's
+    step reduces over the world (the loss's totals, the clip's squared norm). On gloo CPU ranks a call that small
+    takes another path than 4 KiB: 4 ranks read 3.2-4.3 ms against 5.1-6.8 at 4 KiB and up (2026-11-28), where the
+    step's two such calls took 2.4 and 5.4 ms from their last rank's arrival."""
+    return 4 * group_size
+
+
 TIMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
 
 
@@ -257,9 +267,11 @@ def run_sweep(world: World, steps: list[Step], options: SweepOptions, progress: 
             message = int(options.bandwidth_mib * MIB)
             ms = time_collective(Collective.ALL_REDUCE, groups, message, world, cache, options.repeats)
             result.bandwidth[(step.group_size, step.consecutive)] = bus_bandwidth_gb_per_s(message, step.group_size, ms)
-        elif step.kind == "time":  # the swept sizes and the 4 KiB point, one round robin
+        elif step.kind == "time":  # the swept sizes and the 4 KiB point (an all-reduce's scalar too), one round robin
             groups = layout_groups(world.size, step.group_size, True)
             sizes_mib = [P2P_LATENCY_BYTES / MIB, *options.message_mib]
+            if step.collective is Collective.ALL_REDUCE:
+                sizes_mib.insert(0, scalar_bytes(step.group_size) / MIB)
             repeats = Repeats(options.repeats.warmup, max(options.repeats.repetitions, options.curve_repetitions))
             curve = time_curve(step.collective, groups, [int(m * MIB) for m in sizes_mib], world, cache, repeats)
             result.times.setdefault((step.collective, step.group_size), {}).update(zip(sizes_mib, curve))

@@ -77,11 +77,14 @@ class Collectives:
         out = self._measured_or_bus(self._allreduce_curves, n, consecutive, nbytes, volume=2.0)
         return self._with_extra(out, n, nbytes, "all_reduce", busy)
 
-    def allreduce_latency(self, n: int) -> float:
+    def allreduce_latency(self, n: int, busy: bool = True) -> float:
         """Seconds of an all-reduce of a few bytes over ``n`` consecutive ranks: the measured curve's smallest size
-        (4 KiB, latency-bound; the line through the swept sizes is least certain there), 0 without a curve."""
+        (one element per rank where the profile has that point, else 4 KiB; the line through the swept sizes is least
+        certain there), plus the busy extra unless the ranks arrive together (``busy`` False: right after another
+        call over them); 0 without a curve."""
         curve = self._measured(self._allreduce_curves, n, True) if n > 1 else None
-        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + self.call_extra(n, "all_reduce")
+        extra = self.call_extra(n, "all_reduce") if busy else 0.0
+        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + extra
 
     def all_to_all_latency(self, n: int) -> float:
         """Seconds of one all-to-all call of a few bytes over ``n`` ranks after a stretch of compute: the measured

@@ -128,13 +128,16 @@ class CostModel:
 
     def optimizer_call_s(self) -> float:
         """Seconds of the optimizer step every rank pays once whatever it holds (the model profile's measured
-        ``optimizer_call_ms``, 0 without it), scaled as compute, and there the clip's all-reduce of the squared
-        gradient norm (one fp64 number over the world: the all-reduce curve's smallest size, 1-6 ms on gloo CPU);
-        each layer's share is ``LayerTerms.step_s``."""
+        ``optimizer_call_ms``, 0 without it), scaled as compute, and there the step's two world all-reduces of a few
+        fp64 numbers (the all-reduce curve's smallest size, 1-4 ms on gloo CPU): the loss's totals, right after the
+        gradients' reduction (idle), and the clip's squared norm, after the norms' compute (busy); each layer's share
+        is ``LayerTerms.step_s``."""
         if self.model.optimizer_call_ms is None:
             return 0.0
         own = self.model.optimizer_call_ms * 1e-3 * self.settings.factors.compute * self._compute_scale
-        return own + self.comm.allreduce_latency(self.world_size) * self.settings.factors.dp_comm
+        world = self.world_size
+        calls = self.comm.allreduce_latency(world, busy=False) + self.comm.allreduce_latency(world)
+        return own + calls * self.settings.factors.dp_comm
 
     # ----------------------------------------------------------------------------------------------- pipeline
     def in_flight(

@@ -40,7 +40,7 @@ from galva_schema.reference._io import PathLike, load_json_object, number, plain
 
 _ALLREDUCE_KEY = re.compile(r"allreduce_size_(\d+)_consec_([01])")
 _P2P_KEY = re.compile(r"pp_size_(\d+)")
-_TIME_KEY = re.compile(r"(allreduce|all2all)_size_(\d+)_(\d+(?:\.\d+)?)MB_time")
+_TIME_KEY = re.compile(r"(allreduce|all2all)_size_(\d+)_(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)MB_time")
 OVERLAP_FILE = "overlap_coefficient.json"
 
 
