@@ -286,8 +286,9 @@ def _print_tail(results: list[dict[str, Any]], cost: Any, world: int) -> None:
     print(f"tail of the step ({steps} steps, median ms; one node's shared clock):")
     for key, values in rows.items():
         print(f"  {key}: {statistics.median(values):.2f}")
-    print(f"  priced: clip all-reduce {cost.comm.allreduce_latency(world) * 1e3:.2f} (curve + busy extra), "
-          f"optimizer call {cost.optimizer_call_s() * 1e3:.2f} (clip included); the loss's all-reduce not priced")
+    print(f"  priced: loss all-reduce {cost.comm.allreduce_latency(world, busy=False) * 1e3:.2f} (curve's smallest "
+          f"point), clip all-reduce {cost.comm.allreduce_latency(world) * 1e3:.2f} (with the busy extra), "
+          f"optimizer call {cost.optimizer_call_s() * 1e3:.2f} (both included)")
 
 
 if __name__ == "__main__":
