@@ -192,3 +192,18 @@ def test_a_collective_is_timed_from_its_groups_last_arrival() -> None:
     assert all(ms < LATE_MS / 2 for ms in results[0]["curve"])
     # per repetition the least time of each group, then the slowest group: min(5, 2) vs min(9, 4); min(1, 3) vs (9, .5)
     assert results[0]["made_up"] == [4.0, 1.0]
+
+
+def test_a_burst_filling_one_block_of_the_busy_test_moves_nothing() -> None:
+    """The busy extra is the median of its blocks' trimmed means: a slow burst of the box that fills one block of
+    rounds (every round 5 ms more a call) leaves it at the quiet blocks' value, where one trimmed mean over all the
+    rounds moved by a third of the burst."""
+    from galva_profiler.busy_calls import BLOCKS, blocked_mean
+    from galva_profiler.collectives import trimmed_mean
+
+    quiet = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.0]
+    burst = [v + 5.0 for v in quiet]
+    values = quiet + burst + quiet
+    assert BLOCKS == 3
+    assert blocked_mean(values, len(quiet)) == pytest.approx(trimmed_mean(quiet))
+    assert trimmed_mean(values) > trimmed_mean(quiet) + 1.0  # what one trimmed mean over every round gave

@@ -7,8 +7,9 @@ woken, so each call costs the spread of the arrival and the wake-up besides its 
 it: every rank alternates a compute segment (passes of a small transformer layer, :func:`_layer_pass`, repeated for
 about :data:`SEGMENT_MS` on one rank alone) and one call of a latency-bound (4 KiB) message, :data:`CALLS` times,
 against the same segments without the calls, from a barrier to the last rank's end
-(:func:`galva_profiler.timing.together_ms`). The trimmed mean of the rounds' per-call differences less the curve's own
-4 KiB time (a trimmed mean too: :func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On CPU
+(:func:`galva_profiler.timing.together_ms`). The rounds' per-call differences, in :data:`BLOCKS` blocks, each block's
+trimmed mean and their median (:func:`blocked_mean`), less the curve's own 4 KiB time (a trimmed mean:
+:func:`galva_profiler.collectives.trimmed_mean`) is the extra, at least 0. On CPU
 gloo ranks it is a millisecond or more a call; with a device per rank (NCCL) it is small, measured the same way.
 
 The segment is a layer's pass, not one matmul in a loop, because the extra is the ranks' arrival spread and that
@@ -37,6 +38,7 @@ beyond the idle send (the curve's 4 KiB p2p time) is the profile's ``call_extra`
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,6 +57,11 @@ SEGMENT_MS = 2.0
 CALLS = 8
 """Calls per timed loop."""
 MESSAGE_BYTES = 4096  # latency-bound: what the curve's size terms add is theirs, not this term's
+BLOCKS = 3
+"""Blocks of the test's rounds; the extra is the median of their trimmed means. Seven rounds span about 2 s on 4 CPU
+ranks, and a slow burst of the box can fill them: one 2-rank profile in about twelve read the busy all-reduce's
+extra at 4.78 ms where the others read 0-1.8 (its 2-rank tp2 step priced at 147 ms against 72 measured), one 4-rank
+profile 6.3 ms against 0.85 and 3.27 (2026-11-28; within one quiet test, 7-round blocks agree within 0.3 ms)."""
 LAYER_TOKENS = 64
 """Tokens of the segment's layer pass (2 sequences of 32): small, so that the loop's length is close to
 :data:`SEGMENT_MS` on CPU and GPU alike."""
@@ -73,8 +80,9 @@ def busy_calls_ms(
     segment_ms: float = SEGMENT_MS,
 ) -> dict[Collective, float]:
     """ms one call of each of ``kinds`` (:data:`MESSAGE_BYTES` per rank) costs between compute segments, all
-    ``groups`` at once: the trimmed mean over at least ``rounds`` rounds of (loop with calls - the round's loop
-    without) / :data:`CALLS`, segments of ``segment_ms``, every kind in each round in a shuffled order (the same on
+    ``groups`` at once: over :data:`BLOCKS` blocks of at least ``rounds`` rounds, the median of the blocks' trimmed
+    means of (loop with calls - the round's loop without) / :data:`CALLS` (:func:`blocked_mean`), segments of
+    ``segment_ms``, every kind in each round in a shuffled order (the same on
     every rank); the same on every rank."""
     group = group_of(groups, world.rank)
     n = len(group)
@@ -83,8 +91,9 @@ def busy_calls_ms(
         _steps(segment, _operation(kind, _elements(MESSAGE_BYTES, n), cache.get(group), n, world.device))
         for kind in kinds
     ]
+    per_block = max(repeats.repetitions, rounds)
     per_call: list[list[float]] = [[] for _ in kinds]
-    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+    for index in range(repeats.warmup + BLOCKS * per_block):
         order = list(range(len(loops)))
         random.Random(index).shuffle(order)  # seeded by the round: the same order on every rank
         ms = [0.0] * len(loops)
@@ -93,7 +102,14 @@ def busy_calls_ms(
         if index >= repeats.warmup:
             for k in range(len(kinds)):
                 per_call[k].append((ms[k + 1] - ms[0]) / CALLS)
-    return {kind: trimmed_mean(values) for kind, values in zip(kinds, per_call)}
+    return {kind: blocked_mean(values, per_block) for kind, values in zip(kinds, per_call)}
+
+
+def blocked_mean(values: Sequence[float], per_block: int) -> float:
+    """The median of the trimmed means of consecutive blocks of ``per_block`` values (:data:`BLOCKS` of them): a slow
+    burst of the machine that fills a block moves that block's mean only."""
+    blocks = [values[i : i + per_block] for i in range(0, len(values), per_block)]
+    return statistics.median(trimmed_mean(block) for block in blocks if block)
 
 
 def busy_send_ms(
@@ -101,7 +117,8 @@ def busy_send_ms(
 ) -> float:
     """ms one latency-bound send between the middle stages of every pipeline costs when its receiver was waiting
     and each side computes a segment of ``segment_ms`` before it sends (the trimmed mean over at least ``rounds``
-    rounds of (relay - the same segments on one side) / :data:`CALLS`); the same on every rank."""
+    rounds of (relay - the same segments on one side) / :data:`CALLS`, in :data:`BLOCKS` blocks as
+    :func:`busy_calls_ms`); the same on every rank."""
     first, second = middle_stages(pipelines, world.rank)
     token = torch.zeros(MESSAGE_BYTES // 4, device=world.device)
     segment = _segment(world, segment_ms)
@@ -160,14 +177,15 @@ def _layer_pass(device: torch.device) -> Callable[[], torch.Tensor]:
 def _per_call(
     busy: Callable[[], None], plain: Callable[[], None], world: World, repeats: Repeats, rounds: int
 ) -> float:
-    """The trimmed mean over at least ``rounds`` alternating rounds of (``busy`` - ``plain``) / :data:`CALLS`, each
-    timed on every rank at once."""
+    """Over :data:`BLOCKS` blocks of at least ``rounds`` alternating rounds, the median of the blocks' trimmed means
+    of (``busy`` - ``plain``) / :data:`CALLS`, each timed on every rank at once."""
+    per_block = max(repeats.repetitions, rounds)
     per_call = []
-    for index in range(repeats.warmup + max(repeats.repetitions, rounds)):
+    for index in range(repeats.warmup + BLOCKS * per_block):
         with_calls, without = together_ms(busy, world), together_ms(plain, world)
         if index >= repeats.warmup:
             per_call.append((with_calls - without) / CALLS)
-    return trimmed_mean(per_call)
+    return blocked_mean(per_call, per_block)
 
 
 def _steps(segment: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:
