@@ -82,8 +82,7 @@ def busy_calls_ms(
     """ms one call of each of ``kinds`` (:data:`MESSAGE_BYTES` per rank) costs between compute segments, all
     ``groups`` at once: over :data:`BLOCKS` blocks of at least ``rounds`` rounds, the median of the blocks' trimmed
     means of (loop with calls - the round's loop without) / :data:`CALLS` (:func:`blocked_mean`), segments of
-    ``segment_ms``, every kind in each round in a shuffled order (the same on
-    every rank); the same on every rank."""
+    ``segment_ms``, every kind in each round in a shuffled order (the same on every rank); the same on every rank."""
     group = group_of(groups, world.rank)
     n = len(group)
     segment = _segment(world, segment_ms)
@@ -116,9 +115,8 @@ def busy_send_ms(
     pipelines: list[Group], world: World, repeats: Repeats, rounds: int, segment_ms: float = SEGMENT_MS
 ) -> float:
     """ms one latency-bound send between the middle stages of every pipeline costs when its receiver was waiting
-    and each side computes a segment of ``segment_ms`` before it sends (the trimmed mean over at least ``rounds``
-    rounds of (relay - the same segments on one side) / :data:`CALLS`, in :data:`BLOCKS` blocks as
-    :func:`busy_calls_ms`); the same on every rank."""
+    and each side computes a segment of ``segment_ms`` before it sends (:func:`_per_call` of the relay against the
+    same segments on one side); the same on every rank."""
     first, second = middle_stages(pipelines, world.rank)
     token = torch.zeros(MESSAGE_BYTES // 4, device=world.device)
     segment = _segment(world, segment_ms)

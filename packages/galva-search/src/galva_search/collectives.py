@@ -78,20 +78,25 @@ class Collectives:
         return self._with_extra(out, n, nbytes, "all_reduce", busy)
 
     def allreduce_latency(self, n: int, busy: bool = True) -> float:
-        """Seconds of an all-reduce of a few bytes over ``n`` consecutive ranks: the measured curve's smallest size
-        (one element per rank where the profile has that point, else 4 KiB; the line through the swept sizes is least
-        certain there), plus the busy extra unless the ranks arrive together (``busy`` False: right after another
-        call over them); 0 without a curve."""
-        curve = self._measured(self._allreduce_curves, n, True) if n > 1 else None
-        extra = self.call_extra(n, "all_reduce") if busy else 0.0
-        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + extra
+        """Seconds of an all-reduce of a few bytes over ``n`` ranks: the measured curve's smallest size (one element
+        per rank where the profile has that point, else 4 KiB; the line through the swept sizes is least certain
+        there), plus the busy extra unless the ranks arrive together (``busy`` False: right after another call over
+        them); 0 without a curve."""
+        return self._smallest_call(self._allreduce_curves, n, "all_reduce", busy)
 
     def all_to_all_latency(self, n: int) -> float:
         """Seconds of one all-to-all call of a few bytes over ``n`` ranks after a stretch of compute: the measured
-        curve's smallest size plus the busy extra, whichever ranks the group holds (latency, not bandwidth); 0
-        without a curve, where only the bytes are priced."""
-        curve = self._all_to_all_curves.get(n) if n > 1 else None
-        return 0.0 if curve is None else curve.time_ms[0] * 1e-3 + self.call_extra(n, "all_to_all")
+        curve's smallest size plus the busy extra (latency, not bandwidth); 0 without a curve, where only the bytes
+        are priced."""
+        return self._smallest_call(self._all_to_all_curves, n, "all_to_all", True)
+
+    def _smallest_call(self, curves: dict[int, CollectiveTimes], n: int, collective: str, busy: bool) -> float:
+        """A call at the smallest measured size of the curve of groups of ``n`` (whichever ranks the group holds: a
+        latency), with :meth:`call_extra` when ``busy``; 0 without a curve or for a group of one."""
+        curve = curves.get(n) if n > 1 else None
+        if curve is None:
+            return 0.0
+        return curve.time_ms[0] * 1e-3 + (self.call_extra(n, collective) if busy else 0.0)
 
     def call_extra(self, n: int, collective: str) -> float:
         """Seconds one ``collective`` call over ``n`` ranks costs inside a busy step beyond its idle curve: the
